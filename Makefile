@@ -1,0 +1,29 @@
+# Two entry points: `make test` and `make repro`. Both build .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch goes first and pinned: the CPU build; an unpinned torch pulls CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: test repro venv lint clean-venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+repro: venv
+	$(BIN)/dvc repro
+
+lint: venv
+	$(BIN)/ruff check digiq tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)
