@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from digiq.env import actions as A
 from digiq.env.actions import Action, ActionType
@@ -35,7 +38,10 @@ from digiq.env.tasks import (
 )
 from digiq.env.ui import SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["Expert"]
+if TYPE_CHECKING:
+    from digiq.env.gym_env import AndroidSimEnv
+
+__all__ = ["Expert", "next_action", "run_episode"]
 
 _SCROLL = A.swipe((0.75, 0.5), (0.45, 0.5))  # finger up: reveals entries further down a list
 _PULL_SHADE = A.swipe((0.01, 0.5), (0.6, 0.5))
@@ -262,3 +268,20 @@ _ROUTES: dict[type, Callable[..., Action]] = {
     Shade: _shade,
     AppOpen: _app_open,
 }
+
+
+def run_episode(env: "AndroidSimEnv", task: Task, seed: int, expert: Expert,
+                on_step: Callable[[np.ndarray, Action], None] | None = None) -> tuple[bool, int]:
+    """Roll ``expert`` out on ``task``; returns (success, steps taken).
+
+    ``on_step`` sees each screenshot together with the action taken on it.
+    """
+    obs, _ = env.reset(seed=seed, options={"task": task})
+    for _ in range(env.step_limit):
+        action = expert.act(env.device, task)
+        if on_step is not None:
+            on_step(obs["screenshot"], action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return bool(reward), info["step"]
+    return False, env.step_limit

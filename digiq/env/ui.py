@@ -66,6 +66,16 @@ def _font(px: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=max(px, 4))
 
 
+@lru_cache(maxsize=16384)
+def _text_mask(label: str, px: int) -> tuple[Image.Image, int, int]:
+    """The text as a coverage mask, rendered once: FreeType is the renderer's main cost."""
+    font = _font(px)
+    x0, y0, x1, y1 = font.getbbox(label)
+    mask = Image.new("L", (max(1, x1 - x0), max(1, y1 - y0)), 0)
+    ImageDraw.Draw(mask).text((-x0, -y0), label, fill=255, font=font)
+    return mask, x1 - x0, y1 - y0
+
+
 class Renderer:
     """Draws widget lists at a fixed output width, with an LRU frame cache."""
 
@@ -96,15 +106,13 @@ class Renderer:
         x0, y0, x1, y1 = box
         return (round(x0 * s), round(y0 * s), max(round(x1 * s) - 1, round(x0 * s)), max(round(y1 * s) - 1, round(y0 * s)))
 
-    def _text(self, d: ImageDraw.ImageDraw, w: Widget, xy: tuple[int, int, int, int], center: bool, color: Color) -> None:
-        if not w.label:
+    def _text(self, img: Image.Image, label: str, size: int, xy: tuple[int, int, int, int], center: bool, color: Color) -> None:
+        if not label:
             return
-        font = _font(round(w.size * self.scale))
+        mask, tw, th = _text_mask(label, max(4, round(size * self.scale)))
         x0, y0, x1, y1 = xy
-        if center:
-            d.text(((x0 + x1) / 2, (y0 + y1) / 2), w.label, fill=color, font=font, anchor="mm")
-        else:
-            d.text((x0 + round(24 * self.scale), (y0 + y1) / 2), w.label, fill=color, font=font, anchor="lm")
+        x = (x0 + x1 - tw) // 2 if center else x0 + round(24 * self.scale)
+        img.paste(color, (x, (y0 + y1 - th) // 2), mask)
 
     def _draw(self, widgets: tuple[Widget, ...]) -> np.ndarray:
         img = Image.new("RGB", (self.width, self.height), WHITE)
@@ -115,24 +123,24 @@ class Renderer:
             k = w.kind
             if k == "rect":
                 d.rectangle(xy, fill=w.fill)
-                self._text(d, w, xy, True, w.fg)
+                self._text(img, w.label, w.size, xy, True, w.fg)
             elif k == "text":
-                self._text(d, w, xy, False, w.fg)
+                self._text(img, w.label, w.size, xy, False, w.fg)
             elif k == "button":
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
-                self._text(d, w, xy, True, w.fg)
+                self._text(img, w.label, w.size, xy, True, w.fg)
             elif k == "input":
                 d.rounded_rectangle(xy, radius=r, fill=LIGHT, outline=BLUE if w.on else GREY, width=max(1, round(4 * self.scale)))
-                self._text(d, w, xy, False, w.fg)
+                self._text(img, w.label, w.size, xy, False, w.fg)
                 if w.on:  # a text cursor at the end of the field
-                    x = xy[0] + round(24 * self.scale) + round(_font(round(w.size * self.scale)).getlength(w.label)) + 1
+                    x = xy[0] + round(24 * self.scale) + (_text_mask(w.label, max(4, round(w.size * self.scale)))[1] if w.label else 0) + 1
                     d.line((x, xy[1] + 2, x, xy[3] - 2), fill=BLUE, width=max(1, round(3 * self.scale)))
             elif k == "icon":
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
-                self._text(d, Widget(w.id, k, w.box, w.label[:1].upper(), size=w.size), xy, True, WHITE)
+                self._text(img, w.label[:1].upper(), w.size, xy, True, WHITE)
             elif k == "circle":
                 d.ellipse(xy, fill=w.fill)
-                self._text(d, w, xy, True, w.fg)
+                self._text(img, w.label, w.size, xy, True, w.fg)
             elif k == "toggle":
                 d.rounded_rectangle(xy, radius=(xy[3] - xy[1]) // 2, fill=BLUE if w.on else GREY)
                 h = xy[3] - xy[1]
@@ -141,12 +149,12 @@ class Renderer:
             elif k == "item":
                 d.rectangle(xy, fill=w.fill)
                 d.line((xy[0], xy[3], xy[2], xy[3]), fill=LIGHT, width=max(1, round(3 * self.scale)))
-                self._text(d, w, xy, False, w.fg)
+                self._text(img, w.label, w.size, xy, False, w.fg)
             elif k == "image":
                 d.rectangle(xy, fill=w.fill)
                 d.line((xy[0], xy[1], xy[2], xy[3]), fill=WHITE)
                 d.line((xy[0], xy[3], xy[2], xy[1]), fill=WHITE)
-                self._text(d, w, xy, True, w.fg)
+                self._text(img, w.label, w.size, xy, True, w.fg)
             else:
                 raise ValueError(f"widget {w.id!r} has unknown kind {k!r}")
         return np.asarray(img)

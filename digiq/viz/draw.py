@@ -1,0 +1,68 @@
+"""Draw actions on screenshots, and tile screenshots into one picture."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from digiq.env.actions import Action, ActionType
+
+__all__ = ["draw_action", "contact_sheet"]
+
+_RED = (230, 30, 60)
+
+
+def draw_action(screenshot: np.ndarray, action: Action) -> Image.Image:
+    """The screenshot with ``action`` drawn on it.
+
+    A tap is a ring at the touch point, a swipe an arrow from touch to lift,
+    typed text and key presses a caption at the bottom.
+    """
+    img = Image.fromarray(np.asarray(screenshot)).convert("RGB")
+    d = ImageDraw.Draw(img)
+    w, h = img.size
+    r = max(3, w // 30)
+    if action.type is ActionType.DUAL_POINT:
+        (ty, tx), (ly, lx) = action.touch, action.lift
+        p0, p1 = (tx * w, ty * h), (lx * w, ly * h)
+        if action.is_tap:
+            d.ellipse((p0[0] - r, p0[1] - r, p0[0] + r, p0[1] + r), outline=_RED, width=max(2, r // 2))
+        else:
+            d.line((*p0, *p1), fill=_RED, width=max(2, r // 2))
+            d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=_RED)
+    else:
+        caption = {ActionType.TYPE: f'type "{action.text}"', ActionType.INVALID: f"invalid: {action.error}"}.get(
+            action.type, action.type.value)
+        font = ImageFont.load_default(size=max(8, w // 16))
+        d.rectangle((0, h - 3 * r - 4, w, h), fill=(255, 255, 255))
+        d.text((4, h - 1.5 * r - 2), caption, fill=_RED, font=font, anchor="lm")
+    return img
+
+
+def contact_sheet(rows: Sequence[tuple[str, Sequence[Image.Image]]], label_width: int = 260) -> Image.Image:
+    """One row per (label, frames); frames left to right."""
+    if not rows or not any(frames for _, frames in rows):
+        raise ValueError("contact_sheet needs at least one frame")
+    fw, fh = next(f for _, fr in rows for f in fr).size
+    cols = max(len(fr) for _, fr in rows)
+    pad = 6
+    sheet = Image.new("RGB", (label_width + cols * (fw + pad), len(rows) * (fh + pad)), (250, 250, 250))
+    d = ImageDraw.Draw(sheet)
+    font = ImageFont.load_default(size=16)
+    for i, (label, frames) in enumerate(rows):
+        y = i * (fh + pad)
+        lines, line = [], ""
+        for word in label.split():  # wrap the label into the left column
+            if font.getlength(f"{line} {word}") > label_width - 12 and line:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}".strip()
+        lines.append(line)
+        for k, text in enumerate(lines[:12]):
+            d.text((6, y + 8 + 20 * k), text, fill=(20, 20, 20), font=font)
+        for j, f in enumerate(frames):
+            sheet.paste(f, (label_width + j * (fw + pad), y))
+    return sheet
