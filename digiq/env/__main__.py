@@ -63,12 +63,14 @@ def render_demo(out: str, seed: int, width: int, max_frames: int) -> None:
         for fam in weights:
             instruction = generate_tasks(task_set, "train", 1, seed=seed, families=[fam])[0]
             task: Task = parse_task(instruction, task_set)
-            frames = []
-            ok, steps = run_episode(env, task, seed, Expert(),
-                                    on_step=lambda shot, a: frames.append(draw_action(shot, a)))
+            frames: list[Image.Image] = []
+            ok, steps = run_episode(
+                env, task, seed, Expert(), on_step=lambda shot, a, out=frames: out.append(draw_action(shot, a))
+            )
             frames.append(Image.fromarray(env.device.screenshot()))  # where the episode ended
-            rows.append((f"[{fam}] {instruction} -> {'success' if ok else 'failed'} in {steps} steps",
-                         frames[:max_frames]))
+            rows.append(
+                (f"[{fam}] {instruction} -> {'success' if ok else 'failed'} in {steps} steps", frames[:max_frames])
+            )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     contact_sheet(rows).save(out)
     print(f"wrote {out}: {len(rows)} episodes")
@@ -79,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check-tasks", help="coverage of task lists: parsed per family, solved by the expert")
     c.add_argument("files", nargs="+")
-    c.add_argument("--task-set", choices=["general", "webshop"], default=None,
-                   help="step limit to use (default: webshop for 'Go to SITE' lines, else general)")
+    c.add_argument(
+        "--task-set",
+        choices=["general", "webshop"],
+        default=None,
+        help="step limit to use (default: webshop for 'Go to SITE' lines, else general)",
+    )
     c.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("render-demo", help="contact sheet of one expert episode per family")
     r.add_argument("out")

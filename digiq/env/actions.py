@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
-    "ActionType",
-    "Action",
     "TAP_DISTANCE_THRESHOLD",
-    "parse_action",
+    "Action",
+    "ActionType",
     "format_action",
-    "tap",
-    "swipe",
-    "type_text",
+    "parse_action",
     "press_back",
-    "press_home",
     "press_enter",
+    "press_home",
+    "swipe",
+    "tap",
     "task_complete",
+    "type_text",
 ]
 
 # AitW's own rule: a DUAL_POINT whose touch and lift points are closer than this

@@ -16,19 +16,19 @@ from dataclasses import dataclass
 from digiq.env.ui import Color
 
 __all__ = [
-    "AppInfo",
     "DEFAULT_APPS",
     "SHOP_SITES",
-    "app_key",
+    "AppInfo",
     "app_info",
-    "words",
-    "stable_int",
-    "site_color",
-    "search_results",
-    "products",
-    "videos",
+    "app_key",
     "places",
+    "products",
+    "search_results",
+    "site_color",
+    "stable_int",
     "store_listing",
+    "videos",
+    "words",
 ]
 
 
@@ -65,24 +65,55 @@ _BY_KEY = {a.key: a for a in DEFAULT_APPS}
 # Names people use for the default apps (AitW instructions say "Google Play
 # Music app", "SMS app", "the downloads"...).
 _ALIASES: dict[str, str] = {
-    "chrome": "chrome", "google chrome": "chrome", "browser": "chrome", "the browser": "chrome",
-    "gmail": "gmail", "email": "gmail", "mail": "gmail", "google mail": "gmail", "inbox": "gmail",
-    "maps": "maps", "google maps": "maps",
+    "chrome": "chrome",
+    "google chrome": "chrome",
+    "browser": "chrome",
+    "the browser": "chrome",
+    "gmail": "gmail",
+    "email": "gmail",
+    "mail": "gmail",
+    "google mail": "gmail",
+    "inbox": "gmail",
+    "maps": "maps",
+    "google maps": "maps",
     "youtube": "youtube",
-    "play store": "playstore", "google play store": "playstore", "google play": "playstore",
-    "playstore": "playstore", "store": "playstore", "app store": "playstore",
-    "settings": "settings", "system settings": "settings",
-    "clock": "clock", "alarm": "clock", "alarms": "clock",
-    "calendar": "calendar", "google calendar": "calendar",
-    "contacts": "contacts", "google contacts": "contacts",
+    "play store": "playstore",
+    "google play store": "playstore",
+    "google play": "playstore",
+    "playstore": "playstore",
+    "store": "playstore",
+    "app store": "playstore",
+    "settings": "settings",
+    "system settings": "settings",
+    "clock": "clock",
+    "alarm": "clock",
+    "alarms": "clock",
+    "calendar": "calendar",
+    "google calendar": "calendar",
+    "contacts": "contacts",
+    "google contacts": "contacts",
     "calculator": "calculator",
     "camera": "camera",
-    "gallery": "gallery", "photos": "gallery", "google photos": "gallery", "photo gallery": "gallery",
-    "music": "music", "play music": "music", "google play music": "music", "music player": "music",
-    "files": "files", "downloads": "files", "file manager": "files", "my files": "files",
-    "google": "google", "google search": "google",
-    "sms": "messages", "messages": "messages", "messaging": "messages", "text messages": "messages",
-    "phone": "phone", "dialer": "phone",
+    "gallery": "gallery",
+    "photos": "gallery",
+    "google photos": "gallery",
+    "photo gallery": "gallery",
+    "music": "music",
+    "play music": "music",
+    "google play music": "music",
+    "music player": "music",
+    "files": "files",
+    "downloads": "files",
+    "file manager": "files",
+    "my files": "files",
+    "google": "google",
+    "google search": "google",
+    "sms": "messages",
+    "messages": "messages",
+    "messaging": "messages",
+    "text messages": "messages",
+    "phone": "phone",
+    "dialer": "phone",
 }
 
 SHOP_SITES: dict[str, Color] = {
@@ -111,8 +142,7 @@ def app_key(name: str) -> str:
     words, so any app can be installed, listed in Settings, and opened.
     """
     norm = " ".join(words(name))
-    if norm.endswith(" app"):
-        norm = norm[:-4]
+    norm = norm.removesuffix(" app")
     if norm in _ALIASES:
         return _ALIASES[norm]
     if not norm:

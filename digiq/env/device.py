@@ -63,13 +63,16 @@ class SimDevice:
         rng = self._rng
         s = DeviceState(installed=[a.key for a in catalog.DEFAULT_APPS])
         s.notifications = {k: True for k in s.installed}
-        s.alarms = sorted({(rng.choice((5, 6, 7, 8)), rng.choice((0, 15, 30, 45)), rng.random() < 0.5) for _ in range(2)})
+        s.alarms = sorted(
+            {(rng.choice((5, 6, 7, 8)), rng.choice((0, 15, 30, 45)), rng.random() < 0.5) for _ in range(2)}
+        )
         if setup is not None:
             setup(s, rng)
         self.state = s
+        self._load(HOME, fresh=False)
         self._screen = None
 
-    def clone(self, dynamics: Dynamics | None = None) -> "SimDevice":
+    def clone(self, dynamics: Dynamics | None = None) -> SimDevice:
         """An independent copy (state and random stream) to branch an episode from."""
         other = SimDevice(self.dynamics if dynamics is None else dynamics, self.renderer.width)
         other.state = copy.deepcopy(self.state)
@@ -135,7 +138,11 @@ class SimDevice:
         s = self.state
         s.back_stack.append(s.page)
         s.focus, s.text = "", ""
-        if page.app in _NETWORK_APPS and page.name not in _LOCAL_PAGES and self._rng.random() < self.dynamics.delay_rate:
+        if (
+            page.app in _NETWORK_APPS
+            and page.name not in _LOCAL_PAGES
+            and self._rng.random() < self.dynamics.delay_rate
+        ):
             s.pending = page
             return
         self._load(page)
@@ -169,7 +176,10 @@ class SimDevice:
     # ------------------------------------------------------------ input
 
     def _tap(self, x: float, y: float) -> None:
+        blocked = self.state.popup is not None  # a dialog takes every tap but the system bars'
         for w in reversed(self.screen().widgets):
+            if blocked and not w.id.startswith(("popup", "nav")):
+                continue
             if w.intent is not None and w.contains(x, y):
                 self._apply(w.intent)
                 return

@@ -56,7 +56,7 @@ def _typo(text: str, rng: random.Random) -> str:
     if len(text) < 2:
         return text + "x"
     i = rng.randrange(len(text) - 1)
-    return text[:i] + text[i + 1] + text[i] + text[i + 2:] if rng.random() < 0.5 else text[:i] + text[i + 1:]
+    return text[:i] + text[i + 1] + text[i] + text[i + 2 :] if rng.random() < 0.5 else text[:i] + text[i + 1 :]
 
 
 class Expert:
@@ -270,8 +270,13 @@ _ROUTES: dict[type, Callable[..., Action]] = {
 }
 
 
-def run_episode(env: "AndroidSimEnv", task: Task, seed: int, expert: Expert,
-                on_step: Callable[[np.ndarray, Action], None] | None = None) -> tuple[bool, int]:
+def run_episode(
+    env: AndroidSimEnv,
+    task: Task,
+    seed: int,
+    expert: Expert,
+    on_step: Callable[[np.ndarray, Action], None] | None = None,
+) -> tuple[bool, int]:
     """Roll ``expert`` out on ``task``; returns (success, steps taken).
 
     ``on_step`` sees each screenshot together with the action taken on it.

@@ -55,10 +55,12 @@ class AndroidSimEnv(gym.Env):
         self.device = SimDevice(dynamics, width)
         self.max_steps = max_steps
         h, w = self.device.renderer.height, self.device.renderer.width
-        self.observation_space = spaces.Dict({
-            "screenshot": spaces.Box(0, 255, (h, w, 3), np.uint8),
-            "task": spaces.Text(max_length=512, charset=_CHARSET),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "screenshot": spaces.Box(0, 255, (h, w, 3), np.uint8),
+                "task": spaces.Text(max_length=512, charset=_CHARSET),
+            }
+        )
         self.action_space = spaces.Text(max_length=2048, charset=_CHARSET)
         self.render_mode = "rgb_array"
         self.task: Task | None = None
@@ -66,9 +68,12 @@ class AndroidSimEnv(gym.Env):
 
     def _obs(self) -> dict[str, Any]:
         assert self.task is not None
-        return {"screenshot": self.device.screenshot(), "task": self.task.instruction}
+        # A copy: the device's frames are shared through its render cache, and callers keep observations.
+        return {"screenshot": self.device.screenshot().copy(), "task": self.task.instruction}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Start an episode; ``options={"task": Task | str}`` picks the task."""
         super().reset(seed=seed)
         task = (options or {}).get("task")
@@ -137,10 +142,14 @@ class SimVecEnv:
         return self._obs()
 
     def _obs(self) -> dict[str, Any]:
-        return {"screenshot": np.stack([e.device.screenshot() for e in self.envs]),
-                "task": [e.task.instruction if e.task else "" for e in self.envs]}
+        return {
+            "screenshot": np.stack([e.device.screenshot() for e in self.envs]),
+            "task": [e.task.instruction if e.task else "" for e in self.envs],
+        }
 
-    def step(self, actions: Sequence[str | Action]) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    def step(
+        self, actions: Sequence[str | Action]
+    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         n = len(self.envs)
         if len(actions) != n:
             raise ValueError(f"need {n} actions, got {len(actions)}")

@@ -14,7 +14,7 @@ from digiq.env import catalog
 from digiq.env.state import DeviceState, Page
 from digiq.env.ui import BLACK, BLUE, GREY, LIGHT, SCREEN_H, SCREEN_W, WHITE, Color, Widget
 
-__all__ = ["Screen", "view", "STATUS_H", "CONTENT_TOP", "NAV_TOP", "KBD_TOP", "ROW_H", "is_list_page"]
+__all__ = ["CONTENT_TOP", "KBD_TOP", "NAV_TOP", "ROW_H", "STATUS_H", "Screen", "is_list_page", "view"]
 
 STATUS_H = 72
 CONTENT_TOP = 232  # below the app bar
@@ -47,7 +47,16 @@ def _nav_bar() -> list[Widget]:
         Widget("nav", "rect", (0, NAV_TOP, SCREEN_W, SCREEN_H), fill=BLACK, intent=NOOP),
         Widget("nav.back", "rect", (0, NAV_TOP, w, SCREEN_H), "<", fill=BLACK, fg=WHITE, size=56, intent=("back",)),
         Widget("nav.home", "rect", (w, NAV_TOP, 2 * w, SCREEN_H), "O", fill=BLACK, fg=WHITE, size=56, intent=("home",)),
-        Widget("nav.recents", "rect", (2 * w, NAV_TOP, SCREEN_W, SCREEN_H), "[]", fill=BLACK, fg=WHITE, size=48, intent=NOOP),
+        Widget(
+            "nav.recents",
+            "rect",
+            (2 * w, NAV_TOP, SCREEN_W, SCREEN_H),
+            "[]",
+            fill=BLACK,
+            fg=WHITE,
+            size=48,
+            intent=NOOP,
+        ),
     ]
 
 
@@ -95,27 +104,53 @@ def _home(s: DeviceState) -> Screen:
     j = s.jitter
     ws = [
         Widget("wallpaper", "rect", (0, STATUS_H, SCREEN_W, NAV_TOP), fill=(24, 62, 92)),
-        Widget("home.search", "input", (60, 150 + j, 1020, 290 + j), "Search", fg=GREY, size=48,
-               intent=("go_focus", Page("chrome", "ntp"), "url")),
+        Widget(
+            "home.search",
+            "input",
+            (60, 150 + j, 1020, 290 + j),
+            "Search",
+            fg=GREY,
+            size=48,
+            intent=("go_focus", Page("chrome", "ntp"), "url"),
+        ),
     ]
     cols, cell_w, cell_h, top = 5, SCREEN_W // 5, 260, 380 + j
     for i, key in enumerate(s.installed[:30]):
         info = catalog.app_info(key)
         cx, y = (i % cols) * cell_w + cell_w // 2, top + (i // cols) * cell_h
-        ws.append(Widget(f"app:{key}", "icon", (cx - 75, y, cx + 75, y + 150), info.name, fill=info.color,
-                         size=72, intent=("open", key)))
-        ws.append(Widget(f"app.label:{key}", "text", (cx - 108, y + 155, cx + 108, y + 205), info.name[:10],
-                         fg=WHITE, size=30))
+        ws.append(
+            Widget(
+                f"app:{key}",
+                "icon",
+                (cx - 75, y, cx + 75, y + 150),
+                info.name,
+                fill=info.color,
+                size=72,
+                intent=("open", key),
+            )
+        )
+        ws.append(
+            Widget(
+                f"app.label:{key}", "text", (cx - 108, y + 155, cx + 108, y + 205), info.name[:10], fg=WHITE, size=30
+            )
+        )
     return Screen(tuple(ws))
 
 
-_NOTICES = ("Gmail · 3 new emails", "Messages · Mom: call me back", "Calendar · Team meeting at 3 PM",
-            "Play Store · 5 app updates available", "Photos · Your memories from last year")
+_NOTICES = (
+    "Gmail · 3 new emails",
+    "Messages · Mom: call me back",
+    "Calendar · Team meeting at 3 PM",
+    "Play Store · 5 app updates available",
+    "Photos · Your memories from last year",
+)
 
 
 def _shade(s: DeviceState) -> Screen:
-    ws = [Widget("shade.bg", "rect", (0, STATUS_H, SCREEN_W, NAV_TOP), fill=(48, 48, 52), intent=NOOP),
-          Widget("shade.title", "text", (20, STATUS_H, 900, CONTENT_TOP), "Notifications", fg=WHITE, size=52)]
+    ws = [
+        Widget("shade.bg", "rect", (0, STATUS_H, SCREEN_W, NAV_TOP), fill=(48, 48, 52), intent=NOOP),
+        Widget("shade.title", "text", (20, STATUS_H, 900, CONTENT_TOP), "Notifications", fg=WHITE, size=52),
+    ]
     rows, _ = _rows(s, [(f"notice:{i}", t, NOOP) for i, t in enumerate(_NOTICES)], CONTENT_TOP)
     return Screen(tuple(ws + rows))
 
@@ -128,61 +163,148 @@ def _chrome_bar(s: DeviceState, url: str, dark: bool = False) -> list[Widget]:
     return [
         Widget("chrome.bar", "rect", (0, STATUS_H, SCREEN_W, CONTENT_TOP), fill=bg, intent=NOOP),
         _input("chrome.url", "url", s, (20, STATUS_H + 24, 900, CONTENT_TOP - 24), url, "Search or type web address"),
-        Widget("chrome.menu", "button", (920, STATUS_H + 24, 1060, CONTENT_TOP - 24), ":", fill=bg,
-               fg=WHITE if dark else BLACK, size=56, intent=("go", Page("chrome", "menu"))),
+        Widget(
+            "chrome.menu",
+            "button",
+            (920, STATUS_H + 24, 1060, CONTENT_TOP - 24),
+            ":",
+            fill=bg,
+            fg=WHITE if dark else BLACK,
+            size=56,
+            intent=("go", Page("chrome", "menu")),
+        ),
     ]
 
 
 def _site_header(site: str, top: int) -> Widget:
-    return Widget("site.header", "rect", (0, top, SCREEN_W, top + 160), site.capitalize(),
-                  fill=catalog.site_color(site), fg=WHITE, size=64)
+    return Widget(
+        "site.header",
+        "rect",
+        (0, top, SCREEN_W, top + 160),
+        site.capitalize(),
+        fill=catalog.site_color(site),
+        fg=WHITE,
+        size=64,
+    )
 
 
 def _chrome(s: DeviceState) -> Screen:
     p = s.page
     j = s.jitter
     if p.name == "incognito":
-        return Screen(tuple(_chrome_bar(s, "", dark=True) + [
-            Widget("incognito.bg", "rect", (0, CONTENT_TOP, SCREEN_W, NAV_TOP), fill=(32, 33, 36)),
-            Widget("incognito.title", "rect", (0, 700, SCREEN_W, 900), "You've gone Incognito", fill=(32, 33, 36),
-                   fg=WHITE, size=56),
-        ]))
+        return Screen(
+            tuple(
+                _chrome_bar(s, "", dark=True)
+                + [
+                    Widget("incognito.bg", "rect", (0, CONTENT_TOP, SCREEN_W, NAV_TOP), fill=(32, 33, 36)),
+                    Widget(
+                        "incognito.title",
+                        "rect",
+                        (0, 700, SCREEN_W, 900),
+                        "You've gone Incognito",
+                        fill=(32, 33, 36),
+                        fg=WHITE,
+                        size=56,
+                    ),
+                ]
+            )
+        )
     if p.name == "menu":
-        items = [("menu.new_tab", "New tab", ("new_tab", False)), ("menu.incognito", "New incognito tab", ("new_tab", True)),
-                 ("menu.history", "History", NOOP), ("menu.downloads", "Downloads", NOOP),
-                 ("menu.bookmarks", "Bookmarks", NOOP), ("menu.settings", "Settings", NOOP)]
-        ws = _chrome_bar(s, "") + [Widget("menu.panel", "rect", (380, STATUS_H, SCREEN_W, STATUS_H + 40 + 150 * len(items)),
-                                          fill=WHITE, intent=NOOP)]
-        ws += [Widget(wid, "item", (380, STATUS_H + 20 + 150 * i, SCREEN_W, STATUS_H + 170 + 150 * i), label, size=44,
-                      intent=intent) for i, (wid, label, intent) in enumerate(items)]
+        items = [
+            ("menu.new_tab", "New tab", ("new_tab", False)),
+            ("menu.incognito", "New incognito tab", ("new_tab", True)),
+            ("menu.history", "History", NOOP),
+            ("menu.downloads", "Downloads", NOOP),
+            ("menu.bookmarks", "Bookmarks", NOOP),
+            ("menu.settings", "Settings", NOOP),
+        ]
+        ws = _chrome_bar(s, "") + [
+            Widget(
+                "menu.panel",
+                "rect",
+                (380, STATUS_H, SCREEN_W, STATUS_H + 40 + 150 * len(items)),
+                fill=WHITE,
+                intent=NOOP,
+            )
+        ]
+        ws += [
+            Widget(
+                wid,
+                "item",
+                (380, STATUS_H + 20 + 150 * i, SCREEN_W, STATUS_H + 170 + 150 * i),
+                label,
+                size=44,
+                intent=intent,
+            )
+            for i, (wid, label, intent) in enumerate(items)
+        ]
         return Screen(tuple(ws))
     if p.name == "ntp":
-        return Screen(tuple(_chrome_bar(s, "") + [
-            Widget("google.logo", "rect", (0, 480 + j, SCREEN_W, 680 + j), "Google", fill=WHITE, fg=BLUE, size=120),
-            _input("google.box", "web", s, (80, 760 + j, 1000, 900 + j), "", "Search Google"),
-        ]))
+        return Screen(
+            tuple(
+                _chrome_bar(s, "")
+                + [
+                    Widget(
+                        "google.logo", "rect", (0, 480 + j, SCREEN_W, 680 + j), "Google", fill=WHITE, fg=BLUE, size=120
+                    ),
+                    _input("google.box", "web", s, (80, 760 + j, 1000, 900 + j), "", "Search Google"),
+                ]
+            )
+        )
     if p.name == "results":
         rows = _ad_rows(s) + [
-            (f"result:{i}", f"{title}  ·  {src}", ("go", Page("chrome", "site", site=site)) if site
-             else ("go", Page("chrome", "page", query=p.query, index=i)))
+            (
+                f"result:{i}",
+                f"{title}  ·  {src}",
+                ("go", Page("chrome", "site", site=site))
+                if site
+                else ("go", Page("chrome", "page", query=p.query, index=i)),
+            )
             for i, (title, src, site) in enumerate(catalog.search_results(p.query))
         ]
         head = _chrome_bar(s, f"google.com/search?q={p.query}") + [
-            _input("google.box", "web", s, (40, 260, 1040, 380), p.query, "Search Google")]
+            _input("google.box", "web", s, (40, 260, 1040, 380), p.query, "Search Google")
+        ]
         body, smax = _rows(s, rows, 420)
         return Screen(tuple(head + body), smax)
     if p.name == "page":
         title = catalog.search_results(p.query)[p.index][0] if p.index >= 0 else p.query
-        return Screen(tuple(_chrome_bar(s, "article") + [
-            Widget("article.title", "text", (20, 280 + j, 1060, 400 + j), title, size=48),
-            Widget("article.image", "image", (40, 440 + j, 1040, 1040 + j), fill=(170, 190, 210)),
-            Widget("article.text", "rect", (40, 1100 + j, 1040, 1500 + j), fill=LIGHT),
-        ]))
+        return Screen(
+            tuple(
+                _chrome_bar(s, "article")
+                + [
+                    Widget("article.title", "text", (20, 280 + j, 1060, 400 + j), title, size=48),
+                    Widget("article.image", "image", (40, 440 + j, 1040, 1040 + j), fill=(170, 190, 210)),
+                    Widget("article.text", "rect", (40, 1100 + j, 1040, 1500 + j), fill=LIGHT),
+                ]
+            )
+        )
     if p.name == "ad":
-        return Screen(tuple(_chrome_bar(s, "ads.example.com") + [
-            Widget("ad.banner", "image", (0, CONTENT_TOP, SCREEN_W, 1200), "SALE", fill=(255, 193, 7), fg=BLACK, size=120),
-            Widget("ad.cta", "button", (200, 1300, 880, 1460), "Shop now", fill=(255, 87, 34), fg=WHITE, intent=NOOP),
-        ]))
+        return Screen(
+            tuple(
+                _chrome_bar(s, "ads.example.com")
+                + [
+                    Widget(
+                        "ad.banner",
+                        "image",
+                        (0, CONTENT_TOP, SCREEN_W, 1200),
+                        "SALE",
+                        fill=(255, 193, 7),
+                        fg=BLACK,
+                        size=120,
+                    ),
+                    Widget(
+                        "ad.cta",
+                        "button",
+                        (200, 1300, 880, 1460),
+                        "Shop now",
+                        fill=(255, 87, 34),
+                        fg=WHITE,
+                        intent=NOOP,
+                    ),
+                ]
+            )
+        )
     site = p.site
     head = _chrome_bar(s, f"www.{site}.com") + [_site_header(site, CONTENT_TOP)]
     box = (40, 420 + j, 1040, 540 + j)
@@ -190,36 +312,66 @@ def _chrome(s: DeviceState) -> Screen:
         ws = head + [_input("site.search", "site", s, box, "", f"Search {site.capitalize()}")]
         for i in range(4):
             x0, y0 = 40 + (i % 2) * 510, 600 + j + (i // 2) * 520
-            ws.append(Widget(f"site.tile:{i}", "image", (x0, y0, x0 + 490, y0 + 490), fill=catalog.site_color(site + str(i))))
+            ws.append(
+                Widget(f"site.tile:{i}", "image", (x0, y0, x0 + 490, y0 + 490), fill=catalog.site_color(site + str(i)))
+            )
         return Screen(tuple(ws))
     if p.name == "site_results":
-        rows = _ad_rows(s) + [(f"product:{i}", f"{t}   {price}", ("go", Page("chrome", "product", p.query, site, i)))
-                              for i, (t, price) in enumerate(catalog.products(site, p.query))]
+        rows = _ad_rows(s) + [
+            (f"product:{i}", f"{t}   {price}", ("go", Page("chrome", "product", p.query, site, i)))
+            for i, (t, price) in enumerate(catalog.products(site, p.query))
+        ]
         body, smax = _rows(s, rows, 580)
         return Screen(tuple(head + [_input("site.search", "site", s, box, p.query, "Search")] + body), smax)
     if p.name == "product":
         title, price = catalog.products(site, p.query)[p.index]
-        return Screen(tuple(head + [
-            Widget("product.image", "image", (140, 440 + j, 940, 1240 + j), fill=catalog.site_color(title)),
-            Widget("product.title", "text", (20, 1280 + j, 1060, 1380 + j), title, size=48),
-            Widget("product.price", "text", (20, 1390 + j, 1060, 1480 + j), price, fg=(177, 39, 4), size=52),
-            Widget("product.cart", "button", (140, 1540 + j, 940, 1680 + j), "Add to cart", fill=(255, 216, 20), intent=NOOP),
-        ]))
+        return Screen(
+            tuple(
+                head
+                + [
+                    Widget("product.image", "image", (140, 440 + j, 940, 1240 + j), fill=catalog.site_color(title)),
+                    Widget("product.title", "text", (20, 1280 + j, 1060, 1380 + j), title, size=48),
+                    Widget("product.price", "text", (20, 1390 + j, 1060, 1480 + j), price, fg=(177, 39, 4), size=52),
+                    Widget(
+                        "product.cart",
+                        "button",
+                        (140, 1540 + j, 940, 1680 + j),
+                        "Add to cart",
+                        fill=(255, 216, 20),
+                        intent=NOOP,
+                    ),
+                ]
+            )
+        )
     raise ValueError(f"chrome has no page {p.name!r}")
 
 
 # ---------------------------------------------------------------- settings
 
 
-_SECTIONS = ("Network & internet", "Connected devices", "Apps & notifications", "Battery", "Display", "Sound",
-             "Storage", "Privacy", "Location", "Security", "Accounts", "System")
+_SECTIONS = (
+    "Network & internet",
+    "Connected devices",
+    "Apps & notifications",
+    "Battery",
+    "Display",
+    "Sound",
+    "Storage",
+    "Privacy",
+    "Location",
+    "Security",
+    "Accounts",
+    "System",
+)
 
 
 def _settings(s: DeviceState) -> Screen:
     p = s.page
     if p.name == "main":
-        rows = [(f"settings:{i}", sec, ("go", Page("settings", "apps")) if sec == "Apps & notifications" else NOOP)
-                for i, sec in enumerate(_SECTIONS)]
+        rows = [
+            (f"settings:{i}", sec, ("go", Page("settings", "apps")) if sec == "Apps & notifications" else NOOP)
+            for i, sec in enumerate(_SECTIONS)
+        ]
         body, smax = _rows(s, rows, CONTENT_TOP, row_h=170)
         return Screen(tuple(_app_bar("Settings", (95, 99, 104)) + body), smax)
     if p.name == "apps":
@@ -230,23 +382,60 @@ def _settings(s: DeviceState) -> Screen:
     info = catalog.app_info(p.item)
     if p.name == "app":
         j = s.jitter
-        rows = [("appinfo.notifications", "Notifications", ("go", Page("settings", "notif", item=p.item))),
-                ("appinfo.permissions", "Permissions", NOOP), ("appinfo.storage", "Storage & cache", NOOP),
-                ("appinfo.battery", "Battery", NOOP)]
+        rows = [
+            ("appinfo.notifications", "Notifications", ("go", Page("settings", "notif", item=p.item))),
+            ("appinfo.permissions", "Permissions", NOOP),
+            ("appinfo.storage", "Storage & cache", NOOP),
+            ("appinfo.battery", "Battery", NOOP),
+        ]
         body, _ = _rows(s, rows, 720, row_h=170)
-        return Screen(tuple(_app_bar("App info", (95, 99, 104)) + [
-            Widget("appinfo.icon", "icon", (465, 260 + j, 615, 410 + j), info.name, fill=info.color, size=72),
-            Widget("appinfo.name", "rect", (0, 420 + j, SCREEN_W, 500 + j), info.name, size=52),
-            Widget("appinfo.open", "button", (60, 540 + j, 520, 660 + j), "Open", fill=LIGHT, fg=BLUE, intent=("open", p.item)),
-            Widget("appinfo.stop", "button", (560, 540 + j, 1020, 660 + j), "Force stop", fill=LIGHT, fg=BLUE, intent=NOOP),
-        ] + body))
+        return Screen(
+            tuple(
+                _app_bar("App info", (95, 99, 104))
+                + [
+                    Widget("appinfo.icon", "icon", (465, 260 + j, 615, 410 + j), info.name, fill=info.color, size=72),
+                    Widget("appinfo.name", "rect", (0, 420 + j, SCREEN_W, 500 + j), info.name, size=52),
+                    Widget(
+                        "appinfo.open",
+                        "button",
+                        (60, 540 + j, 520, 660 + j),
+                        "Open",
+                        fill=LIGHT,
+                        fg=BLUE,
+                        intent=("open", p.item),
+                    ),
+                    Widget(
+                        "appinfo.stop",
+                        "button",
+                        (560, 540 + j, 1020, 660 + j),
+                        "Force stop",
+                        fill=LIGHT,
+                        fg=BLUE,
+                        intent=NOOP,
+                    ),
+                ]
+                + body
+            )
+        )
     if p.name == "notif":
         on = s.notifications.get(p.item, True)
-        return Screen(tuple(_app_bar("Notifications", (95, 99, 104)) + [
-            Widget("notif.app", "text", (20, 260, 1060, 360), info.name, size=48),
-            Widget("notif.row", "item", (0, 400, SCREEN_W, 570), "Show notifications", size=44, intent=("toggle_notif", p.item)),
-            Widget("notif.toggle", "toggle", (840, 445, 1000, 525), on=on, intent=("toggle_notif", p.item)),
-        ]))
+        return Screen(
+            tuple(
+                _app_bar("Notifications", (95, 99, 104))
+                + [
+                    Widget("notif.app", "text", (20, 260, 1060, 360), info.name, size=48),
+                    Widget(
+                        "notif.row",
+                        "item",
+                        (0, 400, SCREEN_W, 570),
+                        "Show notifications",
+                        size=44,
+                        intent=("toggle_notif", p.item),
+                    ),
+                    Widget("notif.toggle", "toggle", (840, 445, 1000, 525), on=on, intent=("toggle_notif", p.item)),
+                ]
+            )
+        )
     raise ValueError(f"settings has no page {p.name!r}")
 
 
@@ -264,32 +453,84 @@ def _clock(s: DeviceState) -> Screen:
         ws = bar
         for i, (h, m, on) in enumerate(s.alarms[:6]):
             y = CONTENT_TOP + s.jitter + i * 220
-            ws = ws + [Widget(f"alarm:{i}", "item", (0, y, SCREEN_W, y + 220), alarm_label(h, m), size=72, intent=NOOP),
-                       Widget(f"alarm.toggle:{i}", "toggle", (840, y + 70, 1000, y + 150), on=on, intent=("toggle_alarm", i))]
-        ws = ws + [Widget("clock.add", "circle", (440, 1900, 640, 2100), "+", fill=BLUE, fg=WHITE, size=120,
-                          intent=("picker_open",))]
+            ws = ws + [
+                Widget(f"alarm:{i}", "item", (0, y, SCREEN_W, y + 220), alarm_label(h, m), size=72, intent=NOOP),
+                Widget(f"alarm.toggle:{i}", "toggle", (840, y + 70, 1000, y + 150), on=on, intent=("toggle_alarm", i)),
+            ]
+        ws = ws + [
+            Widget(
+                "clock.add",
+                "circle",
+                (440, 1900, 640, 2100),
+                "+",
+                fill=BLUE,
+                fg=WHITE,
+                size=120,
+                intent=("picker_open",),
+            )
+        ]
         return Screen(tuple(ws))
     if p.name == "picker":
         h, m, pm = s.picker
-        ws = bar + [Widget("picker.time", "rect", (0, CONTENT_TOP, SCREEN_W, 460),
-                           f"{h}:{m:02d} {'PM' if pm else 'AM'}", fill=(32, 33, 36), fg=WHITE, size=120)]
+        ws = bar + [
+            Widget(
+                "picker.time",
+                "rect",
+                (0, CONTENT_TOP, SCREEN_W, 460),
+                f"{h}:{m:02d} {'PM' if pm else 'AM'}",
+                fill=(32, 33, 36),
+                fg=WHITE,
+                size=120,
+            )
+        ]
         for i in range(12):
             x0, y0 = 60 + (i % 4) * 240, 500 + (i // 4) * 170
-            ws.append(Widget(f"picker.hour:{i + 1}", "button", (x0, y0, x0 + 220, y0 + 150), str(i + 1),
-                             fill=BLUE if h == i + 1 else LIGHT, fg=WHITE if h == i + 1 else BLACK,
-                             size=56, intent=("picker", "hour", i + 1)))
+            ws.append(
+                Widget(
+                    f"picker.hour:{i + 1}",
+                    "button",
+                    (x0, y0, x0 + 220, y0 + 150),
+                    str(i + 1),
+                    fill=BLUE if h == i + 1 else LIGHT,
+                    fg=WHITE if h == i + 1 else BLACK,
+                    size=56,
+                    intent=("picker", "hour", i + 1),
+                )
+            )
         for i in range(12):
             x0, y0 = 60 + (i % 4) * 240, 1040 + (i // 4) * 170
-            ws.append(Widget(f"picker.min:{5 * i}", "button", (x0, y0, x0 + 220, y0 + 150), f":{5 * i:02d}",
-                             fill=BLUE if m == 5 * i else LIGHT, fg=WHITE if m == 5 * i else BLACK,
-                             size=56, intent=("picker", "min", 5 * i)))
+            ws.append(
+                Widget(
+                    f"picker.min:{5 * i}",
+                    "button",
+                    (x0, y0, x0 + 220, y0 + 150),
+                    f":{5 * i:02d}",
+                    fill=BLUE if m == 5 * i else LIGHT,
+                    fg=WHITE if m == 5 * i else BLACK,
+                    size=56,
+                    intent=("picker", "min", 5 * i),
+                )
+            )
         for i, (name, val) in enumerate((("AM", False), ("PM", True))):
             x0 = 60 + i * 480
-            ws.append(Widget(f"picker.{name.lower()}", "button", (x0, 1580, x0 + 460, 1720), name,
-                             fill=BLUE if pm == val else LIGHT, fg=WHITE if pm == val else BLACK, size=56,
-                             intent=("picker", "pm", val)))
-        ws.append(Widget("picker.cancel", "button", (60, 1880, 520, 2020), "Cancel", fill=LIGHT, fg=BLUE, intent=("back",)))
-        ws.append(Widget("picker.ok", "button", (560, 1880, 1020, 2020), "OK", fill=BLUE, fg=WHITE, intent=("alarm_ok",)))
+            ws.append(
+                Widget(
+                    f"picker.{name.lower()}",
+                    "button",
+                    (x0, 1580, x0 + 460, 1720),
+                    name,
+                    fill=BLUE if pm == val else LIGHT,
+                    fg=WHITE if pm == val else BLACK,
+                    size=56,
+                    intent=("picker", "pm", val),
+                )
+            )
+        ws.append(
+            Widget("picker.cancel", "button", (60, 1880, 520, 2020), "Cancel", fill=LIGHT, fg=BLUE, intent=("back",))
+        )
+        ws.append(
+            Widget("picker.ok", "button", (560, 1880, 1020, 2020), "OK", fill=BLUE, fg=WHITE, intent=("alarm_ok",))
+        )
         return Screen(tuple(ws))
     raise ValueError(f"clock has no page {p.name!r}")
 
@@ -298,7 +539,9 @@ def _clock(s: DeviceState) -> Screen:
 
 
 def _search_app(s: DeviceState, title: str, color: Color, kind: str) -> list[Widget]:
-    return _app_bar(title, color) + [_input(f"{kind}.box", kind, s, (40, 260, 1040, 380), s.page.query, f"Search {title}")]
+    return _app_bar(title, color) + [
+        _input(f"{kind}.box", kind, s, (40, 260, 1040, 380), s.page.query, f"Search {title}")
+    ]
 
 
 def _youtube(s: DeviceState) -> Screen:
@@ -308,16 +551,30 @@ def _youtube(s: DeviceState) -> Screen:
         query = p.query or "recommended"
         rows = (_ad_rows(s) if p.name == "results" else []) + [
             (f"video:{i}", f"{t}  ·  {ch}", ("go", Page("youtube", "video", query, index=i)))
-            for i, (t, ch) in enumerate(catalog.videos(query))]
+            for i, (t, ch) in enumerate(catalog.videos(query))
+        ]
         body, smax = _rows(s, rows, 420, row_h=260)
         return Screen(tuple(head + body), smax)
     if p.name == "video":
         title, channel = catalog.videos(p.query)[p.index]
-        return Screen(tuple(_app_bar("YouTube", (255, 0, 0)) + [
-            Widget("video.player", "rect", (0, CONTENT_TOP, SCREEN_W, 860), "> playing", fill=BLACK, fg=WHITE, size=64),
-            Widget("video.title", "text", (20, 900, 1060, 1000), title, size=46),
-            Widget("video.channel", "text", (20, 1010, 1060, 1090), channel, fg=GREY, size=38),
-        ]))
+        return Screen(
+            tuple(
+                _app_bar("YouTube", (255, 0, 0))
+                + [
+                    Widget(
+                        "video.player",
+                        "rect",
+                        (0, CONTENT_TOP, SCREEN_W, 860),
+                        "> playing",
+                        fill=BLACK,
+                        fg=WHITE,
+                        size=64,
+                    ),
+                    Widget("video.title", "text", (20, 900, 1060, 1000), title, size=46),
+                    Widget("video.channel", "text", (20, 1010, 1060, 1090), channel, fg=GREY, size=38),
+                ]
+            )
+        )
     raise ValueError(f"youtube has no page {p.name!r}")
 
 
@@ -333,27 +590,68 @@ def _maps(s: DeviceState) -> Screen:
         for i, (name, addr) in enumerate(found):
             if y + ROW_H > _bottom(s):
                 break
-            ws += [Widget(f"place:{i}", "item", (0, y, SCREEN_W, y + ROW_H), f"{name}  {addr}", size=40,
-                          intent=("go", Page("maps", "place", p.query, index=i))),
-                   Widget(f"directions:{i}", "button", (800, y + 50, 1060, y + 150), "Directions", fill=BLUE, fg=WHITE,
-                          size=36, intent=("go", Page("maps", "directions", p.query, index=i)))]
+            ws += [
+                Widget(
+                    f"place:{i}",
+                    "item",
+                    (0, y, SCREEN_W, y + ROW_H),
+                    f"{name}  {addr}",
+                    size=40,
+                    intent=("go", Page("maps", "place", p.query, index=i)),
+                ),
+                Widget(
+                    f"directions:{i}",
+                    "button",
+                    (800, y + 50, 1060, y + 150),
+                    "Directions",
+                    fill=BLUE,
+                    fg=WHITE,
+                    size=36,
+                    intent=("go", Page("maps", "directions", p.query, index=i)),
+                ),
+            ]
             y += ROW_H
         return Screen(tuple(ws))
     name, addr = found[p.index]
     if p.name == "place":
-        return Screen(tuple(head + [
-            Widget("place.map", "image", (0, 400, SCREEN_W, 1200), fill=(206, 234, 214)),
-            Widget("place.name", "text", (20, 1240, 1060, 1340), name, size=52),
-            Widget("place.addr", "text", (20, 1350, 1060, 1430), addr, fg=GREY, size=40),
-            Widget("place.directions", "button", (40, 1500, 520, 1640), "Directions", fill=BLUE, fg=WHITE,
-                   intent=("go", Page("maps", "directions", p.query, index=p.index))),
-        ]))
+        return Screen(
+            tuple(
+                head
+                + [
+                    Widget("place.map", "image", (0, 400, SCREEN_W, 1200), fill=(206, 234, 214)),
+                    Widget("place.name", "text", (20, 1240, 1060, 1340), name, size=52),
+                    Widget("place.addr", "text", (20, 1350, 1060, 1430), addr, fg=GREY, size=40),
+                    Widget(
+                        "place.directions",
+                        "button",
+                        (40, 1500, 520, 1640),
+                        "Directions",
+                        fill=BLUE,
+                        fg=WHITE,
+                        intent=("go", Page("maps", "directions", p.query, index=p.index)),
+                    ),
+                ]
+            )
+        )
     if p.name == "directions":
-        return Screen(tuple(_app_bar(f"To {name}", (15, 157, 88)) + [
-            Widget("route.map", "image", (0, CONTENT_TOP, SCREEN_W, 1700), "route", fill=(206, 234, 214), fg=BLUE, size=80),
-            Widget("route.eta", "text", (20, 1740, 1060, 1840), f"12 min  ({addr.split(' · ')[0]})", size=52),
-            Widget("route.start", "button", (40, 1900, 520, 2040), "Start", fill=BLUE, fg=WHITE, intent=NOOP),
-        ]))
+        return Screen(
+            tuple(
+                _app_bar(f"To {name}", (15, 157, 88))
+                + [
+                    Widget(
+                        "route.map",
+                        "image",
+                        (0, CONTENT_TOP, SCREEN_W, 1700),
+                        "route",
+                        fill=(206, 234, 214),
+                        fg=BLUE,
+                        size=80,
+                    ),
+                    Widget("route.eta", "text", (20, 1740, 1060, 1840), f"12 min  ({addr.split(' · ')[0]})", size=52),
+                    Widget("route.start", "button", (40, 1900, 520, 2040), "Start", fill=BLUE, fg=WHITE, intent=NOOP),
+                ]
+            )
+        )
     raise ValueError(f"maps has no page {p.name!r}")
 
 
@@ -367,19 +665,32 @@ def _playstore(s: DeviceState) -> Screen:
         names = catalog.store_listing(p.query) if p.name == "results" else list(_FEATURED)
         rows = (_ad_rows(s) if p.name == "results" else []) + [
             (f"storeapp:{i}", name, ("go", Page("playstore", "app", item=catalog.app_key(name))))
-            for i, name in enumerate(names)]
+            for i, name in enumerate(names)
+        ]
         body, smax = _rows(s, rows, 420)
         return Screen(tuple(head + body), smax)
     if p.name == "app":
         info = catalog.app_info(p.item)
         installed = p.item in s.installed
-        return Screen(tuple(_app_bar("Google Play", (1, 135, 95)) + [
-            Widget("store.icon", "icon", (60, 280, 300, 520), info.name, fill=info.color, size=120),
-            Widget("store.name", "text", (320, 300, 1060, 420), info.name, size=56),
-            Widget("store.install", "button", (60, 600, 1020, 740), "Open" if installed else "Install",
-                   fill=(1, 135, 95), fg=WHITE, intent=("open", p.item) if installed else ("install", p.item)),
-            Widget("store.shots", "image", (60, 800, 1020, 1500), fill=info.color),
-        ]))
+        return Screen(
+            tuple(
+                _app_bar("Google Play", (1, 135, 95))
+                + [
+                    Widget("store.icon", "icon", (60, 280, 300, 520), info.name, fill=info.color, size=120),
+                    Widget("store.name", "text", (320, 300, 1060, 420), info.name, size=56),
+                    Widget(
+                        "store.install",
+                        "button",
+                        (60, 600, 1020, 740),
+                        "Open" if installed else "Install",
+                        fill=(1, 135, 95),
+                        fg=WHITE,
+                        intent=("open", p.item) if installed else ("install", p.item),
+                    ),
+                    Widget("store.shots", "image", (60, 800, 1020, 1500), fill=info.color),
+                ]
+            )
+        )
     raise ValueError(f"play store has no page {p.name!r}")
 
 
@@ -402,43 +713,57 @@ def _popup(s: DeviceState) -> list[Widget]:
         return [
             Widget("popup", "rect", (0, 1500, SCREEN_W, NAV_TOP), fill=(250, 250, 250), intent=NOOP),
             Widget("popup.text", "text", (20, 1530, 1060, 1650), f"{pop.subject.capitalize()} uses cookies", size=44),
-            Widget("popup.reject", "button", (40, 1760, 520, 1900), "Reject all", fill=LIGHT, fg=BLUE, intent=("dismiss",)),
-            Widget("popup.accept", "button", (560, 1760, 1040, 1900), "Accept all", fill=BLUE, fg=WHITE, intent=("dismiss",)),
+            Widget(
+                "popup.reject", "button", (40, 1760, 520, 1900), "Reject all", fill=LIGHT, fg=BLUE, intent=("dismiss",)
+            ),
+            Widget(
+                "popup.accept",
+                "button",
+                (560, 1760, 1040, 1900),
+                "Accept all",
+                fill=BLUE,
+                fg=WHITE,
+                intent=("dismiss",),
+            ),
         ]
     name = catalog.app_info(pop.subject).name
     return [
         Widget("popup", "rect", (100, 820, 980, 1400), fill=(250, 250, 250), intent=NOOP),
         Widget("popup.text", "text", (120, 860, 960, 1000), f"Enjoying {name}?", size=52),
         Widget("popup.later", "button", (140, 1200, 520, 1340), "Not now", fill=LIGHT, fg=BLUE, intent=("dismiss",)),
-        Widget("popup.rate", "button", (560, 1200, 940, 1340), "Rate", fill=BLUE, fg=WHITE,
-               intent=("rate", pop.subject)),
+        Widget(
+            "popup.rate", "button", (560, 1200, 940, 1340), "Rate", fill=BLUE, fg=WHITE, intent=("rate", pop.subject)
+        ),
     ]
 
 
-_KEYS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
-
-
 def _keyboard() -> list[Widget]:
-    ws = [Widget("kbd", "rect", (0, KBD_TOP, SCREEN_W, NAV_TOP), fill=(210, 213, 219), intent=NOOP)]
-    for r, keys in enumerate(_KEYS):
-        kw = SCREEN_W // 10
-        x = (SCREEN_W - kw * len(keys)) // 2
-        y = KBD_TOP + 20 + r * 160
-        ws += [Widget(f"kbd.key:{c}", "button", (x + i * kw + 6, y, x + (i + 1) * kw - 6, y + 140), c, size=48,
-                      intent=NOOP) for i, c in enumerate(keys)]
+    # The letter keys are drawn by the renderer as one cached picture and do
+    # nothing when tapped (AitW types whole strings with TYPE); only Go submits.
     y = KBD_TOP + 500
-    ws.append(Widget("kbd.space", "button", (220, y, 760, y + 140), "", intent=NOOP))
-    ws.append(Widget("kbd.enter", "button", (800, y, 1060, y + 140), "Go", fill=BLUE, fg=WHITE, intent=("submit",)))
-    return ws
+    return [
+        Widget("kbd", "keyboard", (0, KBD_TOP, SCREEN_W, NAV_TOP), fill=(210, 213, 219), intent=NOOP),
+        Widget("kbd.enter", "button", (800, y, 1060, y + 140), "Go", fill=BLUE, fg=WHITE, intent=("submit",)),
+    ]
 
 
 def _loading() -> list[Widget]:
-    return [Widget("loading.bar", "rect", (0, CONTENT_TOP - 12, SCREEN_W // 3, CONTENT_TOP), fill=BLUE),
-            Widget("loading", "rect", (340, 1000, 740, 1120), "Loading...", fill=LIGHT, fg=GREY, size=44)]
+    return [
+        Widget("loading.bar", "rect", (0, CONTENT_TOP - 12, SCREEN_W // 3, CONTENT_TOP), fill=BLUE),
+        Widget("loading", "rect", (340, 1000, 740, 1120), "Loading...", fill=LIGHT, fg=GREY, size=44),
+    ]
 
 
-_VIEWS = {"home": _home, "shade": _shade, "chrome": _chrome, "settings": _settings, "clock": _clock,
-          "youtube": _youtube, "maps": _maps, "playstore": _playstore}
+_VIEWS = {
+    "home": _home,
+    "shade": _shade,
+    "chrome": _chrome,
+    "settings": _settings,
+    "clock": _clock,
+    "youtube": _youtube,
+    "maps": _maps,
+    "playstore": _playstore,
+}
 
 # Pages whose content is a result list, where sponsored entries may appear.
 _LIST_PAGES = {("chrome", "results"), ("chrome", "site_results"), ("youtube", "results"), ("playstore", "results")}

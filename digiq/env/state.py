@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Page", "Popup", "Dynamics", "DeviceState"]
+__all__ = ["DeviceState", "Dynamics", "Page", "Popup"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Dynamics:
             raise ValueError(f"Dynamics.jitter_px must be in [0, 200], got {self.jitter_px!r}")
 
     @classmethod
-    def calm(cls) -> "Dynamics":
+    def calm(cls) -> Dynamics:
         """No disturbances at all: the device as a tidy test bench."""
         return cls(popup_rate=0.0, delay_rate=0.0, jitter_px=0, ad_rate=0.0)
 

@@ -17,32 +17,41 @@ from digiq.env import catalog
 from digiq.env.state import DeviceState
 
 __all__ = [
-    "Goal",
-    "WebSearch",
-    "OnSite",
-    "AppOpen",
-    "SettingsPage",
-    "Notifications",
+    "GENERAL_FAMILIES",
+    "MAX_STEPS",
+    "WEBSHOP_FAMILIES",
     "Alarm",
+    "AnyOf",
+    "AppOpen",
+    "Goal",
     "Install",
-    "Video",
     "MapsSearch",
     "NewTab",
+    "Notifications",
+    "OnSite",
+    "SettingsPage",
     "Shade",
-    "AnyOf",
     "Task",
     "UnsupportedInstruction",
-    "parse_task",
-    "keywords",
+    "Video",
+    "WebSearch",
     "has_keywords",
-    "MAX_STEPS",
-    "GENERAL_FAMILIES",
-    "WEBSHOP_FAMILIES",
+    "keywords",
+    "parse_task",
 ]
 
 MAX_STEPS = {"general": 10, "webshop": 20}
-GENERAL_FAMILIES = ("search", "maps", "youtube", "app_settings", "notifications", "alarm", "open_app",
-                    "install_app", "chrome_tab")
+GENERAL_FAMILIES = (
+    "search",
+    "maps",
+    "youtube",
+    "app_settings",
+    "notifications",
+    "alarm",
+    "open_app",
+    "install_app",
+    "chrome_tab",
+)
 WEBSHOP_FAMILIES = ("go_to_site", "site_search", "select_first")
 
 
@@ -52,9 +61,58 @@ class UnsupportedInstruction(ValueError):
 
 # Words that carry no search intent; everything else must appear in the query.
 _STOP = frozenset(
-    "a an the of in on at to for from is are was be it its whats what how much does do did i me my some "
-    "s who where when which can could please tell show find google search look up about like with by and "
-    "this that there".split()
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "in",
+        "on",
+        "at",
+        "to",
+        "for",
+        "from",
+        "is",
+        "are",
+        "was",
+        "be",
+        "it",
+        "its",
+        "whats",
+        "what",
+        "how",
+        "much",
+        "does",
+        "do",
+        "did",
+        "i",
+        "me",
+        "my",
+        "some",
+        "s",
+        "who",
+        "where",
+        "when",
+        "which",
+        "can",
+        "could",
+        "please",
+        "tell",
+        "show",
+        "find",
+        "google",
+        "search",
+        "look",
+        "up",
+        "about",
+        "like",
+        "with",
+        "by",
+        "and",
+        "this",
+        "that",
+        "there",
+    ]
 )
 
 
@@ -308,19 +366,31 @@ _G: list[tuple[str, re.Pattern[str]]] = [
     (name, re.compile(rx, re.IGNORECASE))
     for name, rx in [
         ("alarm", r"^set\s*an?\s*alarm\s*(?:for|at)\s*(?P<time>.+?)[.!?]?$"),
-        ("notifications", r"^(?P<verb>turn\s*on|turn\s*off|toggle|enable|disable|mute|unmute)\s*(?:the\s+)?"
-                          r"notifications?\s*(?:for|of|on|from)\s+" + _APP + r"[.!?]?$"),
+        (
+            "notifications",
+            r"^(?P<verb>turn\s*on|turn\s*off|toggle|enable|disable|mute|unmute)\s*(?:the\s+)?"
+            r"notifications?\s*(?:for|of|on|from)\s+" + _APP + r"[.!?]?$",
+        ),
         ("app_settings", r"^(?:check|open|show\s*me)\s*the\s*settings\s*(?:for|of)\s+" + _APP + r"[.!?]?$"),
         ("install_app", r"^(?:install|download)\s+" + _APP + r"[.!?]?$"),
-        ("chrome_tab", r"^open\s+a\s+new\s+(?:chrome\s+)?(?:(?P<mode>incognito|private)\s+)?(?:tab|window)"
-                       r"(?:\s+in\s+(?:the\s+)?chrome(?:\s+app)?)?[.!?]?$"),
+        (
+            "chrome_tab",
+            r"^open\s+a\s+new\s+(?:chrome\s+)?(?:(?P<mode>incognito|private)\s+)?(?:tab|window)"
+            r"(?:\s+in\s+(?:the\s+)?chrome(?:\s+app)?)?[.!?]?$",
+        ),
         ("shade", r"^(?:show\s*me|open|check)\s*(?:my|the)\s*notifications?(?:\s*(?:shade|panel))?[.!?]?$"),
         ("reddit", r"^(?:(?:open|go\s*to)\s+reddit(?:\.com)?|what'?s\s+(?:the\s+top\s+post\s+)?on\s+reddit\b.*)$"),
         ("yt_artist", r"^play\s+the\s+(?:new|latest)\s+(?P<q>.+?)\s+video\s+on\s+youtube[.!?]?$"),
         ("yt_channel", r"^(?:play|what'?s|show\s*me)\s+the\s+latest\s+video\s+from\s+(?:the\s+)?(?P<q>.+?)[.!?]?$"),
-        ("yt_any", r"^(?:play|search\s*for|find|show\s*me|watch)\s+(?:some\s+)?(?P<q>.+?)\s+(?:on|in)\s+youtube[.!?]?$"),
-        ("maps_route", r"^(?:how\s*do\s*i\s*get\s*to|directions\s*to|navigate\s*to|take\s*me\s*to)\s+(?:the\s+)?"
-                       r"(?P<q>.+?)[.!?]?$"),
+        (
+            "yt_any",
+            r"^(?:play|search\s*for|find|show\s*me|watch)\s+(?:some\s+)?(?P<q>.+?)\s+(?:on|in)\s+youtube[.!?]?$",
+        ),
+        (
+            "maps_route",
+            r"^(?:how\s*do\s*i\s*get\s*to|directions\s*to|navigate\s*to|take\s*me\s*to)\s+(?:the\s+)?"
+            r"(?P<q>.+?)[.!?]?$",
+        ),
         ("maps_near", r"^(?:find|show\s*me|where\s*is)\s+the\s+nearest\s+(?P<q>.+?)[.!?]?$"),
         ("maps_on", r"^(?:search\s*for|find|show\s*me|look\s*for)\s+(?P<q>.+?)\s+on\s+(?:google\s+)?maps[.!?]?$"),
         ("calendar", r"^what'?s\s+on\s+my\s+calendar\b.*$"),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["SCREEN_W", "SCREEN_H", "Widget", "Renderer", "Color"]
+__all__ = ["SCREEN_H", "SCREEN_W", "Color", "Renderer", "Widget"]
 
 SCREEN_W, SCREEN_H = 1080, 2280
 Color = tuple[int, int, int]
@@ -76,6 +76,9 @@ def _text_mask(label: str, px: int) -> tuple[Image.Image, int, int]:
     return mask, x1 - x0, y1 - y0
 
 
+_KEY_ROWS = ("qwertyuiop", "asdfghjkl", "zxcvbnm")
+
+
 class Renderer:
     """Draws widget lists at a fixed output width, with an LRU frame cache."""
 
@@ -87,6 +90,7 @@ class Renderer:
         self.scale = width / SCREEN_W
         self._cache: OrderedDict[tuple[Widget, ...], np.ndarray] = OrderedDict()
         self._cache_size = cache_size
+        self._kbd: Image.Image | None = None
 
     def render(self, widgets: tuple[Widget, ...]) -> np.ndarray:
         """Return an (H, W, 3) uint8 array; callers must not write to it."""
@@ -101,12 +105,35 @@ class Renderer:
             self._cache.popitem(last=False)
         return frame
 
+    def _keyboard(self, panel: Widget) -> Image.Image:
+        """The on-screen keyboard's letter keys, drawn once per renderer (it is on every typing frame)."""
+        if self._kbd is None:
+            kw = SCREEN_W // 10
+            keys = [
+                Widget(f"key:{c}", "button", (x + i * kw + 6, y, x + (i + 1) * kw - 6, y + 140), c, size=48)
+                for r, row in enumerate(_KEY_ROWS)
+                for x, y in [((SCREEN_W - kw * len(row)) // 2, panel.box[1] + 20 + r * 160)]
+                for i, c in enumerate(row)
+            ]
+            keys.append(Widget("key:space", "button", (220, panel.box[1] + 500, 760, panel.box[1] + 640)))
+            full = self._draw((Widget("panel", "rect", panel.box, fill=panel.fill), *keys))
+            x0, y0, x1, y1 = self._xy(panel.box)
+            self._kbd = Image.fromarray(full[y0 : y1 + 1, x0 : x1 + 1])
+        return self._kbd
+
     def _xy(self, box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
         s = self.scale
         x0, y0, x1, y1 = box
-        return (round(x0 * s), round(y0 * s), max(round(x1 * s) - 1, round(x0 * s)), max(round(y1 * s) - 1, round(y0 * s)))
+        return (
+            round(x0 * s),
+            round(y0 * s),
+            max(round(x1 * s) - 1, round(x0 * s)),
+            max(round(y1 * s) - 1, round(y0 * s)),
+        )
 
-    def _text(self, img: Image.Image, label: str, size: int, xy: tuple[int, int, int, int], center: bool, color: Color) -> None:
+    def _text(
+        self, img: Image.Image, label: str, size: int, xy: tuple[int, int, int, int], center: bool, color: Color
+    ) -> None:
         if not label:
             return
         mask, tw, th = _text_mask(label, max(4, round(size * self.scale)))
@@ -130,10 +157,17 @@ class Renderer:
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
                 self._text(img, w.label, w.size, xy, True, w.fg)
             elif k == "input":
-                d.rounded_rectangle(xy, radius=r, fill=LIGHT, outline=BLUE if w.on else GREY, width=max(1, round(4 * self.scale)))
+                d.rounded_rectangle(
+                    xy, radius=r, fill=LIGHT, outline=BLUE if w.on else GREY, width=max(1, round(4 * self.scale))
+                )
                 self._text(img, w.label, w.size, xy, False, w.fg)
                 if w.on:  # a text cursor at the end of the field
-                    x = xy[0] + round(24 * self.scale) + (_text_mask(w.label, max(4, round(w.size * self.scale)))[1] if w.label else 0) + 1
+                    x = (
+                        xy[0]
+                        + round(24 * self.scale)
+                        + (_text_mask(w.label, max(4, round(w.size * self.scale)))[1] if w.label else 0)
+                        + 1
+                    )
                     d.line((x, xy[1] + 2, x, xy[3] - 2), fill=BLUE, width=max(1, round(3 * self.scale)))
             elif k == "icon":
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
@@ -155,6 +189,8 @@ class Renderer:
                 d.line((xy[0], xy[1], xy[2], xy[3]), fill=WHITE)
                 d.line((xy[0], xy[3], xy[2], xy[1]), fill=WHITE)
                 self._text(img, w.label, w.size, xy, True, w.fg)
+            elif k == "keyboard":
+                img.paste(self._keyboard(w), xy[:2])
             else:
                 raise ValueError(f"widget {w.id!r} has unknown kind {k!r}")
         return np.asarray(img)

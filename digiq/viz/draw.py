@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from digiq.env.actions import Action, ActionType
 
-__all__ = ["draw_action", "contact_sheet"]
+__all__ = ["contact_sheet", "draw_action"]
 
 _RED = (230, 30, 60)
 
@@ -34,7 +34,8 @@ def draw_action(screenshot: np.ndarray, action: Action) -> Image.Image:
             d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=_RED)
     else:
         caption = {ActionType.TYPE: f'type "{action.text}"', ActionType.INVALID: f"invalid: {action.error}"}.get(
-            action.type, action.type.value)
+            action.type, action.type.value
+        )
         font = ImageFont.load_default(size=max(8, w // 16))
         d.rectangle((0, h - 3 * r - 4, w, h), fill=(255, 255, 255))
         d.text((4, h - 1.5 * r - 2), caption, fill=_RED, font=font, anchor="lm")
