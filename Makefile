@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 test: venv
 	$(BIN)/python -m pytest -q
 
+# dvc runs stage commands through the shell: put .venv first on PATH so `python` is ours.
 repro: venv
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 lint: venv
 	$(BIN)/ruff check digiq tests benchmarks

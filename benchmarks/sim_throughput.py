@@ -20,7 +20,7 @@ from digiq.env import AndroidSimEnv, Expert, generate_tasks, parse_task
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=400)
+    ap.add_argument("--episodes", type=int, default=1000, help="a collection-sized run")
     ap.add_argument("--width", type=int, default=216, help="model-size screenshot width")
     ap.add_argument("--noise", type=float, default=0.2)
     args = ap.parse_args()

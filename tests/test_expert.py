@@ -91,3 +91,19 @@ def test_render_demo_writes_a_contact_sheet(tmp_path):
     )
     img = Image.open(out)
     assert img.height > 12 * 200  # one row per family
+
+
+def test_check_tasks_writes_metrics_per_family(tmp_path):
+    f = tmp_path / "tasks.txt"
+    f.write_text("Open the clock\nGo to ebay.com\n")
+    subprocess.run(
+        [sys.executable, "-m", "digiq.env", "check-tasks", str(f), "--metrics", str(tmp_path / "m.json")],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert m["by_family"] == {
+        "go_to_site": {"tasks": 1, "expert_success": 1},
+        "open_app": {"tasks": 1, "expert_success": 1},
+    }

@@ -14,10 +14,11 @@ from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
+from digiq.io import atomic_path, atomic_write_text
 from digiq.viz.draw import contact_sheet, draw_action
 
 
-def check_tasks(files: list[str], task_set: str | None, seed: int) -> dict[str, int]:
+def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str | None = None) -> dict[str, int]:
     """Parse every line of ``files`` and have the noiseless expert solve each parsed task."""
     env = AndroidSimEnv(width=108)  # the expert reads widgets, not pixels: render small
     lines_by_family: Counter[str] = Counter()
@@ -51,6 +52,14 @@ def check_tasks(files: list[str], task_set: str | None, seed: int) -> dict[str, 
     if len(unsupported) > 20:
         print(f"... and {len(unsupported) - 20} more unsupported lines")
     result = {"total": total, "parsed": parsed, "expert_success": solved}
+    if metrics:
+        out = {
+            **result,
+            "by_family": {
+                f: {"tasks": n, "expert_success": solved_by_family[f]} for f, n in sorted(lines_by_family.items())
+            },
+        }
+        atomic_write_text(Path(metrics), json.dumps(out, indent=2) + "\n")
     print(json.dumps(result))
     return result
 
@@ -71,8 +80,8 @@ def render_demo(out: str, seed: int, width: int, max_frames: int) -> None:
             rows.append(
                 (f"[{fam}] {instruction} -> {'success' if ok else 'failed'} in {steps} steps", frames[:max_frames])
             )
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    contact_sheet(rows).save(out)
+    with atomic_path(Path(out)) as tmp:
+        contact_sheet(rows).save(tmp, format="PNG")
     print(f"wrote {out}: {len(rows)} episodes")
 
 
@@ -88,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         help="step limit to use (default: webshop for 'Go to SITE' lines, else general)",
     )
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--metrics", help="also write the counts, per family too, to this JSON file")
     r = sub.add_parser("render-demo", help="contact sheet of one expert episode per family")
     r.add_argument("out")
     r.add_argument("--seed", type=int, default=0)
@@ -99,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--split", choices=["train", "test"], required=True)
     g.add_argument("-n", type=int, default=96)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--split-seed", type=int, default=0, help="which entities are test-only")
     args = ap.parse_args(argv)
     if args.cmd == "check-tasks":
-        check_tasks(args.files, args.task_set, args.seed)
+        check_tasks(args.files, args.task_set, args.seed, args.metrics)
     elif args.cmd == "render-demo":
         render_demo(args.out, args.seed, args.width, args.max_frames)
     else:
-        lines = generate_tasks(args.task_set, args.split, args.n, args.seed)
-        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        lines = generate_tasks(args.task_set, args.split, args.n, args.seed, args.split_seed)
+        atomic_write_text(Path(args.out), "\n".join(lines) + "\n")
         print(f"wrote {len(lines)} {args.task_set} {args.split} tasks to {args.out}")
     return 0
 

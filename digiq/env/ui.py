@@ -132,14 +132,14 @@ class Renderer:
         )
 
     def _text(
-        self, img: Image.Image, label: str, size: int, xy: tuple[int, int, int, int], center: bool, color: Color
+        self, d: ImageDraw.ImageDraw, label: str, size: int, xy: tuple[int, int, int, int], center: bool, color: Color
     ) -> None:
         if not label:
             return
         mask, tw, th = _text_mask(label, max(4, round(size * self.scale)))
         x0, y0, x1, y1 = xy
         x = (x0 + x1 - tw) // 2 if center else x0 + round(24 * self.scale)
-        img.paste(color, (x, (y0 + y1 - th) // 2), mask)
+        d.bitmap((x, (y0 + y1 - th) // 2), mask, fill=color)
 
     def _draw(self, widgets: tuple[Widget, ...]) -> np.ndarray:
         img = Image.new("RGB", (self.width, self.height), WHITE)
@@ -150,17 +150,17 @@ class Renderer:
             k = w.kind
             if k == "rect":
                 d.rectangle(xy, fill=w.fill)
-                self._text(img, w.label, w.size, xy, True, w.fg)
+                self._text(d, w.label, w.size, xy, True, w.fg)
             elif k == "text":
-                self._text(img, w.label, w.size, xy, False, w.fg)
+                self._text(d, w.label, w.size, xy, False, w.fg)
             elif k == "button":
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
-                self._text(img, w.label, w.size, xy, True, w.fg)
+                self._text(d, w.label, w.size, xy, True, w.fg)
             elif k == "input":
                 d.rounded_rectangle(
                     xy, radius=r, fill=LIGHT, outline=BLUE if w.on else GREY, width=max(1, round(4 * self.scale))
                 )
-                self._text(img, w.label, w.size, xy, False, w.fg)
+                self._text(d, w.label, w.size, xy, False, w.fg)
                 if w.on:  # a text cursor at the end of the field
                     x = (
                         xy[0]
@@ -171,10 +171,10 @@ class Renderer:
                     d.line((x, xy[1] + 2, x, xy[3] - 2), fill=BLUE, width=max(1, round(3 * self.scale)))
             elif k == "icon":
                 d.rounded_rectangle(xy, radius=r, fill=w.fill)
-                self._text(img, w.label[:1].upper(), w.size, xy, True, WHITE)
+                self._text(d, w.label[:1].upper(), w.size, xy, True, WHITE)
             elif k == "circle":
                 d.ellipse(xy, fill=w.fill)
-                self._text(img, w.label, w.size, xy, True, w.fg)
+                self._text(d, w.label, w.size, xy, True, w.fg)
             elif k == "toggle":
                 d.rounded_rectangle(xy, radius=(xy[3] - xy[1]) // 2, fill=BLUE if w.on else GREY)
                 h = xy[3] - xy[1]
@@ -183,14 +183,15 @@ class Renderer:
             elif k == "item":
                 d.rectangle(xy, fill=w.fill)
                 d.line((xy[0], xy[3], xy[2], xy[3]), fill=LIGHT, width=max(1, round(3 * self.scale)))
-                self._text(img, w.label, w.size, xy, False, w.fg)
+                self._text(d, w.label, w.size, xy, False, w.fg)
             elif k == "image":
                 d.rectangle(xy, fill=w.fill)
                 d.line((xy[0], xy[1], xy[2], xy[3]), fill=WHITE)
                 d.line((xy[0], xy[3], xy[2], xy[1]), fill=WHITE)
-                self._text(img, w.label, w.size, xy, True, w.fg)
+                self._text(d, w.label, w.size, xy, True, w.fg)
             elif k == "keyboard":
                 img.paste(self._keyboard(w), xy[:2])
             else:
                 raise ValueError(f"widget {w.id!r} has unknown kind {k!r}")
-        return np.asarray(img)
+        # frombuffer(tobytes()) is several times faster than np.asarray(img) for RGB in Pillow.
+        return np.frombuffer(img.tobytes(), np.uint8).reshape(self.height, self.width, 3)
