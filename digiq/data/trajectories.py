@@ -1,0 +1,142 @@
+"""Trajectory storage: a Parquet step table plus PNG screenshots.
+
+A dataset is a folder::
+
+    steps-00000.parquet, steps-00001.parquet, ...   one row per step, Digi-Q field names
+    images/000123_04.png                            screenshot of trajectory 123, step 4
+
+Parts are written whole and atomically (temp name, then rename), and
+screenshots before the part that references them, so a run killed half way
+keeps every finished part and can resume after it. Field names follow
+Digi-Q's release so its users feel at home (see :data:`STEP_SCHEMA`).
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image
+
+from digiq.io import atomic_path
+
+__all__ = ["Step", "STEP_SCHEMA", "DataError", "TrajectoryStore", "mc_returns", "observation_text"]
+
+
+class DataError(ValueError):
+    """A data file is missing, corrupt, or does not have the expected fields."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transition, with Digi-Q's field names (plus ``family``, ``task_set``, ``valid``)."""
+
+    traj_id: int
+    step_id: int
+    task: str
+    task_set: str
+    family: str
+    observation: str  # the policy's text input: "Previous Actions: ... Goal: ..."
+    next_observation: str
+    image_path: str  # relative to the dataset folder
+    next_image_path: str
+    action: str  # raw AutoUI action string
+    valid: bool  # whether ``action`` parsed as a valid action
+    reward: float
+    done: bool
+    mc_return: float
+    trajectory_reward: float
+
+
+_ARROW = {int: pa.int64(), str: pa.string(), bool: pa.bool_(), float: pa.float64()}
+_HINTS = typing.get_type_hints(Step)
+STEP_SCHEMA = pa.schema([(f.name, _ARROW[_HINTS[f.name]]) for f in fields(Step)])
+_PART = re.compile(r"^steps-(\d{5})\.parquet$")
+
+
+def mc_returns(rewards: Sequence[float], gamma: float) -> list[float]:
+    """Discounted returns G_t = r_t + gamma * G_{t+1} of one trajectory."""
+    out, g = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        g = rewards[t] + gamma * g
+        out[t] = g
+    return out
+
+
+def observation_text(previous_actions: Sequence[str], task: str, history: int = 1) -> str:
+    """AutoUI's input text: the last ``history`` actions (their decision part), then the goal."""
+    recent = previous_actions[-history:] if history else []
+    prev = " ".join(a.split("Action Decision: ")[-1] for a in recent)
+    return f"Previous Actions: {prev} Goal: {task}".replace("  ", " ")
+
+
+class TrajectoryStore:
+    """A dataset folder of step-table parts and screenshots."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self.images = self.root / "images"
+
+    def image_name(self, traj_id: int, step_id: int) -> str:
+        return f"images/{traj_id:06d}_{step_id:02d}.png"
+
+    def save_image(self, rel: str, pixels: np.ndarray) -> None:
+        with atomic_path(self.root / rel) as tmp:
+            Image.fromarray(pixels).save(tmp, format="PNG", compress_level=1)
+
+    def parts(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("steps-*.parquet") if _PART.match(p.name))
+
+    def write_part(self, steps: Iterable[Step]) -> Path:
+        """Append one part holding ``steps`` (whole trajectories; their images already saved)."""
+        rows = [asdict(s) for s in steps]
+        if not rows:
+            raise DataError(f"refusing to write an empty part to {self.root}")
+        parts = self.parts()
+        index = int(_PART.match(parts[-1].name).group(1)) + 1 if parts else 0
+        path = self.root / f"steps-{index:05d}.parquet"
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(rows, schema=STEP_SCHEMA), tmp)
+        return path
+
+    def read(self) -> pa.Table:
+        """All parts as one table, ordered by trajectory and step; a missing dataset or a corrupt part names the file."""
+        parts = self.parts()
+        if not parts:
+            raise DataError(f"no trajectory data in {self.root} (expected steps-*.parquet); run the stage that writes it")
+        tables = []
+        for p in parts:
+            try:
+                t = pq.read_table(p)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataError(f"corrupt trajectory part {p}: {e}") from None
+            missing = [n for n in STEP_SCHEMA.names if n not in t.column_names]
+            if missing:
+                raise DataError(f"trajectory part {p} lacks field(s) {missing}")
+            try:
+                tables.append(t.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise DataError(f"trajectory part {p} has a field of the wrong type: {e}") from None
+        return pa.concat_tables(tables).sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
+
+    def n_trajectories(self) -> int:
+        """Trajectories already stored (0 for a new folder): where a resumed run starts."""
+        if not self.parts():
+            return 0
+        ids = self.read().column("traj_id")
+        return int(pc.max(ids).as_py()) + 1
+
+    def load_image(self, rel: str) -> np.ndarray:
+        path = self.root / rel
+        try:
+            with Image.open(path) as im:
+                return np.asarray(im.convert("RGB"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read screenshot {path}: {e}") from None

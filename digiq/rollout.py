@@ -1,0 +1,161 @@
+"""Roll policies out on many simulated devices at once; record trajectories.
+
+Used by collection (stage 01) and evaluation (stage 07). A policy sees a batch
+of screenshots and AutoUI text prompts and answers with AutoUI action
+strings; the scripted expert also gets the envs (its privileged view).
+Finished trajectories are written in parts, so an interrupted collection
+keeps what it finished and resumes after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from digiq.data.trajectories import Step, TrajectoryStore, mc_returns, observation_text
+from digiq.env.actions import format_action
+from digiq.env.catalog import stable_int
+from digiq.env.expert import Expert
+from digiq.env.gym_env import AndroidSimEnv
+from digiq.env.state import Dynamics
+from digiq.env.tasks import Task
+
+__all__ = ["RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed"]
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    screenshots: np.ndarray  # (B, H, W, 3) uint8
+    observations: list[str]  # AutoUI prompts
+    envs: list[AndroidSimEnv]  # for privileged policies only; models must not look
+
+
+class Policy(Protocol):
+    def act(self, batch: RolloutBatch) -> list[str]: ...
+
+
+class ExpertPolicy:
+    """The scripted expert as a :class:`Policy` (one noise stream per env slot)."""
+
+    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+        self.noise, self.seed = noise, seed
+        self._experts: dict[int, Expert] = {}
+
+    def act(self, batch: RolloutBatch) -> list[str]:
+        out = []
+        for env in batch.envs:
+            ex = self._experts.setdefault(id(env), Expert(self.noise, stable_int("expert", self.seed, len(self._experts))))
+            assert env.task is not None
+            action = ex.act(env.device, env.task)
+            out.append(format_action(action, ex.plan(env.device, env.task)))
+        return out
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    index: int
+    task: str
+    task_set: str
+    family: str
+    success: bool
+    steps: int
+
+
+def episode_seed(seed: int, index: int) -> int:
+    """The device seed of episode ``index``: fixed, so a resumed or repeated run replays the same devices."""
+    return stable_int("episode", seed, index)
+
+
+def rollout(
+    policy: Policy,
+    tasks: Sequence[Task],
+    *,
+    n_envs: int = 16,
+    seed: int = 0,
+    dynamics: Dynamics | None = None,
+    width: int = 216,
+    gamma: float = 0.95,
+    store: TrajectoryStore | None = None,
+    part_size: int = 64,
+    desc: str = "rollout",
+) -> list[EpisodeResult]:
+    """Run one episode per task, ``n_envs`` at a time.
+
+    With ``store``, every trajectory is written (screenshots as PNG, steps as
+    Parquet parts of ``part_size`` trajectories) and tasks already stored are
+    skipped, so re-running after an interruption resumes.
+    """
+    start = store.n_trajectories() if store is not None else 0
+    envs = [AndroidSimEnv(dynamics=dynamics, width=width) for _ in range(min(n_envs, max(1, len(tasks) - start)))]
+    slots: list[dict | None] = [None] * len(envs)
+    results: list[EpisodeResult] = []
+    pending: list[Step] = []
+    next_index = start
+    bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
+
+    def begin(i: int) -> None:
+        nonlocal next_index
+        if next_index >= len(tasks):
+            slots[i] = None
+            return
+        task = tasks[next_index]
+        obs, _ = envs[i].reset(seed=episode_seed(seed, next_index), options={"task": task})
+        slots[i] = {"index": next_index, "task": task, "shots": [obs["screenshot"]], "actions": [], "rewards": [],
+                    "valid": [], "prompts": [observation_text([], task.instruction)]}
+        next_index += 1
+
+    def finish(slot: dict, success: bool) -> None:
+        nonlocal pending
+        results.append(EpisodeResult(slot["index"], slot["task"].instruction, slot["task"].task_set,
+                                     slot["task"].family, success, len(slot["actions"])))
+        if store is not None:
+            pending += _steps(store, slot, gamma)
+            if len({s.traj_id for s in pending}) >= part_size:
+                store.write_part(pending)
+                pending = []
+        bar.update(1)
+
+    for i in range(len(envs)):
+        begin(i)
+    while any(s is not None for s in slots):
+        live = [i for i, s in enumerate(slots) if s is not None]
+        batch = RolloutBatch(np.stack([slots[i]["shots"][-1] for i in live]),
+                             [slots[i]["prompts"][-1] for i in live], [envs[i] for i in live])
+        actions = policy.act(batch)
+        for i, action in zip(live, actions, strict=True):
+            slot = slots[i]
+            obs, reward, term, trunc, info = envs[i].step(action)
+            slot["actions"].append(action)
+            slot["rewards"].append(reward)
+            slot["valid"].append(info["valid"])
+            slot["shots"].append(obs["screenshot"])
+            slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
+            if term or trunc:
+                finish(slot, bool(reward))
+                begin(i)
+    if store is not None and pending:
+        store.write_part(pending)
+    bar.close()
+    return sorted(results, key=lambda r: r.index)
+
+
+def _steps(store: TrajectoryStore, slot: dict, gamma: float) -> list[Step]:
+    """Save a finished trajectory's screenshots and turn it into step records."""
+    traj, task = slot["index"], slot["task"]
+    names = [store.image_name(traj, t) for t in range(len(slot["shots"]))]
+    for name, shot in zip(names, slot["shots"], strict=True):
+        store.save_image(name, shot)
+    rets = mc_returns(slot["rewards"], gamma)
+    total = float(sum(slot["rewards"]))
+    n = len(slot["actions"])
+    return [
+        Step(traj_id=traj, step_id=t, task=task.instruction, task_set=task.task_set, family=task.family,
+             observation=slot["prompts"][t], next_observation=slot["prompts"][t + 1], image_path=names[t],
+             next_image_path=names[t + 1], action=slot["actions"][t], valid=slot["valid"][t],
+             reward=slot["rewards"][t], done=t == n - 1, mc_return=rets[t], trajectory_reward=total)
+        for t in range(n)
+    ]

@@ -1,0 +1,72 @@
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
+from digiq.env import Dynamics, parse_task
+from digiq.env.taskgen import generate_tasks
+from digiq.rollout import ExpertPolicy, rollout
+
+TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
+
+
+def test_mc_returns():
+    assert mc_returns([0, 0, 1], 0.5) == [0.25, 0.5, 1.0]
+    assert mc_returns([], 0.9) == []
+
+
+def test_observation_text_keeps_the_decision_of_the_last_action():
+    a = 'Action Plan: [PRESS_HOME] ; Action Decision: "action_type": "PRESS_HOME"'
+    assert observation_text([a], "Open the clock") == 'Previous Actions: "action_type": "PRESS_HOME" Goal: Open the clock'
+    assert observation_text([], "Open the clock") == "Previous Actions: Goal: Open the clock"
+
+
+def test_expert_rollout_writes_complete_trajectories(tmp_path):
+    store = TrajectoryStore(tmp_path)
+    results = rollout(ExpertPolicy(), TASKS, n_envs=4, width=108, store=store, part_size=3)
+    assert [r.index for r in results] == list(range(10)) and all(r.success for r in results)
+    table = store.read().to_pandas()
+    assert table.traj_id.nunique() == 10 and len(store.parts()) == 4  # 3 + 3 + 3 + 1
+    for _, traj in table.groupby("traj_id"):
+        assert list(traj.step_id) == list(range(len(traj)))
+        assert traj.done.iloc[-1] and not traj.done.iloc[:-1].any()
+        assert traj.reward.iloc[-1] == 1.0 and traj.trajectory_reward.iloc[0] == 1.0
+        assert np.allclose(traj.mc_return, mc_returns(list(traj.reward), 0.95))
+    row = table.iloc[1]
+    assert row.image_path == table.iloc[0].next_image_path
+    assert store.load_image(row.image_path).shape == (228, 108, 3)
+
+
+def test_interrupted_collection_resumes_without_losing_parts(tmp_path):
+    store = TrajectoryStore(tmp_path)
+
+    class Dies(ExpertPolicy):
+        calls = 0
+
+        def act(self, batch):
+            Dies.calls += 1
+            if Dies.calls > 12:
+                raise KeyboardInterrupt
+            return super().act(batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        rollout(Dies(), TASKS, n_envs=1, width=108, store=store, part_size=1, dynamics=Dynamics.calm())
+    done = store.n_trajectories()
+    assert 0 < done < 10 and not list(tmp_path.glob(".*tmp*"))
+    rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=4)
+    assert sorted(store.read().to_pandas().traj_id.unique()) == list(range(10))
+
+
+def test_corrupt_or_missing_data_is_named(tmp_path):
+    with pytest.raises(DataError, match="no trajectory data"):
+        TrajectoryStore(tmp_path).read()
+    store = TrajectoryStore(tmp_path)
+    rollout(ExpertPolicy(), TASKS[:2], n_envs=2, width=108, store=store)
+    part = store.parts()[0]
+    table = pq.read_table(part).drop_columns(["reward"])
+    pq.write_table(table, part)
+    with pytest.raises(DataError, match=r"lacks field\(s\) \['reward'\]"):
+        store.read()
+    part.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="corrupt trajectory part"):
+        store.read()
