@@ -122,9 +122,7 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
     for key, value in raw.items():
         if not _check(value, hints[key]):
-            raise ConfigError(
-                f"{where}.{key} must be {_type_name(hints[key])}, got {value!r} ({type(value).__name__})"
-            )
+            raise ConfigError(f"{where}.{key} must be {_type_name(hints[key])}, got {value!r} ({type(value).__name__})")
     values = {k: (float(v) if hints[k] is float else v) for k, v in raw.items()}
     try:
         return cls(**values)

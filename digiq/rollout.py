@@ -48,7 +48,9 @@ class ExpertPolicy:
     def act(self, batch: RolloutBatch) -> list[str]:
         out = []
         for env in batch.envs:
-            ex = self._experts.setdefault(id(env), Expert(self.noise, stable_int("expert", self.seed, len(self._experts))))
+            ex = self._experts.setdefault(
+                id(env), Expert(self.noise, stable_int("expert", self.seed, len(self._experts)))
+            )
             assert env.task is not None
             action = ex.act(env.device, env.task)
             out.append(format_action(action, ex.plan(env.device, env.task)))
@@ -104,14 +106,29 @@ def rollout(
             return
         task = tasks[next_index]
         obs, _ = envs[i].reset(seed=episode_seed(seed, next_index), options={"task": task})
-        slots[i] = {"index": next_index, "task": task, "shots": [obs["screenshot"]], "actions": [], "rewards": [],
-                    "valid": [], "prompts": [observation_text([], task.instruction)]}
+        slots[i] = {
+            "index": next_index,
+            "task": task,
+            "shots": [obs["screenshot"]],
+            "actions": [],
+            "rewards": [],
+            "valid": [],
+            "prompts": [observation_text([], task.instruction)],
+        }
         next_index += 1
 
     def finish(slot: dict, success: bool) -> None:
         nonlocal pending
-        results.append(EpisodeResult(slot["index"], slot["task"].instruction, slot["task"].task_set,
-                                     slot["task"].family, success, len(slot["actions"])))
+        results.append(
+            EpisodeResult(
+                slot["index"],
+                slot["task"].instruction,
+                slot["task"].task_set,
+                slot["task"].family,
+                success,
+                len(slot["actions"]),
+            )
+        )
         if store is not None:
             pending += _steps(store, slot, gamma)
             if len({s.traj_id for s in pending}) >= part_size:
@@ -123,8 +140,11 @@ def rollout(
         begin(i)
     while any(s is not None for s in slots):
         live = [i for i, s in enumerate(slots) if s is not None]
-        batch = RolloutBatch(np.stack([slots[i]["shots"][-1] for i in live]),
-                             [slots[i]["prompts"][-1] for i in live], [envs[i] for i in live])
+        batch = RolloutBatch(
+            np.stack([slots[i]["shots"][-1] for i in live]),
+            [slots[i]["prompts"][-1] for i in live],
+            [envs[i] for i in live],
+        )
         actions = policy.act(batch)
         for i, action in zip(live, actions, strict=True):
             slot = slots[i]
@@ -153,9 +173,22 @@ def _steps(store: TrajectoryStore, slot: dict, gamma: float) -> list[Step]:
     total = float(sum(slot["rewards"]))
     n = len(slot["actions"])
     return [
-        Step(traj_id=traj, step_id=t, task=task.instruction, task_set=task.task_set, family=task.family,
-             observation=slot["prompts"][t], next_observation=slot["prompts"][t + 1], image_path=names[t],
-             next_image_path=names[t + 1], action=slot["actions"][t], valid=slot["valid"][t],
-             reward=slot["rewards"][t], done=t == n - 1, mc_return=rets[t], trajectory_reward=total)
+        Step(
+            traj_id=traj,
+            step_id=t,
+            task=task.instruction,
+            task_set=task.task_set,
+            family=task.family,
+            observation=slot["prompts"][t],
+            next_observation=slot["prompts"][t + 1],
+            image_path=names[t],
+            next_image_path=names[t + 1],
+            action=slot["actions"][t],
+            valid=slot["valid"][t],
+            reward=slot["rewards"][t],
+            done=t == n - 1,
+            mc_return=rets[t],
+            trajectory_reward=total,
+        )
         for t in range(n)
     ]

@@ -10,13 +10,16 @@ def test_repository_params_load():
     assert load_section(TasksConfig, "tasks", params).n_test == params["tasks"]["n_test"]
 
 
-@pytest.mark.parametrize("group, needle", [
-    ({"env": {"width": "wide"}}, "env.width must be int, got 'wide'"),
-    ({"env": {"popup_rate": True}}, "env.popup_rate must be float"),
-    ({"env": {"popup_rate": 1.5}}, "popup_rate must be in [0, 1]"),
-    ({"env": {"widht": 100}}, "unknown key(s) ['widht']"),
-    ({"env": [1, 2]}, "env must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "group, needle",
+    [
+        ({"env": {"width": "wide"}}, "env.width must be int, got 'wide'"),
+        ({"env": {"popup_rate": True}}, "env.popup_rate must be float"),
+        ({"env": {"popup_rate": 1.5}}, "popup_rate must be in [0, 1]"),
+        ({"env": {"widht": 100}}, "unknown key(s) ['widht']"),
+        ({"env": [1, 2]}, "env must be a mapping"),
+    ],
+)
 def test_bad_values_name_the_key(group, needle):
     with pytest.raises(ConfigError) as e:
         load_section(EnvConfig, "env", group)

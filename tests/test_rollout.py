@@ -17,7 +17,9 @@ def test_mc_returns():
 
 def test_observation_text_keeps_the_decision_of_the_last_action():
     a = 'Action Plan: [PRESS_HOME] ; Action Decision: "action_type": "PRESS_HOME"'
-    assert observation_text([a], "Open the clock") == 'Previous Actions: "action_type": "PRESS_HOME" Goal: Open the clock'
+    assert (
+        observation_text([a], "Open the clock") == 'Previous Actions: "action_type": "PRESS_HOME" Goal: Open the clock'
+    )
     assert observation_text([], "Open the clock") == "Previous Actions: Goal: Open the clock"
 
 

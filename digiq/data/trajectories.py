@@ -110,7 +110,9 @@ class TrajectoryStore:
         """All parts as one table, ordered by trajectory and step; a missing dataset or a corrupt part names the file."""
         parts = self.parts()
         if not parts:
-            raise DataError(f"no trajectory data in {self.root} (expected steps-*.parquet); run the stage that writes it")
+            raise DataError(
+                f"no trajectory data in {self.root} (expected steps-*.parquet); run the stage that writes it"
+            )
         tables = []
         for p in parts:
             try:
