@@ -128,3 +128,99 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
         return cls(**values)
     except ValueError as e:  # a dataclass's own range checks
         raise ConfigError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class BasePolicyConfig:
+    """Stage 00: SFT of the base policy on noisy expert demonstrations."""
+
+    demo_tasks: int = _help("demonstrated train tasks per task set (few: the base must stay weak)", 300)
+    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.2)
+    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024)
+    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128)
+    num_layers: int = _help("T5 encoder (and decoder) layers", 2)
+    epochs: int = _help("passes over the demonstrations", 6)
+    batch_size: int = _help("rows per optimizer step", 32)
+    lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
+    seed: int = _help("seed of demonstrations, initialisation and batches", 0)
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """Stage 01: roll the base policy out on train tasks: the offline dataset."""
+
+    tasks_per_set: int = _help("train tasks rolled out per task set", 300)
+    temperature: float = _help("sampling temperature (AutoUI: 1.0 for collection)", 1.0)
+    n_envs: int = _help("devices stepped together", 32)
+    gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
+    seed: int = _help("seed of the devices", 1)
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Stage 02: N candidate actions per state from the base policy."""
+
+    n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16)
+    temperature: float = _help("sampling temperature of the candidates (Digi-Q: 1.2)", 1.2)
+    max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2)
+    batch_states: int = _help("states per sampling batch", 32)
+    seed: int = _help("sampling seed", 2)
+
+
+@dataclass(frozen=True)
+class VLMFinetuneConfig:
+    """Stage 03: fine-tune the VLM on "does this action change the screen?"."""
+
+    threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0)
+    holdout: float = _help("fraction of trajectories held out for accuracy", 0.2)
+    epochs: int = _help("passes over the labelled transitions", 3)
+    batch_size: int = _help("pairs per optimizer step", 32)
+    lr: float = _help("learning rate", 0.001)
+    image_size: int = _help("square input of the VLM's vision tower", 96)
+    hidden: int = _help("language-model width = representation size", 128)
+    seed: int = _help("seed", 3)
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Stage 04: VLM representations of every (state, candidate) pair."""
+
+    batch_size: int = _help("pairs per forward pass", 256)
+    use_finetuned: bool = _help("embed with the stage-03 VLM (False: the untuned one, an ablation)", True)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """Stage 05: double Q and V heads trained by TD on frozen features."""
+
+    gamma: float = _help("discount (Digi-Q: 0.95)", 0.95)
+    tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1)
+    hidden: int = _help("MLP width", 256)
+    epochs: int = _help("passes over the transitions", 30)
+    batch_size: int = _help("transitions per step", 256)
+    lr: float = _help("learning rate", 0.0003)
+    holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
+    seed: int = _help("seed", 4)
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """Stage 06: Best-of-N policy extraction (and, later, the baselines)."""
+
+    k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
+    threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
+    threshold_webshop: float = _help("the same for Web Shopping", 0.05)
+    epochs: int = _help("passes over the kept actions", 3)
+    batch_size: int = _help("rows per step", 32)
+    lr: float = _help("learning rate", 0.0005)
+    seed: int = _help("seed", 5)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Stage 07: roll every policy out on held-out test tasks."""
+
+    n_tasks: int = _help("first tasks of each test list (protocol: 96)", 96)
+    temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8)
+    n_envs: int = _help("devices stepped together", 48)
+    seed: int = _help("seed of the devices", 7)

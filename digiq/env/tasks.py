@@ -404,7 +404,8 @@ _SHOP_AT = re.compile(r"\b(?:on|at)\s+(ebay|costco|walmart|bestbuy|best\s+buy|ne
 
 
 def _query(text: str) -> str:
-    return text.strip().rstrip(".!?").strip().lower()
+    # Case is kept: a policy then copies the instruction's own words (matching ignores case).
+    return text.strip().rstrip(".!?").strip()
 
 
 def _need_keywords(q: str, instruction: str) -> tuple[str, ...]:
@@ -433,7 +434,7 @@ def parse_task(instruction: str, task_set: str | None = None) -> Task:
             raise UnsupportedInstruction(f"'select the first entry' needs a search in {instruction!r}")
         fam = "select_first" if m.group("first") else "site_search" if q else "go_to_site"
         goal = OnSite(site, _need_keywords(q, instruction) if q else (), bool(m.group("first")))
-        return Task(instruction, task_set or "webshop", fam, goal, q.lower())
+        return Task(instruction, task_set or "webshop", fam, goal, q)
     ts = task_set or "general"
     for name, rx in _G:
         m = rx.match(text)
@@ -455,7 +456,7 @@ def parse_task(instruction: str, task_set: str | None = None) -> Task:
             if name == "app_settings":
                 return Task(instruction, ts, name, SettingsPage(app))
             if name == "install_app":
-                return Task(instruction, ts, name, Install(app), catalog.app_info(app).name.lower())
+                return Task(instruction, ts, name, Install(app), _strip_q(g["app"]))
             if app == "reddit":
                 return Task(instruction, ts, "open_app", AnyOf((OnSite("reddit"), AppOpen("reddit"))), "reddit.com")
             return Task(instruction, ts, name, AppOpen(app))

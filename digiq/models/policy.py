@@ -60,11 +60,21 @@ class ScreenEncoder(nn.Module):
         self.pos = nn.Parameter(torch.zeros(cfg.image_grid[0] * cfg.image_grid[1], c))
         self.size = (cfg.image_height, cfg.image_width)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def prepare(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """(B, H, W, 3) uint8 screenshots of any size -> uint8 at the encoder's input size.
+
+        Training preloads frames through this and rollouts pass live frames
+        through it, so both see identically resampled pixels.
+        """
+        x = torch.as_tensor(np.asarray(images))
+        if tuple(x.shape[1:3]) == self.size:
+            return x
+        x = F.interpolate(x.permute(0, 3, 1, 2).float(), size=self.size, mode="area")
+        return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+    def forward(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, regions, image_dim)."""
-        x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        if x.shape[-2:] != self.size:
-            x = F.interpolate(x, size=self.size, mode="area")
+        x = self.prepare(images).to(self.pos.device).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         return self.net(x).flatten(2).transpose(1, 2) + self.pos
 
 
@@ -116,8 +126,7 @@ class AutoUIPolicy(nn.Module):
         """Fused encoder states (B, L, d) and their attention mask."""
         enc = self._prompts(prompts)
         text = self.t5.encoder(**enc).last_hidden_state
-        images = torch.as_tensor(np.asarray(screenshots), device=self.device)
-        return self.fusion(text, self.screen(images)), enc["attention_mask"]
+        return self.fusion(text, self.screen(screenshots)), enc["attention_mask"]
 
     def _labels(self, actions: list[str]) -> torch.Tensor:
         lab = self.tokenizer(actions, padding=True, truncation=True, max_length=self.cfg.max_action_tokens,

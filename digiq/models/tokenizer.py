@@ -28,6 +28,10 @@ ACTION_PIECES = [
     "Action Plan: [", "] ; Action Decision: ", '"action_type": "', '", "touch_point": "[',
     ']", "lift_point": "[', ']", "typed_text": "', "[-1.0, -1.0]", "Previous Actions: ", " Goal: ",
 ] + [t.value for t in ActionType if t is not ActionType.INVALID]  # fmt: skip
+# Coordinates "0.5200" start with one of these (then two more digits): one token
+# for where on the screen, instead of three digit pieces a tiny model garbles.
+COORD_PIECES = [f"{i / 100:.2f}" for i in range(101)]
+ANSWER_PIECES = [" Yes", " No"]  # the VLM's answers, one token each
 
 
 def default_corpus(n_tasks: int = 2000, seed: int = 0) -> list[str]:
@@ -57,7 +61,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES])
+    tok.add_tokens([AddedToken(p, normalized=False) for p in ACTION_PIECES + COORD_PIECES + ANSWER_PIECES])
     eos = tok.token_to_id("</s>")
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
     return PreTrainedTokenizerFast(

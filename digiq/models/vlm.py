@@ -1,0 +1,194 @@
+"""The VLM whose hidden states represent (screen, action) pairs for the critic.
+
+Digi-Q fine-tunes LLaVA-1.5 to answer, for a screenshot with an action drawn
+on it, whether the action changes the screen ("Yes"/"No"), then uses a
+hidden state of the fine-tuned model as the action's representation. Here the
+same ``transformers`` classes (``LlavaForConditionalGeneration`` with a
+``LlavaProcessor``) run at a tiny size built from configs, with the offline
+tokenizer; a real llava-hf checkpoint slots in through the same wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+from torch.nn import functional as F
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from digiq.env.actions import Action, ActionType
+from digiq.io import atomic_path
+
+__all__ = ["VLMConfig", "ScreenVLM", "question", "state_question", "draw_marker", "effect_label", "ANSWERS"]
+
+ANSWERS = ("No", "Yes")
+_RED = np.array([230, 30, 60], np.uint8)
+
+
+@dataclass(frozen=True)
+class VLMConfig:
+    image_size: int = 96  # square input of the vision tower (LLaVA-1.5: 336)
+    patch_size: int = 16
+    vision_hidden: int = 64
+    vision_layers: int = 2
+    hidden: int = 128  # language model width = representation size (LLaVA-1.5-7B: 4096)
+    layers: int = 2
+    heads: int = 4
+    max_text_tokens: int = 96
+
+
+def question(action: Action, task: str) -> str:
+    """The Yes/No question Digi-Q asks about an action, worded per action type."""
+    if action.type is ActionType.DUAL_POINT:
+        what = "tapping at the red circle" if action.is_tap else "swiping along the red line"
+    elif action.type is ActionType.TYPE:
+        what = f'typing "{action.text}"'
+    elif action.type is ActionType.INVALID:
+        what = "an invalid action"
+    else:
+        what = {ActionType.PRESS_BACK: "pressing Back", ActionType.PRESS_HOME: "pressing Home",
+                ActionType.PRESS_ENTER: "pressing Enter"}.get(action.type, "declaring the task done")  # fmt: skip
+    return f"<image>\nTask: {task}\nDoes {what} change the screen? Answer:"
+
+
+def state_question(task: str) -> str:
+    """The prompt whose representation stands for the state alone (for V(s))."""
+    return f"<image>\nTask: {task}\nWhat is on the screen? Answer:"
+
+
+def draw_marker(image: np.ndarray, action: Action) -> np.ndarray:
+    """``image`` (any size) with the action marked in red: a ring for a tap, a line for a swipe.
+
+    Drawn at the VLM's input resolution with numpy, which is what keeps
+    embedding N candidates per state cheap.
+    """
+    out = image.copy()
+    h, w = out.shape[:2]
+    if action.type is not ActionType.DUAL_POINT:
+        out[-max(2, h // 24) :, :] = _RED  # a bar: "something other than a touch"
+        return out
+    yy, xx = np.mgrid[0:h, 0:w]
+    (ty, tx), (ly, lx) = action.touch, action.lift
+    r = max(2.0, w / 16)
+    if action.is_tap:
+        d = np.hypot(yy - ty * (h - 1), xx - tx * (w - 1))
+        out[(d > r - 1.5) & (d < r + 0.5)] = _RED
+    else:
+        for s in np.linspace(0, 1, 2 * max(h, w)):
+            out[round((ty + s * (ly - ty)) * (h - 1)), round((tx + s * (lx - tx)) * (w - 1))] = _RED
+        out[np.hypot(yy - ly * (h - 1), xx - lx * (w - 1)) < r / 2] = _RED
+    return out
+
+
+def effect_label(before: np.ndarray, after: np.ndarray, threshold: float = 30.0) -> bool:
+    """Digi-Q's label: "Yes" when the mean squared pixel change at 1/4 scale exceeds ``threshold``."""
+
+    def quarter(x: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(x).permute(2, 0, 1)[None].float()
+        return F.interpolate(t, scale_factor=0.25, mode="area")[0].numpy()
+
+    return float(((quarter(before) - quarter(after)) ** 2).mean()) > threshold
+
+
+class ScreenVLM:
+    """A LLaVA model plus its processor: Yes/No loss, answers, and representations."""
+
+    def __init__(self, model: LlavaForConditionalGeneration, processor: LlavaProcessor, cfg: VLMConfig) -> None:
+        self.model, self.processor, self.cfg = model, processor, cfg
+        ids = [processor.tokenizer.convert_tokens_to_ids(" " + a) for a in ANSWERS]
+        if len(set(ids)) != 2 or processor.tokenizer.unk_token_id in ids:
+            raise ValueError(f"the tokenizer needs single tokens for the answers {ANSWERS}, got ids {ids}")
+        self.answer_ids = ids
+
+    @classmethod
+    def tiny(cls, tokenizer: PreTrainedTokenizerFast, cfg: VLMConfig | None = None, seed: int = 0) -> "ScreenVLM":
+        """A freshly initialised tiny LLaVA (CLIP vision tower + Llama) built from configs, no download."""
+        cfg = cfg or VLMConfig()
+        torch.manual_seed(seed)
+        n_patches = (cfg.image_size // cfg.patch_size) ** 2
+        vision = CLIPVisionConfig(hidden_size=cfg.vision_hidden, intermediate_size=2 * cfg.vision_hidden,
+                                  num_hidden_layers=cfg.vision_layers, num_attention_heads=4,
+                                  image_size=cfg.image_size, patch_size=cfg.patch_size)  # fmt: skip
+        text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
+                           num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
+                           max_position_embeddings=n_patches + cfg.max_text_tokens + 8,
+                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+        llava = LlavaConfig(vision_config=vision, text_config=text,
+                            image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                            vision_feature_select_strategy="default", vision_feature_layer=-1,
+                            image_seq_length=n_patches)  # fmt: skip
+        image_proc = CLIPImageProcessor(size={"height": cfg.image_size, "width": cfg.image_size}, do_center_crop=False,
+                                        crop_size={"height": cfg.image_size, "width": cfg.image_size})  # fmt: skip
+        processor = LlavaProcessor(image_processor=image_proc, tokenizer=tokenizer, patch_size=cfg.patch_size,
+                                   vision_feature_select_strategy="default", image_token="<image>",
+                                   num_additional_image_tokens=1)  # fmt: skip
+        return cls(LlavaForConditionalGeneration(llava), processor, cfg)
+
+    def small_image(self, screenshot: np.ndarray) -> np.ndarray:
+        """The screenshot at the vision tower's square input size (uint8)."""
+        s = self.cfg.image_size
+        t = torch.as_tensor(screenshot).permute(2, 0, 1)[None].float()
+        return F.interpolate(t, size=(s, s), mode="area")[0].round().clamp(0, 255).byte().permute(1, 2, 0).numpy()
+
+    def _inputs(self, images: list[np.ndarray], prompts: list[str]) -> dict[str, torch.Tensor]:
+        """What ``LlavaProcessor`` makes, for images already at the tower's size, without its slow PIL path."""
+        ip, tok = self.processor.image_processor, self.processor.tokenizer
+        x = torch.as_tensor(np.stack(images)).permute(0, 3, 1, 2).float() / 255.0
+        mean, std = torch.tensor(ip.image_mean)[:, None, None], torch.tensor(ip.image_std)[:, None, None]
+        n = self.model.config.image_seq_length
+        tok.padding_side = "left"  # so the last position is every row's answer slot
+        enc = tok([p.replace("<image>", "<image>" * n) for p in prompts], return_tensors="pt", padding=True,
+                  add_special_tokens=False)  # fmt: skip
+        return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "pixel_values": (x - mean) / std}
+
+    def answer_logits(self, images: list[np.ndarray], prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(No, Yes) logits at the answer slot, and the last-layer hidden state there (the representation)."""
+        out = self.model(**self._inputs(images, prompts), output_hidden_states=True)
+        return out.logits[:, -1, self.answer_ids], out.hidden_states[-1][:, -1]
+
+    def loss(self, images: list[np.ndarray], prompts: list[str], labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the Yes/No answer (labels: 1 = Yes)."""
+        logits, _ = self.answer_logits(images, prompts)
+        return F.cross_entropy(logits, labels)
+
+    @torch.no_grad()
+    def embed(self, images: list[np.ndarray], prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Representations (B, hidden) float32 and P(Yes) (B,)."""
+        logits, rep = self.answer_logits(images, prompts)
+        return rep.float().numpy(), torch.softmax(logits.float(), -1)[:, 1].numpy()
+
+    def save(self, folder: Path | str, **meta: object) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.processor.tokenizer.save_pretrained(folder / "tokenizer")
+        with atomic_path(folder / "model.safetensors") as tmp:
+            save_model(self.model, str(tmp))
+        with atomic_path(folder / "config.json") as tmp:
+            tmp.write_text(json.dumps({"vlm": asdict(self.cfg), "meta": meta}, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path | str) -> "ScreenVLM":
+        folder = Path(folder)
+        try:
+            raw = json.loads((folder / "config.json").read_text())
+        except OSError:
+            raise FileNotFoundError(
+                f"no VLM checkpoint in {folder} (config.json missing); run its stage first"
+            ) from None
+        tok = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+        vlm = cls.tiny(tok, VLMConfig(**raw["vlm"]))
+        load_model(vlm.model, str(folder / "model.safetensors"))
+        vlm.model.eval()
+        return vlm

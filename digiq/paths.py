@@ -1,0 +1,70 @@
+"""Where every stage reads and writes: declared once, relative to the repository root."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Paths", "ROOT"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """All pipeline locations under ``root`` (the repository, or a scratch folder in tests)."""
+
+    root: Path = ROOT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def tasks(self) -> Path:
+        return self.data / "tasks"
+
+    def task_list(self, task_set: str, split: str) -> Path:
+        return self.tasks / f"{task_set}_{split}.txt"
+
+    @property
+    def demos(self) -> Path:
+        return self.data / "demos"
+
+    @property
+    def base_policy(self) -> Path:
+        return self.data / "models" / "base_policy"
+
+    @property
+    def offline(self) -> Path:
+        return self.data / "offline"
+
+    @property
+    def candidates(self) -> Path:
+        return self.data / "candidates" / "candidates.parquet"
+
+    @property
+    def vlm(self) -> Path:
+        return self.data / "models" / "vlm"
+
+    @property
+    def features(self) -> Path:
+        return self.data / "features"
+
+    @property
+    def critic(self) -> Path:
+        return self.data / "models" / "critic"
+
+    def actor(self, name: str) -> Path:
+        return self.data / "models" / f"actor_{name}"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"

@@ -1,0 +1,81 @@
+"""Shared plumbing of the pipeline stages: task lists, metrics files, timing, plots."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: stages run under papermill and DVC
+import matplotlib.pyplot as plt  # noqa: E402
+
+from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
+from digiq.io import atomic_path, atomic_write_text  # noqa: E402
+from digiq.paths import Paths  # noqa: E402
+
+__all__ = ["StageError", "read_tasks", "write_metrics", "read_metrics", "timed", "save_curve_plot", "require"]
+
+
+class StageError(RuntimeError):
+    """A stage cannot run: names the stage and what is missing or wrong."""
+
+
+def require(stage: str, *paths: Path) -> None:
+    """Stop with a message naming the stage and the missing upstream output."""
+    for p in paths:
+        if not p.exists():
+            raise StageError(f"stage {stage}: missing input {p}; run the upstream stage first (dvc repro)")
+
+
+def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
+    path = paths.task_list(task_set, split)
+    require(stage, path)
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()][:n]
+    tasks = []
+    for i, line in enumerate(lines):
+        try:
+            tasks.append(parse_task(line, task_set))
+        except UnsupportedInstruction as e:
+            raise StageError(f"stage {stage}: {path}:{i + 1}: {e}") from None
+    return tasks
+
+
+def write_metrics(paths: Paths, stage: str, metrics: dict[str, Any]) -> Path:
+    path = paths.metrics / f"{stage}.json"
+    atomic_write_text(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_metrics(paths: Paths, stage: str) -> dict[str, Any]:
+    path = paths.metrics / f"{stage}.json"
+    require(stage, path)
+    return json.loads(path.read_text())
+
+
+@contextmanager
+def timed(metrics: dict[str, Any]) -> Iterator[None]:
+    """Record the block's wall time as ``metrics["wall_time_s"]``."""
+    t0 = time.perf_counter()
+    yield
+    metrics["wall_time_s"] = round(time.perf_counter() - t0, 2)
+
+
+def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylabel: str = "loss") -> Path:
+    """Learning curves as a PNG: renders anywhere, no charting library from the network."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, ys in curves.items():
+        ax.plot(range(len(ys)), ys, label=name)
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,58 @@
+"""Stage 00: the base policy, SFT on noisy expert demonstrations of train tasks.
+
+It plays AutoUI's role: a starting agent that is weak but not useless.
+Demonstrations come from the scripted expert with mistakes switched on, and
+only a limited number of tasks is demonstrated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from digiq.config import BasePolicyConfig, EnvConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.paths import Paths
+from digiq.rollout import ExpertPolicy, rollout
+from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
+from digiq.train.policy_fit import demo_rows, fit_policy, load_screens
+
+__all__ = ["run_base_policy"]
+
+
+def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        torch.manual_seed(cfg.seed)
+        tasks = [
+            t for ts in ("general", "webshop") for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")
+        ]
+        store = TrajectoryStore(paths.demos)
+        demos = rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed,
+                        dynamics=env.dynamics(), width=env.width, store=store, desc="demonstrations")  # fmt: skip
+        # The tokenizer learns from train-split text only: test entities stay unseen.
+        tokenizer = train_tokenizer(default_corpus(seed=cfg.seed) + [t.instruction for t in tasks], cfg.vocab_size)
+        model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
+                                          image_dim=cfg.d_model), tokenizer)  # fmt: skip
+        rows = demo_rows(store)
+        screens = load_screens(model, store, [r.image_path for r in rows])
+        curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                           seed=cfg.seed, desc="SFT base policy")  # fmt: skip
+        model.save(paths.base_policy, stage="base_policy", steps=len(curve))
+    losses = [p["loss"] for p in curve]
+    metrics.update(
+        {
+            "demo_episodes": len(demos),
+            "demo_success_rate": round(sum(d.success for d in demos) / len(demos), 4),
+            "demo_steps": len(rows),
+            "train_loss_first": round(losses[0], 4),
+            "train_loss_last": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+    )
+    save_curve_plot(paths.plots / "base_policy_loss.png", {"SFT loss": losses}, "Stage 00: base policy SFT")
+    write_metrics(paths, "base_policy", metrics)
+    return metrics

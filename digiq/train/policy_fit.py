@@ -1,0 +1,98 @@
+"""Fit the policy by (weighted) negative log-likelihood of chosen actions.
+
+One loop serves the base policy's SFT on demonstrations (stage 00) and the
+actors of stage 06 (Best-of-N picks, Filtered BC, offline DigiRL): they
+differ only in which (state, action, weight) rows they hand in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from digiq.data.trajectories import TrajectoryStore
+from digiq.models.policy import AutoUIPolicy
+from digiq.rollout import RolloutBatch
+
+__all__ = ["FitRow", "load_screens", "fit_policy", "ModelPolicy", "demo_rows"]
+
+
+@dataclass(frozen=True)
+class FitRow:
+    prompt: str
+    image_path: str
+    action: str
+    weight: float = 1.0
+
+
+def load_screens(model: AutoUIPolicy, store: TrajectoryStore, paths: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Screenshots at the model's input size, loaded once (full-size frames would not fit in memory)."""
+    out: dict[str, torch.Tensor] = {}
+    for p in tqdm(sorted(set(paths)), desc="load screenshots", leave=False):
+        out[p] = model.screen.prepare(store.load_image(p)[None])[0]
+    return out
+
+
+def fit_policy(
+    model: AutoUIPolicy,
+    rows: Sequence[FitRow],
+    screens: dict[str, torch.Tensor],
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    desc: str = "fit policy",
+) -> list[dict[str, float]]:
+    """Train in place; returns the loss curve (one point per optimizer step)."""
+    if not rows:
+        raise ValueError(f"{desc}: no training rows")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    total = epochs * ((len(rows) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.1)
+    curve: list[dict[str, float]] = []
+    model.train()
+    order = list(range(len(rows)))
+    bar = tqdm(total=total, desc=desc, leave=False)
+    for epoch in range(epochs):
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            batch = [rows[i] for i in order[start : start + batch_size]]
+            images = torch.stack([screens[r.image_path] for r in batch])
+            weights = torch.tensor([r.weight for r in batch], dtype=torch.float32)
+            loss = model.loss([r.prompt for r in batch], images, [r.action for r in batch], weights)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            curve.append({"step": len(curve), "epoch": epoch, "loss": float(loss)})
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+    bar.close()
+    model.eval()
+    return curve
+
+
+class ModelPolicy:
+    """A trained policy as a rollout :class:`~digiq.rollout.Policy` (sampling at ``temperature``, or greedy)."""
+
+    def __init__(self, model: AutoUIPolicy, temperature: float = 1.0, greedy: bool = False) -> None:
+        self.model, self.temperature, self.greedy = model, temperature, greedy
+
+    def act(self, batch: RolloutBatch) -> list[str]:
+        images = self.model.screen.prepare(batch.screenshots)
+        out = self.model.sample(batch.observations, images, n=1, temperature=self.temperature, greedy=self.greedy)
+        return [o[0] for o in out]
+
+
+def demo_rows(store: TrajectoryStore) -> list[FitRow]:
+    """Every stored step as an imitation row (for SFT on demonstrations)."""
+    t = store.read().to_pandas()
+    return [FitRow(r.observation, r.image_path, r.action) for r in t.itertuples()]
