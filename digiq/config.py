@@ -19,7 +19,22 @@ import yaml
 
 from digiq.env.state import Dynamics
 
-__all__ = ["ConfigError", "EnvConfig", "TasksConfig", "load_params", "load_section", "help_text"]
+__all__ = [
+    "ConfigError",
+    "EnvConfig",
+    "TasksConfig",
+    "BasePolicyConfig",
+    "CollectConfig",
+    "AugmentConfig",
+    "VLMFinetuneConfig",
+    "EmbedConfig",
+    "CriticConfig",
+    "ActorConfig",
+    "EvalConfig",
+    "load_params",
+    "load_section",
+    "help_text",
+]
 
 T = TypeVar("T")
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"

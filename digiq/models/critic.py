@@ -1,0 +1,86 @@
+"""Critic heads over frozen VLM features: double Q(s, a) and double V(s), with target copies.
+
+Q reads the state's features and the (state, action) representation; V reads
+the state's features. Both heads are small MLPs, so TD learning over tens of
+thousands of transitions takes seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from digiq.io import atomic_path
+
+__all__ = ["CriticNetConfig", "Critic"]
+
+
+@dataclass(frozen=True)
+class CriticNetConfig:
+    feature_dim: int
+    hidden: int = 256
+
+
+def _mlp(d_in: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                         nn.Linear(hidden, 1))  # fmt: skip
+
+
+class Critic(nn.Module):
+    def __init__(self, cfg: CriticNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q1, self.q2 = _mlp(2 * cfg.feature_dim, cfg.hidden), _mlp(2 * cfg.feature_dim, cfg.hidden)
+        self.v1, self.v2 = _mlp(cfg.feature_dim, cfg.hidden), _mlp(cfg.feature_dim, cfg.hidden)
+
+    def q(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([state, action], -1)
+        return self.q1(x)[..., 0], self.q2(x)[..., 0]
+
+    def v(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.v1(state)[..., 0], self.v2(state)[..., 0]
+
+    @torch.no_grad()
+    def advantage(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q (B, N), V (B,) and A = Q - V for N candidate representations per state (pessimistic minima)."""
+        s = state[:, None].expand(-1, actions.shape[1], -1)
+        q = torch.minimum(*self.q(s, actions))
+        v = torch.minimum(*self.v(state))
+        return q, v, q - v[:, None]
+
+    def target(self) -> "Critic":
+        t = copy.deepcopy(self)
+        t.requires_grad_(False)
+        return t
+
+    @torch.no_grad()
+    def soft_update(self, source: "Critic", tau: float) -> None:
+        for p, s in zip(self.parameters(), source.parameters(), strict=True):
+            p.mul_(1 - tau).add_(s, alpha=tau)
+
+    def save(self, folder: Path | str, **meta: object) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(folder / "model.safetensors") as tmp:
+            save_model(self, str(tmp))
+        with atomic_path(folder / "config.json") as tmp:
+            tmp.write_text(json.dumps({"critic": asdict(self.cfg), "meta": meta}, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path | str) -> "Critic":
+        folder = Path(folder)
+        try:
+            raw = json.loads((folder / "config.json").read_text())
+        except OSError:
+            raise FileNotFoundError(
+                f"no critic checkpoint in {folder} (config.json missing); run stage critic"
+            ) from None
+        critic = cls(CriticNetConfig(**raw["critic"]))
+        load_model(critic, str(folder / "model.safetensors"))
+        return critic.eval()

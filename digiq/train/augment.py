@@ -1,0 +1,93 @@
+"""Stage 02: N candidate actions per state, sampled from the base policy.
+
+Index 0 is always the action actually taken; the others are sampled at a
+raised temperature. A candidate that does not parse as a valid action is
+drawn again (a bounded number of times) and kept, marked invalid, if it
+still fails: the critic should learn that invalid actions are worthless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm.auto import tqdm
+
+from digiq.config import AugmentConfig
+from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.env.actions import parse_action
+from digiq.io import atomic_path
+from digiq.models.policy import AutoUIPolicy
+from digiq.paths import Paths
+from digiq.stagekit import require, timed, write_metrics
+
+__all__ = ["run_augment", "read_candidates", "SPLIT"]
+
+SPLIT = "<split>"  # Digi-Q's separator when candidates are joined into one string
+
+
+def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
+    require("augment_actions", paths.base_policy / "config.json")
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        torch.manual_seed(cfg.seed)
+        model = AutoUIPolicy.load(paths.base_policy)
+        store = TrajectoryStore(paths.offline)
+        steps = store.read().select(["traj_id", "step_id", "observation", "image_path", "action"]).to_pylist()
+        lists, valid_lists, resampled = [], [], 0
+        for start in tqdm(range(0, len(steps), cfg.batch_states), desc="candidates", leave=False):
+            batch = steps[start : start + cfg.batch_states]
+            images = model.screen.prepare(np.stack([store.load_image(s["image_path"]) for s in batch]))
+            prompts = [s["observation"] for s in batch]
+            samples = model.sample(prompts, images, n=cfg.n_candidates - 1, temperature=cfg.temperature)
+            for _ in range(cfg.max_resample):  # redraw invalid candidates, all at once
+                bad = [
+                    (i, j) for i, row in enumerate(samples) for j, a in enumerate(row) if not parse_action(a).is_valid
+                ]
+                if not bad:
+                    break
+                resampled += len(bad)
+                redo = model.sample([prompts[i] for i, _ in bad], images[[i for i, _ in bad]], n=1,
+                                    temperature=cfg.temperature)  # fmt: skip
+                for (i, j), new in zip(bad, redo, strict=True):
+                    samples[i][j] = new[0]
+            for s, row in zip(batch, samples, strict=True):
+                cands = [s["action"], *row]
+                lists.append(cands)
+                valid_lists.append([parse_action(a).is_valid for a in cands])
+        table = pa.table({
+            "traj_id": [s["traj_id"] for s in steps],
+            "step_id": [s["step_id"] for s in steps],
+            "action_list": lists,
+            "valid_list": valid_lists,
+        })  # fmt: skip
+        with atomic_path(paths.candidates) as tmp:
+            pq.write_table(table, tmp)
+    valid = np.array([v for row in valid_lists for v in row[1:]])
+    distinct = np.mean([len(set(row)) for row in lists])
+    metrics.update(
+        {
+            "states": len(steps),
+            "n_candidates": cfg.n_candidates,
+            "sampled_valid_rate": round(float(valid.mean()), 4) if valid.size else 0.0,
+            "resampled": resampled,
+            "mean_distinct_candidates": round(float(distinct), 2),
+        }
+    )
+    write_metrics(paths, "augment_actions", metrics)
+    return metrics
+
+
+def read_candidates(paths: Paths) -> pa.Table:
+    require("augment_actions", paths.candidates)
+    try:
+        table = pq.read_table(paths.candidates)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"corrupt candidates file {paths.candidates}: {e}") from None
+    missing = {"traj_id", "step_id", "action_list", "valid_list"} - set(table.column_names)
+    if missing:
+        raise DataError(f"candidates file {paths.candidates} lacks field(s) {sorted(missing)}")
+    return table.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])

@@ -1,0 +1,55 @@
+"""Stage 01: roll the base policy out on train tasks; this is the offline dataset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from digiq.config import CollectConfig, EnvConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.models.policy import AutoUIPolicy
+from digiq.paths import Paths
+from digiq.rollout import rollout
+from digiq.stagekit import read_tasks, require, timed, write_metrics
+from digiq.train.policy_fit import ModelPolicy
+
+__all__ = ["run_collect", "success_by"]
+
+
+def success_by(rows: list, key: str) -> dict[str, float]:
+    """Success rate per value of ``key`` over episode records (anything with ``.success`` and ``key``)."""
+    groups: dict[str, list[bool]] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, key), []).append(bool(r.success))
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(groups.items())}
+
+
+def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
+    require("collect", paths.base_policy / "config.json")
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        torch.manual_seed(cfg.seed)
+        model = AutoUIPolicy.load(paths.base_policy)
+        tasks = [
+            t for ts in ("general", "webshop") for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")
+        ]
+        store = TrajectoryStore(paths.offline)
+        rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
+                          dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect")  # fmt: skip
+    table = store.read()
+    # From the stored data, not this run's results: a resumed collection counts every trajectory.
+    episodes = table.to_pandas().groupby("traj_id").first()
+    episodes["success"] = episodes.trajectory_reward > 0
+    results = list(episodes.itertuples())
+    metrics.update(
+        {
+            "trajectories": len(tasks),
+            "transitions": table.num_rows,
+            "success_rate_by_task_set": success_by(results, "task_set"),
+            "success_rate_by_family": success_by(results, "family"),
+            "valid_action_rate": round(sum(table.column("valid").to_pylist()) / max(1, table.num_rows), 4),
+        }
+    )
+    write_metrics(paths, "collect", metrics)
+    return metrics

@@ -1,0 +1,116 @@
+"""Stage 04: VLM representations of every state and every (state, candidate) pair.
+
+Outputs (``data/features``), row-aligned with the offline step table sorted by
+(traj_id, step_id):
+``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
+``p_yes.npy`` (S, N), memory-mappable. Digi-Q names: ``image_features`` /
+``next_image_features`` (state) and ``q_rep_out_list`` (candidates).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from digiq.config import EmbedConfig
+from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.env.actions import parse_action
+from digiq.io import atomic_path
+from digiq.models.vlm import ScreenVLM, draw_marker, question, state_question
+from digiq.paths import Paths
+from digiq.stagekit import require, timed, write_metrics
+from digiq.train.augment import read_candidates
+
+__all__ = ["run_embed", "load_features", "FEATURE_FILES"]
+
+FEATURE_FILES = ("state", "next_state", "candidates", "p_yes")
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+
+
+def _embed_all(
+    vlm: ScreenVLM, images: list[np.ndarray], prompts: list[str], batch: int, desc: str
+) -> tuple[np.ndarray, np.ndarray]:
+    reps, yes = [], []
+    for i in tqdm(range(0, len(prompts), batch), desc=desc, leave=False):
+        r, y = vlm.embed(images[i : i + batch], prompts[i : i + batch])
+        reps.append(r)
+        yes.append(y)
+    return np.concatenate(reps), np.concatenate(yes)
+
+
+def run_embed(cfg: EmbedConfig, paths: Paths) -> dict[str, Any]:
+    require("embed", paths.vlm / "config.json", paths.candidates)
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        vlm = ScreenVLM.load(paths.vlm)
+        if not cfg.use_finetuned:
+            # Ablation: the same architecture before the Yes/No fine-tune. The tiny VLM has no
+            # pretraining, so "untuned" means freshly initialised here (LLaVA would be pretrained).
+            vlm = ScreenVLM.tiny(vlm.processor.tokenizer, vlm.cfg, seed=0)
+            vlm.model.eval()
+        store = TrajectoryStore(paths.offline)
+        steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
+        cands = read_candidates(paths).to_pylist()
+        if [(s["traj_id"], s["step_id"]) for s in steps] != [(c["traj_id"], c["step_id"]) for c in cands]:
+            raise DataError(
+                f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
+            )
+        n = len(cands[0]["action_list"]) if cands else 0
+        small = {p: vlm.small_image(store.load_image(p)) for p in
+                 tqdm(sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps}),
+                      desc="load screenshots", leave=False)}  # fmt: skip
+        t0 = time.perf_counter()
+        state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
+        state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
+        s_rep, _ = _embed_all(vlm, [small[p] for p in state_paths], [state_question(t) for t in state_tasks],
+                              cfg.batch_size, "embed states")  # fmt: skip
+        images, prompts = [], []
+        for s, c in zip(steps, cands, strict=True):
+            for a in c["action_list"]:
+                action = parse_action(a)
+                images.append(draw_marker(small[s["image_path"]], action))
+                prompts.append(question(action, s["task"]))
+        c_rep, c_yes = _embed_all(vlm, images, prompts, cfg.batch_size, "embed candidates")
+        pairs_per_s = (len(prompts) + len(state_paths)) / (time.perf_counter() - t0)
+        S, H = len(steps), s_rep.shape[1]
+        state = s_rep[:S]
+        # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
+        next_state = np.empty_like(state)
+        final = iter(s_rep[S:])
+        for i, s in enumerate(steps):
+            next_state[i] = next(final) if s["done"] else state[i + 1]
+        paths.features.mkdir(parents=True, exist_ok=True)
+        arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
+                  "p_yes": c_yes.reshape(S, n)}  # fmt: skip
+        for name, arr in arrays.items():
+            _save(paths.features / f"{name}.npy", arr.astype(np.float32))
+    metrics.update({"states": S, "candidates_per_state": n, "feature_dim": int(H), "pairs_per_s": round(pairs_per_s, 1),
+                    "finetuned_vlm": cfg.use_finetuned})  # fmt: skip
+    write_metrics(paths, "embed", metrics)
+    return metrics
+
+
+def load_features(paths: Paths) -> dict[str, np.ndarray]:
+    """The stage-04 arrays, memory-mapped; a missing or mismatched file is named."""
+    out = {}
+    for name in FEATURE_FILES:
+        p = paths.features / f"{name}.npy"
+        require("embed", p)
+        try:
+            out[name] = np.load(p, mmap_mode="r")
+        except ValueError as e:
+            raise DataError(f"corrupt feature file {p}: {e}") from None
+    S = out["state"].shape[0]
+    for name, arr in out.items():
+        if arr.shape[0] != S:
+            raise DataError(f"feature file {paths.features / name}.npy has {arr.shape[0]} rows, state.npy has {S}")
+    return out

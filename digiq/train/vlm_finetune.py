@@ -1,0 +1,104 @@
+"""Stage 03: fine-tune the VLM on "does this action change the screen?".
+
+Labels come for free from the data: Digi-Q calls an action effective when
+the screenshot changes enough (mean squared pixel difference at 1/4 scale
+above a threshold). The question is asked with the action drawn on the
+screenshot, so the VLM's hidden state learns where actions land and whether
+they do anything; stage 04 uses that hidden state as the action's features.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from digiq.config import VLMFinetuneConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.actions import parse_action
+from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
+from digiq.paths import Paths
+from digiq.stagekit import require, save_curve_plot, timed, write_metrics
+
+__all__ = ["run_vlm_finetune", "split_trajectories", "labelled_pairs"]
+
+
+def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:
+    """The held-out trajectory ids (a fixed fraction, by seed)."""
+    ids = sorted(set(traj_ids))
+    random.Random(seed).shuffle(ids)
+    return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()
+
+
+def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> list[dict[str, Any]]:
+    """One (marked image, question, Yes/No label) per stored transition."""
+    rows = store.read().select(["traj_id", "task", "image_path", "next_image_path", "action"]).to_pylist()
+    out = []
+    for r in tqdm(rows, desc="label transitions", leave=False):
+        before, after = store.load_image(r["image_path"]), store.load_image(r["next_image_path"])
+        action = parse_action(r["action"])
+        out.append({"traj_id": r["traj_id"], "image": draw_marker(vlm.small_image(before), action),
+                    "prompt": question(action, r["task"]), "label": int(effect_label(before, after, threshold))})  # fmt: skip
+    return out
+
+
+@torch.no_grad()
+def _accuracy(vlm: ScreenVLM, pairs: list[dict[str, Any]], batch: int = 128) -> float:
+    vlm.model.eval()
+    hits = 0
+    for i in range(0, len(pairs), batch):
+        b = pairs[i : i + batch]
+        logits, _ = vlm.answer_logits([p["image"] for p in b], [p["prompt"] for p in b])
+        hits += int((logits.argmax(-1) == torch.tensor([p["label"] for p in b])).sum())
+    return hits / max(1, len(pairs))
+
+
+def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
+    require("vlm_finetune", paths.base_policy / "tokenizer", paths.offline)
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer")
+        vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden), seed=cfg.seed)
+        pairs = labelled_pairs(TrajectoryStore(paths.offline), vlm, cfg.threshold)
+        held = split_trajectories([p["traj_id"] for p in pairs], cfg.holdout, cfg.seed)
+        train = [p for p in pairs if p["traj_id"] not in held]
+        test = [p for p in pairs if p["traj_id"] in held]
+        acc_before = _accuracy(vlm, test)
+        rng = random.Random(cfg.seed)
+        opt = torch.optim.AdamW(vlm.model.parameters(), lr=cfg.lr)
+        curve: list[float] = []
+        for _ in range(cfg.epochs):
+            vlm.model.train()
+            rng.shuffle(train)
+            for i in tqdm(range(0, len(train), cfg.batch_size), desc="fine-tune VLM", leave=False):
+                b = train[i : i + cfg.batch_size]
+                loss = vlm.loss(
+                    [p["image"] for p in b], [p["prompt"] for p in b], torch.tensor([p["label"] for p in b])
+                )
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                curve.append(float(loss))
+        vlm.model.eval()
+        acc_after = _accuracy(vlm, test)
+        vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
+    yes = np.mean([p["label"] for p in test]) if test else 0.0
+    metrics.update(
+        {
+            "pairs_train": len(train),
+            "pairs_heldout": len(test),
+            "yes_rate_heldout": round(float(yes), 4),
+            "majority_rate_heldout": round(float(max(yes, 1 - yes)), 4),
+            "accuracy_heldout_before": round(acc_before, 4),
+            "accuracy_heldout": round(acc_after, 4),
+            "train_loss_last": round(float(np.mean(curve[-20:])), 4) if curve else None,
+        }
+    )
+    save_curve_plot(paths.plots / "vlm_finetune_loss.png", {"Yes/No loss": curve}, "Stage 03: VLM fine-tune")
+    write_metrics(paths, "vlm_finetune", metrics)
+    return metrics
