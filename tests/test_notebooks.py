@@ -1,0 +1,95 @@
+"""Every numbered notebook runs headless under papermill, in order, at a tiny scale."""
+
+import json
+import os
+from pathlib import Path
+
+import papermill as pm
+import pytest
+import yaml
+
+from digiq.env.taskgen import generate_tasks
+from digiq.paths import ROOT, Paths
+
+TINY = {
+    "base_policy": {"demo_tasks": 12, "epochs": 1, "d_model": 64},
+    "collect": {"tasks_per_set": 8, "n_envs": 8},
+    "augment": {"n_candidates": 4, "max_resample": 1},
+    "vlm_finetune": {"epochs": 1, "hidden": 64},
+    "critic": {"epochs": 2, "hidden": 64},
+    "actor": {"epochs": 1, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
+    "eval": {"n_tasks": 6, "n_envs": 6},
+}
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pipeline")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for group, values in TINY.items():
+        params.setdefault(group, {}).update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    paths = Paths(root)
+    paths.tasks.mkdir(parents=True)
+    for ts in ("general", "webshop"):
+        for split, n in (("train", 16), ("test", 6)):
+            paths.task_list(ts, split).write_text("\n".join(generate_tasks(ts, split, n)) + "\n")
+    return root
+
+
+def test_notebooks_are_committed_without_outputs():
+    for name in NOTEBOOKS:
+        nb = json.loads((ROOT / "notebooks" / name).read_text())
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), name
+        assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]), name
+
+
+def test_pipeline_notebooks_run_in_order(workspace):
+    assert len(NOTEBOOKS) == 8
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    for name in NOTEBOOKS:
+        pm.execute_notebook(
+            str(ROOT / "notebooks" / name),
+            str(workspace / f"executed_{name}"),
+            parameters={"root": str(workspace), "params_file": str(workspace / "params.yaml")},
+            kernel_name="python3",
+            progress_bar=False,
+            cwd=str(workspace),
+        )
+    report = json.loads((workspace / "metrics" / "eval.json").read_text())
+    assert set(report) == {"base", "digiq"}
+    for sets in report.values():
+        assert set(sets) == {"general", "webshop"}
+        for r in sets.values():
+            assert r["n_episodes"] == 6 and 0.0 <= r["success_rate"] <= 1.0 and r["by_family"]
+    for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
+        m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
+        assert m["wall_time_s"] >= 0, stage
+
+
+def test_a_stage_without_its_input_names_what_is_missing(tmp_path):
+    nb = ROOT / "notebooks" / "05_critic.ipynb"
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    with pytest.raises(pm.PapermillExecutionError, match="stage critic: missing input .*features"):
+        pm.execute_notebook(
+            str(nb),
+            str(tmp_path / "out.ipynb"),
+            kernel_name="python3",
+            progress_bar=False,
+            parameters={"root": str(tmp_path), "params_file": str(tmp_path / "params.yaml")},
+        )
+
+
+def test_a_params_key_of_the_wrong_type_is_named(tmp_path):
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["critic"]["epochs"] = "many"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(pm.PapermillExecutionError, match=r"critic\.epochs must be int"):
+        pm.execute_notebook(
+            str(ROOT / "notebooks" / "05_critic.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            kernel_name="python3",
+            progress_bar=False,
+            parameters={"root": str(tmp_path), "params_file": str(tmp_path / "params.yaml")},
+        )
