@@ -164,7 +164,7 @@ class BasePolicyConfig:
 class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
-    tasks_per_set: int = _help("train tasks rolled out per task set", 300)
+    tasks_per_set: int = _help("train tasks rolled out per task set", 200)
     temperature: float = _help("sampling temperature (AutoUI: 1.0 for collection)", 1.0)
     n_envs: int = _help("devices stepped together", 32)
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
@@ -178,7 +178,7 @@ class AugmentConfig:
     n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16)
     temperature: float = _help("sampling temperature of the candidates (Digi-Q: 1.2)", 1.2)
     max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2)
-    batch_states: int = _help("states per sampling batch", 32)
+    batch_states: int = _help("states per sampling batch", 64)
     seed: int = _help("sampling seed", 2)
 
 

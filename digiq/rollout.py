@@ -39,10 +39,14 @@ class Policy(Protocol):
 
 
 class ExpertPolicy:
-    """The scripted expert as a :class:`Policy` (one noise stream per env slot)."""
+    """The scripted expert as a :class:`Policy` (one noise stream per env slot).
 
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
-        self.noise, self.seed = noise, seed
+    With ``plan``, actions carry AutoUI's full "Action Plan" (the types still to
+    come); without, just the current type, which is shorter and easier to imitate.
+    """
+
+    def __init__(self, noise: float = 0.0, seed: int = 0, plan: bool = False) -> None:
+        self.noise, self.seed, self.plan = noise, seed, plan
         self._experts: dict[int, Expert] = {}
 
     def act(self, batch: RolloutBatch) -> list[str]:
@@ -53,7 +57,7 @@ class ExpertPolicy:
             )
             assert env.task is not None
             action = ex.act(env.device, env.task)
-            out.append(format_action(action, ex.plan(env.device, env.task)))
+            out.append(format_action(action, ex.plan(env.device, env.task) if self.plan else None))
         return out
 
 

@@ -1,0 +1,98 @@
+import numpy as np
+import pytest
+import torch
+
+from digiq.env.actions import format_action, parse_action, press_home, swipe, tap, type_text
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(default_corpus(n_tasks=200))
+
+
+@pytest.mark.parametrize("action", [tap(0.52, 0.31), swipe((0.8, 0.5), (0.2, 0.5)), type_text("What's the news in Peru"),
+                                    press_home()])
+def test_tokenizer_round_trips_actions_compactly(tok, action):
+    text = format_action(action)
+    ids = tok(text).input_ids
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert ids[-1] == tok.eos_token_id and len(ids) < 40  # the fixed pieces are single tokens
+
+
+def test_tokenizer_encodes_unseen_text_through_bytes(tok):
+    text = "Zürich → 東京 ☃"
+    assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text
+
+
+def test_policy_learns_a_mapping_and_checkpoints_rebuild_it(tok, tmp_path):
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=64, d_ff=128, image_dim=64, dropout=0.0), tok)
+    shots = np.zeros((2, 228, 108, 3), np.uint8)
+    shots[1, :100] = 255  # two screens that differ: the answer must come from the image
+    prompts = ["Previous Actions: Goal: Open the clock"] * 2
+    acts = [format_action(tap(0.1, 0.5)), format_action(press_home())]
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = m.loss(prompts, shots, acts)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    out = m.sample(prompts, shots, greedy=True)
+    assert [parse_action(o[0]) for o in out] == [parse_action(a) for a in acts]
+    m.save(tmp_path / "ckpt", step=150)
+    again = AutoUIPolicy.load(tmp_path / "ckpt")
+    assert torch.allclose(again.action_logprobs(prompts, shots, acts), m.action_logprobs(prompts, shots, acts), atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="no policy checkpoint"):
+        AutoUIPolicy.load(tmp_path / "nothing")
+
+
+def test_screen_encoder_resamples_any_screenshot_size(tok):
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok)
+    for h, w in ((456, 216), (114, 54), (228, 108)):
+        assert m.screen.prepare(np.zeros((3, h, w, 3), np.uint8)).shape == (3, 114, 54, 3)
+
+
+def test_vlm_yes_no_and_representation(tok, tmp_path):
+    vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=32, hidden=32))
+    vlm.model.eval()
+    img = vlm.small_image(np.full((456, 216, 3), 128, np.uint8))
+    assert img.shape == (32, 32, 3)
+    rep, p_yes = vlm.embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
+    assert rep.shape == (1, 32) and 0 < p_yes[0] < 1
+    vlm.save(tmp_path / "vlm")
+    rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
+    assert np.allclose(rep, rep2, atol=1e-5)
+
+
+def test_marker_and_effect_label():
+    img = np.zeros((128, 64, 3), np.uint8)
+    ring = draw_marker(img, tap(0.5, 0.5))
+    assert ring[64, 32].sum() == 0 and ring[64, 28].sum() > 0  # a ring around the touch point, hollow inside
+    assert (draw_marker(img, press_home())[-1] > 0).all()
+    assert (draw_marker(img, swipe((0.9, 0.5), (0.1, 0.5)))[20:100, 32] > 0).any(axis=-1).all()
+    changed = img.copy()
+    changed[:16] = 255
+    assert not effect_label(img, img) and effect_label(img, changed)
+
+
+def test_critic_advantage_and_soft_update(tmp_path):
+    torch.manual_seed(0)
+    c = Critic(CriticNetConfig(feature_dim=8, hidden=16))
+    q, v, a = c.advantage(torch.randn(3, 8), torch.randn(3, 5, 8))
+    assert q.shape == (3, 5) and v.shape == (3,) and torch.allclose(a, q - v[:, None])
+    t = c.target()
+    with torch.no_grad():
+        for p in c.parameters():
+            p.add_(1.0)
+    before = [p.clone() for p in t.parameters()]
+    t.soft_update(c, 0.1)
+    for p0, p1, src in zip(before, t.parameters(), c.parameters()):
+        assert torch.allclose(p1, 0.9 * p0 + 0.1 * src)
+    c.save(tmp_path / "critic")
+    assert torch.allclose(Critic.load(tmp_path / "critic").advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
+                          c.eval().advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2])

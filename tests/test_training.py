@@ -1,0 +1,57 @@
+import numpy as np
+import torch
+
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.paths import Paths
+from digiq.report import END, START, results_markdown, update_readme
+from digiq.stagekit import write_metrics
+from digiq.train.actor import best_of_n
+from digiq.train.critic import td_step
+
+
+def test_td_learning_recovers_values_of_a_two_step_chain():
+    # s0 -a-> s1 -a-> end (reward 1): V(s1) = 1, V(s0) = gamma.
+    torch.manual_seed(0)
+    s = torch.eye(3)
+    batch = {"state": s[[0, 1]], "next_state": s[[1, 2]], "action": s[[0, 1]],
+             "reward": torch.tensor([0.0, 1.0]), "done": torch.tensor([0.0, 1.0])}
+    critic = Critic(CriticNetConfig(feature_dim=3, hidden=32))
+    target = critic.target()
+    opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+    for _ in range(1500):
+        q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+        opt.zero_grad()
+        (q_loss + v_loss).backward()
+        opt.step()
+        target.soft_update(critic, 0.1)
+    v = torch.minimum(*critic.v(s[[0, 1]])).detach()
+    assert torch.allclose(v, torch.tensor([0.9, 1.0]), atol=0.05)
+
+
+def test_best_of_n_picks_the_highest_valid_advantage():
+    class Fixed(Critic):
+        def advantage(self, state, actions):
+            q = actions[..., 0]
+            return q, torch.zeros(len(state)), q
+
+    critic = Fixed(CriticNetConfig(feature_dim=1))
+    cands = np.array([[[0.1], [0.9], [0.5]], [[0.3], [0.2], [0.1]]], np.float32)
+    valid = np.array([[True, False, True], [True, True, True]])
+    best, adv = best_of_n(critic, np.zeros((2, 1), np.float32), cands, valid, k=3, rng=np.random.default_rng(0))
+    assert best.tolist() == [2, 0] and np.allclose(adv, [0.5, 0.3])  # the invalid 0.9 is never chosen
+    best, _ = best_of_n(critic, np.zeros((2, 1), np.float32), cands, valid, k=1, rng=np.random.default_rng(0))
+    assert best.tolist() == [0, 0]  # K = 1: only the taken action
+
+
+def test_report_fills_the_readme_block_from_metrics(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", {"base": {"general": {"success_rate": 0.25, "n_episodes": 96, "by_family": {"search": 0.5}},
+                                           "webshop": {"success_rate": 0.1, "n_episodes": 96, "by_family": {"go_to_site": 0.2}}}})
+    write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
+    md = results_markdown(paths)
+    assert "| base | 25.0 (n=96) | 10.0 (n=96) |" in md and "| critic | 12.5 |" in md and "| search | 50.0 |" in md
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
+    update_readme(readme, paths)
+    text = readme.read_text()
+    assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
