@@ -14,8 +14,9 @@ def tok():
     return train_tokenizer(default_corpus(n_tasks=200))
 
 
-@pytest.mark.parametrize("action", [tap(0.52, 0.31), swipe((0.8, 0.5), (0.2, 0.5)), type_text("What's the news in Peru"),
-                                    press_home()])
+@pytest.mark.parametrize(
+    "action", [tap(0.52, 0.31), swipe((0.8, 0.5), (0.2, 0.5)), type_text("What's the news in Peru"), press_home()]
+)
 def test_tokenizer_round_trips_actions_compactly(tok, action):
     text = format_action(action)
     ids = tok(text).input_ids
@@ -46,7 +47,9 @@ def test_policy_learns_a_mapping_and_checkpoints_rebuild_it(tok, tmp_path):
     assert [parse_action(o[0]) for o in out] == [parse_action(a) for a in acts]
     m.save(tmp_path / "ckpt", step=150)
     again = AutoUIPolicy.load(tmp_path / "ckpt")
-    assert torch.allclose(again.action_logprobs(prompts, shots, acts), m.action_logprobs(prompts, shots, acts), atol=1e-5)
+    assert torch.allclose(
+        again.action_logprobs(prompts, shots, acts), m.action_logprobs(prompts, shots, acts), atol=1e-5
+    )
     with pytest.raises(FileNotFoundError, match="no policy checkpoint"):
         AutoUIPolicy.load(tmp_path / "nothing")
 
@@ -65,7 +68,9 @@ def test_vlm_yes_no_and_representation(tok, tmp_path):
     rep, p_yes = vlm.embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
     assert rep.shape == (1, 32) and 0 < p_yes[0] < 1
     vlm.save(tmp_path / "vlm")
-    rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
+    rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed(
+        [draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")]
+    )
     assert np.allclose(rep, rep2, atol=1e-5)
 
 
@@ -94,5 +99,7 @@ def test_critic_advantage_and_soft_update(tmp_path):
     for p0, p1, src in zip(before, t.parameters(), c.parameters()):
         assert torch.allclose(p1, 0.9 * p0 + 0.1 * src)
     c.save(tmp_path / "critic")
-    assert torch.allclose(Critic.load(tmp_path / "critic").advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
-                          c.eval().advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2])
+    assert torch.allclose(
+        Critic.load(tmp_path / "critic").advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
+        c.eval().advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
+    )

@@ -13,8 +13,13 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
     # s0 -a-> s1 -a-> end (reward 1): V(s1) = 1, V(s0) = gamma.
     torch.manual_seed(0)
     s = torch.eye(3)
-    batch = {"state": s[[0, 1]], "next_state": s[[1, 2]], "action": s[[0, 1]],
-             "reward": torch.tensor([0.0, 1.0]), "done": torch.tensor([0.0, 1.0])}
+    batch = {
+        "state": s[[0, 1]],
+        "next_state": s[[1, 2]],
+        "action": s[[0, 1]],
+        "reward": torch.tensor([0.0, 1.0]),
+        "done": torch.tensor([0.0, 1.0]),
+    }
     critic = Critic(CriticNetConfig(feature_dim=3, hidden=32))
     target = critic.target()
     opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
@@ -45,8 +50,16 @@ def test_best_of_n_picks_the_highest_valid_advantage():
 
 def test_report_fills_the_readme_block_from_metrics(tmp_path):
     paths = Paths(tmp_path)
-    write_metrics(paths, "eval", {"base": {"general": {"success_rate": 0.25, "n_episodes": 96, "by_family": {"search": 0.5}},
-                                           "webshop": {"success_rate": 0.1, "n_episodes": 96, "by_family": {"go_to_site": 0.2}}}})
+    write_metrics(
+        paths,
+        "eval",
+        {
+            "base": {
+                "general": {"success_rate": 0.25, "n_episodes": 96, "by_family": {"search": 0.5}},
+                "webshop": {"success_rate": 0.1, "n_episodes": 96, "by_family": {"go_to_site": 0.2}},
+            }
+        },
+    )
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
     md = results_markdown(paths)
     assert "| base | 25.0 (n=96) | 10.0 (n=96) |" in md and "| critic | 12.5 |" in md and "| search | 50.0 |" in md
