@@ -154,7 +154,7 @@ class BasePolicyConfig:
     vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024)
     d_model: int = _help("T5 width (AutoUI-Base: 768)", 128)
     num_layers: int = _help("T5 encoder (and decoder) layers", 2)
-    epochs: int = _help("passes over the demonstrations", 6)
+    epochs: int = _help("passes over the demonstrations", 12)
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
     seed: int = _help("seed of demonstrations, initialisation and batches", 0)

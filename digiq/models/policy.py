@@ -116,11 +116,16 @@ class CopyHead(nn.Module):
         super().__init__()
         self.query = nn.Linear(d_model, d_model)
         self.gate = nn.Linear(2 * d_model, 1)
+        # Bonus for the prompt position right after the token just written: copying
+        # then continues a span ("Uru" -> "guay") instead of jumping about.
+        self.continue_span = nn.Parameter(torch.tensor(2.0))
 
     def forward(self, logits: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
-                input_ids: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Log-probabilities (B, T, V) of the mixture."""
+                input_ids: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Log-probabilities (B, T, V) of the mixture; ``previous`` (B, T) are the tokens just written."""
         scores = self.query(hidden) @ states.transpose(1, 2) / math.sqrt(hidden.shape[-1])
+        before = torch.cat([torch.full_like(input_ids[:, :1], -1), input_ids[:, :-1]], 1)  # token before each position
+        scores = scores + self.continue_span * (before[:, None, :] == previous[:, :, None])
         attn = torch.softmax(scores.masked_fill(mask[:, None, :] == 0, float("-inf")), -1)  # (B, T, L)
         context = attn @ states
         p_gen = torch.sigmoid(self.gate(torch.cat([hidden, context], -1)))
@@ -177,7 +182,8 @@ class AutoUIPolicy(nn.Module):
         if self.copy is None:
             return torch.log_softmax(out.logits.float(), -1), out.past_key_values
         hidden = out.decoder_hidden_states[-1]
-        return self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"]), out.past_key_values
+        logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], decoder_input_ids)
+        return logp, out.past_key_values
 
     def _token_logprobs(
         self, prompts: list[str], screenshots: np.ndarray, actions: list[str]
