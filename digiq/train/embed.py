@@ -73,14 +73,17 @@ def run_embed(cfg: EmbedConfig, paths: Paths) -> dict[str, Any]:
         state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
         s_rep, _ = _embed_all(vlm, [small[p] for p in state_paths], [state_question(t) for t in state_tasks],
                               cfg.batch_size, "embed states")  # fmt: skip
-        images, prompts = [], []
-        for s, c in zip(steps, cands, strict=True):
-            for a in c["action_list"]:
-                action = parse_action(a)
-                images.append(draw_marker(small[s["image_path"]], action))
-                prompts.append(question(action, s["task"]))
-        c_rep, c_yes = _embed_all(vlm, images, prompts, cfg.batch_size, "embed candidates")
-        pairs_per_s = (len(prompts) + len(state_paths)) / (time.perf_counter() - t0)
+        # Candidate images are drawn batch by batch: all of them at once would take gigabytes.
+        pairs = [(s, a) for s, c in zip(steps, cands, strict=True) for a in c["action_list"]]
+        c_rep_parts, c_yes_parts = [], []
+        for i in tqdm(range(0, len(pairs), cfg.batch_size), desc="embed candidates", leave=False):
+            chunk = [(s, parse_action(a)) for s, a in pairs[i : i + cfg.batch_size]]
+            r, y = vlm.embed([draw_marker(small[s["image_path"]], a) for s, a in chunk],
+                             [question(a, s["task"]) for s, a in chunk])  # fmt: skip
+            c_rep_parts.append(r)
+            c_yes_parts.append(y)
+        c_rep, c_yes = np.concatenate(c_rep_parts), np.concatenate(c_yes_parts)
+        pairs_per_s = (len(pairs) + len(state_paths)) / (time.perf_counter() - t0)
         S, H = len(steps), s_rep.shape[1]
         state = s_rep[:S]
         # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
