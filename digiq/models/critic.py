@@ -8,15 +8,13 @@ thousands of transitions takes seconds on a CPU.
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
 from torch import nn
 
-from digiq.io import atomic_path
+from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
 __all__ = ["CriticNetConfig", "Critic"]
 
@@ -65,22 +63,10 @@ class Critic(nn.Module):
             p.mul_(1 - tau).add_(s, alpha=tau)
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(folder / "model.safetensors") as tmp:
-            save_model(self, str(tmp))
-        with atomic_path(folder / "config.json") as tmp:
-            tmp.write_text(json.dumps({"critic": asdict(self.cfg), "meta": meta}, indent=2))
+        save_checkpoint(folder, self, "critic", self.cfg, **meta)
 
     @classmethod
     def load(cls, folder: Path | str) -> "Critic":
-        folder = Path(folder)
-        try:
-            raw = json.loads((folder / "config.json").read_text())
-        except OSError:
-            raise FileNotFoundError(
-                f"no critic checkpoint in {folder} (config.json missing); run stage critic"
-            ) from None
-        critic = cls(CriticNetConfig(**raw["critic"]))
-        load_model(critic, str(folder / "model.safetensors"))
+        critic = cls(CriticNetConfig(**read_config(folder, "critic")))
+        load_weights(folder, critic)
         return critic.eval()

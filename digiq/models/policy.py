@@ -11,15 +11,13 @@ checkpoint. Checkpoints describe themselves (config + weights + tokenizer).
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers import (
     DynamicCache,
@@ -30,7 +28,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from digiq.io import atomic_path
+from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
 __all__ = ["PolicyConfig", "ScreenEncoder", "GatedImageFusion", "CopyHead", "AutoUIPolicy"]
 
@@ -245,27 +243,14 @@ class AutoUIPolicy(nn.Module):
     # ------------------------------------------------------------ checkpoints
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        """Weights, config, tokenizer and ``meta`` (e.g. step, stage), enough to rebuild the model anywhere."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.tokenizer.save_pretrained(folder / "tokenizer")
-        with atomic_path(folder / "model.safetensors") as tmp:
-            save_model(self, str(tmp))  # handles the tied embedding / output weights
-        with atomic_path(folder / "config.json") as tmp:
-            tmp.write_text(json.dumps({"policy": asdict(self.cfg), "meta": meta}, indent=2))
+        """Weights, config, tokenizer and ``meta`` (e.g. step, stage): enough to rebuild the model anywhere."""
+        self.tokenizer.save_pretrained(Path(folder) / "tokenizer")
+        save_checkpoint(folder, self, "policy", self.cfg, **meta)
 
     @classmethod
     def load(cls, folder: Path | str, device: str = "cpu") -> "AutoUIPolicy":
-        folder = Path(folder)
-        try:
-            raw = json.loads((folder / "config.json").read_text())
-        except OSError:
-            raise FileNotFoundError(
-                f"no policy checkpoint in {folder} (config.json missing); run its stage first"
-            ) from None
-        pc = raw["policy"]
+        pc = read_config(folder, "policy")
         pc["image_grid"] = tuple(pc["image_grid"])
-        tok = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-        model = cls(PolicyConfig(**pc), tok)
-        load_model(model, str(folder / "model.safetensors"), device=device)
+        model = cls(PolicyConfig(**pc), PreTrainedTokenizerFast.from_pretrained(Path(folder) / "tokenizer"))
+        load_weights(folder, model)
         return model.to(device).eval()

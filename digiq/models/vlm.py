@@ -10,13 +10,11 @@ tokenizer; a real llava-hf checkpoint slots in through the same wrapper.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
 from torch.nn import functional as F
 from transformers import (
     CLIPImageProcessor,
@@ -29,7 +27,7 @@ from transformers import (
 )
 
 from digiq.env.actions import Action, ActionType
-from digiq.io import atomic_path
+from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
 __all__ = ["VLMConfig", "ScreenVLM", "question", "state_question", "draw_marker", "effect_label", "ANSWERS"]
 
@@ -170,25 +168,13 @@ class ScreenVLM:
         return rep.float().numpy(), torch.softmax(logits.float(), -1)[:, 1].numpy()
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.processor.tokenizer.save_pretrained(folder / "tokenizer")
-        with atomic_path(folder / "model.safetensors") as tmp:
-            save_model(self.model, str(tmp))
-        with atomic_path(folder / "config.json") as tmp:
-            tmp.write_text(json.dumps({"vlm": asdict(self.cfg), "meta": meta}, indent=2))
+        self.processor.tokenizer.save_pretrained(Path(folder) / "tokenizer")
+        save_checkpoint(folder, self.model, "vlm", self.cfg, **meta)
 
     @classmethod
     def load(cls, folder: Path | str) -> "ScreenVLM":
-        folder = Path(folder)
-        try:
-            raw = json.loads((folder / "config.json").read_text())
-        except OSError:
-            raise FileNotFoundError(
-                f"no VLM checkpoint in {folder} (config.json missing); run its stage first"
-            ) from None
-        tok = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-        vlm = cls.tiny(tok, VLMConfig(**raw["vlm"]))
-        load_model(vlm.model, str(folder / "model.safetensors"))
+        cfg = VLMConfig(**read_config(folder, "vlm"))
+        vlm = cls.tiny(PreTrainedTokenizerFast.from_pretrained(Path(folder) / "tokenizer"), cfg)
+        load_weights(folder, vlm.model)
         vlm.model.eval()
         return vlm
