@@ -136,9 +136,21 @@ class ScreenVLM:
 
     def small_image(self, screenshot: np.ndarray) -> np.ndarray:
         """The screenshot at the vision tower's square input size (uint8)."""
-        s = self.cfg.image_size
-        t = torch.as_tensor(screenshot).permute(2, 0, 1)[None].float()
-        return F.interpolate(t, size=(s, s), mode="area")[0].round().clamp(0, 255).byte().permute(1, 2, 0).numpy()
+        return self.small_images([screenshot])[0]
+
+    def small_images(self, screenshots: list[np.ndarray], chunk: int = 64) -> list[np.ndarray]:
+        """Many screenshots resized in chunks, each result its own small array.
+
+        Resizing one at a time leaves the allocator fragmented by the
+        full-size float temporaries (about 0.75 MB kept per image: gigabytes
+        for a dataset); chunked, the temporaries are few and large.
+        """
+        s, out = self.cfg.image_size, []
+        for i in range(0, len(screenshots), chunk):
+            t = torch.as_tensor(np.stack(screenshots[i : i + chunk])).permute(0, 3, 1, 2).float()
+            small = F.interpolate(t, size=(s, s), mode="area").round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+            out += [np.array(x) for x in small]  # copies: no view keeps the chunk alive
+        return out
 
     def _inputs(self, images: list[np.ndarray], prompts: list[str]) -> dict[str, torch.Tensor]:
         """What ``LlavaProcessor`` makes, for images already at the tower's size, without its slow PIL path."""

@@ -65,9 +65,11 @@ def run_embed(cfg: EmbedConfig, paths: Paths) -> dict[str, Any]:
                 f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
             )
         n = len(cands[0]["action_list"]) if cands else 0
-        small = {p: vlm.small_image(store.load_image(p)) for p in
-                 tqdm(sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps}),
-                      desc="load screenshots", leave=False)}  # fmt: skip
+        names = sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps})
+        small: dict[str, np.ndarray] = {}
+        for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
+            batch = names[i : i + 64]
+            small.update(zip(batch, vlm.small_images([store.load_image(p) for p in batch]), strict=True))
         t0 = time.perf_counter()
         state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
         state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]

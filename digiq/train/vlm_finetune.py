@@ -37,11 +37,15 @@ def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> 
     """One (marked image, question, Yes/No label) per stored transition."""
     rows = store.read().select(["traj_id", "task", "image_path", "next_image_path", "action"]).to_pylist()
     out = []
-    for r in tqdm(rows, desc="label transitions", leave=False):
-        before, after = store.load_image(r["image_path"]), store.load_image(r["next_image_path"])
-        action = parse_action(r["action"])
-        out.append({"traj_id": r["traj_id"], "image": draw_marker(vlm.small_image(before), action),
-                    "prompt": question(action, r["task"]), "label": int(effect_label(before, after, threshold))})  # fmt: skip
+    for i in tqdm(range(0, len(rows), 64), desc="label transitions", leave=False):
+        batch = rows[i : i + 64]
+        befores = [store.load_image(r["image_path"]) for r in batch]
+        smalls = vlm.small_images(befores)
+        for r, before, small in zip(batch, befores, smalls, strict=True):
+            action = parse_action(r["action"])
+            label = int(effect_label(before, store.load_image(r["next_image_path"]), threshold))
+            out.append({"traj_id": r["traj_id"], "image": draw_marker(small, action),
+                        "prompt": question(action, r["task"]), "label": label})  # fmt: skip
     return out
 
 
