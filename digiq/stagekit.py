@@ -18,7 +18,7 @@ from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E4
 from digiq.io import atomic_path, atomic_write_text  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["StageError", "read_tasks", "write_metrics", "read_metrics", "timed", "save_curve_plot", "require"]
+__all__ = ["StageError", "read_tasks", "write_metrics", "timed", "save_curve_plot", "require"]
 
 
 class StageError(RuntimeError):
@@ -49,12 +49,6 @@ def write_metrics(paths: Paths, stage: str, metrics: dict[str, Any]) -> Path:
     path = paths.metrics / f"{stage}.json"
     atomic_write_text(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return path
-
-
-def read_metrics(paths: Paths, stage: str) -> dict[str, Any]:
-    path = paths.metrics / f"{stage}.json"
-    require(stage, path)
-    return json.loads(path.read_text())
 
 
 @contextmanager
