@@ -45,6 +45,8 @@ class ConfigError(ValueError):
 
 
 def _help(text: str, default: Any) -> Any:
+    if isinstance(default, list):  # a mutable default needs a factory
+        return field(default_factory=lambda: list(default), metadata={"help": text})
     return field(default=default, metadata={"help": text})
 
 
@@ -80,9 +82,13 @@ class TasksConfig:
 def help_text(cls: type) -> str:
     """One line per field: name, type, default, help."""
     return "\n".join(
-        f"{f.name} ({_type_name(f.type)}, default {f.default!r}): {f.metadata.get('help', '')}"
+        f"{f.name} ({_type_name(f.type)}, default {_default(f)!r}): {f.metadata.get('help', '')}"
         for f in dataclasses.fields(cls)
     )
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _type_name(tp: Any) -> str:
@@ -201,7 +207,29 @@ class EmbedConfig:
     """Stage 04: VLM representations of every (state, candidate) pair."""
 
     batch_size: int = _help("pairs per forward pass", 256)
-    use_finetuned: bool = _help("embed with the stage-03 VLM (False: the untuned one, an ablation)", True)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Repeats of the learning stages (critic, actors, their evaluation)."""
+
+    seeds: int = _help("independent repeats; eval reports the mean and standard deviation over them", 3)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+
+
+@dataclass(frozen=True)
+class AblationsConfig:
+    """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
+
+    untuned_vlm: bool = _help("also run Best-of-N on the features of the VLM without the stage-03 fine-tune", True)
+    n_candidates: list[int] = _help("also run Best-of-N over only this many candidates per state (each < N)", [1, 4])
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
+            raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
 
 
 @dataclass(frozen=True)
@@ -220,7 +248,7 @@ class CriticConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """Stage 06: Best-of-N policy extraction (and, later, the baselines)."""
+    """Stage 06: Best-of-N policy extraction, the offline baselines, and the oracle diagnostic."""
 
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
@@ -228,6 +256,12 @@ class ActorConfig:
     epochs: int = _help("passes over the kept actions", 3)
     batch_size: int = _help("rows per step", 32)
     lr: float = _help("learning rate", 0.0005)
+    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
+    digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
+    oracle_states: int = _help("states whose candidates get oracle values (0: no diagnostic)", 200)
+    oracle_rollouts: int = _help("continuation rollouts per candidate", 4)
+    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
+    oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
     seed: int = _help("seed", 5)
 
 

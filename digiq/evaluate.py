@@ -2,53 +2,78 @@
 
 Protocol (DESIGN.md section 8): the first ``n_tasks`` tasks of each test list,
 in order; 10 steps for General, 20 for Web Shopping; success when the task's
-condition holds. Writes ``metrics/eval.json`` as
-``{policy: {task_set: {"success_rate", "n_episodes", "by_family"}}}``.
+condition holds. Every seed's policies are evaluated with that seed's device
+and sampling seed (the base policy too, so its spread is sampling noise).
+
+Writes ``metrics/eval.json`` for the four policies of the paper's comparison
+and ``metrics/ablations.json`` for Digi-Q's variants, both as
+``{policy: {task_set: {"success_rate", "success_rate_std", "per_seed",
+"n_episodes", "by_family"}}}`` (rates are means over seeds; ``n_episodes`` per seed).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from digiq.config import EnvConfig, EvalConfig
+from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.rollout import rollout
+from digiq.rollout import rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
-from digiq.train.collect import success_by
 from digiq.train.policy_fit import ModelPolicy
 
-__all__ = ["run_eval", "POLICIES"]
-
-POLICIES = ("base", "digiq")
+__all__ = ["run_eval"]
 
 
-def _checkpoint(paths: Paths, policy: str):
-    return paths.base_policy if policy == "base" else paths.actor(policy)
+def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
+    return paths.base_policy if policy == "base" else paths.actor(policy, seed)
 
 
-def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, policies: tuple[str, ...] = POLICIES) -> dict[str, Any]:
-    for p in policies:
-        require("eval", _checkpoint(paths, p) / "config.json")
-    report: dict[str, Any] = {}
+def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and spread over seeds of one policy on one task set."""
+    rates = [r["success_rate"] for r in per_seed]
+    families = sorted({f for r in per_seed for f in r["by_family"]})
+    return {
+        "success_rate": round(float(np.mean(rates)), 4),
+        "success_rate_std": round(float(np.std(rates)), 4),
+        "per_seed": rates,
+        "n_episodes": per_seed[0]["n_episodes"],
+        "by_family": {f: round(float(np.mean([r["by_family"].get(f, 0.0) for r in per_seed])), 4) for f in families},
+    }
+
+
+def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str],
+             ablations: list[str]) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json) for every seed."""
+    policies = ["base", *main, *ablations]
+    for s in range(seeds):
+        for p in policies:
+            require("eval", _checkpoint(paths, p, s) / "config.json")
+    tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
     timing: dict[str, Any] = {}
     with timed(timing):
-        for policy in policies:
-            torch.manual_seed(cfg.seed)
-            model = AutoUIPolicy.load(_checkpoint(paths, policy))
-            agent = ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
-            report[policy] = {}
-            for task_set in ("general", "webshop"):
-                tasks = read_tasks(paths, task_set, "test", cfg.n_tasks, "eval")
-                results = rollout(agent, tasks, n_envs=cfg.n_envs, seed=cfg.seed, dynamics=env.dynamics(),
-                                  width=env.width, desc=f"eval {policy} {task_set}")  # fmt: skip
-                report[policy][task_set] = {
-                    "success_rate": round(sum(r.success for r in results) / len(results), 4),
-                    "n_episodes": len(results),
-                    "by_family": success_by(results, "family"),
-                }
+        for s in range(seeds):
+            for policy in policies:
+                torch.manual_seed(cfg.seed + s)
+                model = AutoUIPolicy.load(_checkpoint(paths, policy, s))
+                agent = ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
+                for ts in TASK_SETS:
+                    results = rollout(agent, tasks[ts], n_envs=cfg.n_envs, seed=cfg.seed + s, dynamics=env.dynamics(),
+                                      width=env.width, desc=f"eval {policy} {ts} (seed {s})")  # fmt: skip
+                    runs[policy][ts].append({
+                        "success_rate": round(sum(r.success for r in results) / len(results), 4),
+                        "n_episodes": len(results),
+                        "by_family": success_by(results, "family"),
+                    })  # fmt: skip
+    summary = {p: {ts: _summary(runs[p][ts]) for ts in TASK_SETS} for p in policies}
+    report = {p: summary[p] for p in ["base", *main]}
     write_metrics(paths, "eval", report)
+    write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
     write_metrics(paths, "eval_timing", timing)
-    return report
+    return summary

@@ -50,16 +50,15 @@ class Paths:
     def vlm(self) -> Path:
         return self.data / "models" / "vlm"
 
-    @property
-    def features(self) -> Path:
-        return self.data / "features"
+    def features(self, vlm: str = "finetuned") -> Path:
+        """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
+        return self.data / "features" / vlm
 
-    @property
-    def critic(self) -> Path:
-        return self.data / "models" / "critic"
+    def critic(self, seed: int, vlm: str = "finetuned") -> Path:
+        return self.data / "models" / "critic" / f"seed{seed}" / vlm
 
-    def actor(self, name: str) -> Path:
-        return self.data / "models" / f"actor_{name}"
+    def actor(self, name: str, seed: int) -> Path:
+        return self.data / "models" / "actors" / f"seed{seed}" / name
 
     @property
     def metrics(self) -> Path:

@@ -2,8 +2,10 @@
 
 ``python -m digiq.report`` rebuilds the block between the markers
 ``<!-- results:start -->`` and ``<!-- results:end -->`` in README.md from
-``metrics/*.json``: success rates per policy and task set, per-family
-success, each stage's wall time and its headline numbers.
+``metrics/*.json``: success rates per policy and task set (mean ± std over
+seeds), Digi-Q's margins, per-family success, the ablations, the oracle
+diagnostic, each stage's wall time and its headline numbers. The eval
+notebook draws the bar charts with :func:`save_results_chart`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from digiq.io import atomic_write_text
+import numpy as np
+
+from digiq.env.tasks import TASK_SETS
+from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "update_readme"]
+__all__ = ["results_markdown", "update_readme", "save_results_chart"]
+
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 STAGES = ("tasks", "base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor", "eval")
@@ -28,7 +34,7 @@ HEADLINES = {
     "vlm_finetune": ("accuracy_heldout", "majority_rate_heldout"),
     "embed": ("states", "pairs_per_s"),
     "critic": ("v_mc_return_corr_heldout", "q_loss_last"),
-    "actor": ("kept_fraction", "kept_not_taken_fraction"),
+    "actor": ("kept_fraction",),
 }
 
 
@@ -41,27 +47,69 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def _rate(r: dict[str, Any]) -> str:
+    """``mean ± std`` in percent, over seeds."""
+    return f"{_pct(r['success_rate'])} ± {_pct(r.get('success_rate_std', 0.0))}"
+
+
+def _success_table(results: dict[str, Any]) -> list[str]:
+    seeds = len(next(iter(results.values()))["general"].get("per_seed", [0]))
+    n = next(iter(results.values()))["general"]["n_episodes"]
+    out = ["| policy | General test | Web Shopping test |", "|---|---|---|"]
+    out += [f"| {p} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |" for p, sets in results.items()]
+    out += [
+        "",
+        f"Success rate (%), mean ± standard deviation over {seeds} seed(s), {n} test tasks per task set and seed.",
+    ]
+    return out
+
+
+def _family_table(results: dict[str, Any]) -> list[str]:
+    policies = list(results)
+    out = ["| task set | family | " + " | ".join(policies) + " |", "|---" * (len(policies) + 2) + "|"]
+    for ts in TASK_SETS:
+        for f in sorted({f for p in policies for f in results[p][ts]["by_family"]}):
+            vals = [_pct(results[p][ts]["by_family"][f]) if f in results[p][ts]["by_family"] else "-" for p in policies]
+            out.append(f"| {ts} | {f} | " + " | ".join(vals) + " |")
+    return out
+
+
+def _targets(ev: dict[str, Any]) -> list[str]:
+    """Digi-Q's margins over each other policy, per task set (the claim under test)."""
+    if "digiq" not in ev:
+        return []
+    out = ["| Digi-Q minus | General (points) | Web Shopping (points) |", "|---|---|---|"]
+    for p in (q for q in ev if q != "digiq"):
+        d = [100 * (ev["digiq"][ts]["success_rate"] - ev[p][ts]["success_rate"]) for ts in TASK_SETS]
+        out.append(f"| {p} | {d[0]:+.1f} | {d[1]:+.1f} |")
+    return out
+
+
+def _oracle_table(oracle: dict[str, Any]) -> list[str]:
+    if "top1_hit_rate" not in oracle:
+        return [f"Oracle diagnostic: no informative states among {oracle.get('states', 0)} sampled."]
+    out = ["| ranking | top-1 is truly best (%) | true value of its pick |", "|---|---|---|"]
+    for name, hit in oracle["top1_hit_rate"].items():
+        out.append(f"| {name} | {_pct(hit)} | {oracle['oracle_value_of_pick'][name]:.3f} |")
+    out += ["", f"{oracle['informative_states']} of {oracle['states']} sampled states have candidates of different "
+            f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}."]  # fmt: skip
+    return out
+
+
 def results_markdown(paths: Paths) -> str:
-    ev = _load(paths, "eval")
+    ev, ab, oracle = _load(paths, "eval"), _load(paths, "ablations"), _load(paths, "oracle")
     out = []
     if ev:
-        out += ["| policy | General test | Web Shopping test |", "|---|---|---|"]
-        for policy, sets in ev.items():
-            cells = [f"{_pct(sets[ts]['success_rate'])} (n={sets[ts]['n_episodes']})" if ts in sets else "-"
-                     for ts in ("general", "webshop")]  # fmt: skip
-            out.append(f"| {policy} | {' | '.join(cells)} |")
-        out += ["", "Success by family (%):", ""]
-        fams = sorted({f for sets in ev.values() for r in sets.values() for f in r["by_family"]})
-        policies = list(ev)
-        out += ["| family | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
-        for f in fams:
-            vals = []
-            for p in policies:
-                v = next((r["by_family"][f] for r in ev[p].values() if f in r["by_family"]), None)
-                vals.append(_pct(v) if v is not None else "-")
-            out.append(f"| {f} | " + " | ".join(vals) + " |")
+        out += _success_table(ev) + ["", "![results](plots/results.png)", ""] + _targets(ev)
+        out += ["", "Success by family (%, mean over seeds):", ""] + _family_table(ev)
     else:
         out.append("No `metrics/eval.json` yet: run `make repro`.")
+    if ab:
+        out += ["", "Ablations (success rate %, mean ± std over seeds):", ""] + _success_table(ab)
+    if oracle:
+        out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
+            oracle
+        )
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]
     timing = _load(paths, "eval_timing") or {}
     for stage in STAGES:
@@ -72,6 +120,34 @@ def results_markdown(paths: Paths) -> str:
         head = ", ".join(f"{k}={m[k]}" for k in HEADLINES.get(stage, ()) if k in m)
         out.append(f"| {stage} | {wall if wall is not None else '-'} | {head} |")
     return "\n".join(out)
+
+
+def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
+    """Grouped bars (policy x task set) with standard-deviation error bars, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(results)
+    x = np.arange(len(TASK_SETS))
+    width = 0.8 / len(policies)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, p in enumerate(policies):
+        means = [100 * results[p][ts]["success_rate"] for ts in TASK_SETS]
+        stds = [100 * results[p][ts].get("success_rate_std", 0.0) for ts in TASK_SETS]
+        ax.bar(x + (i - (len(policies) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=p)
+    ax.set_xticks(x, ["General test", "Web Shopping test"])
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=min(4, len(policies)))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path
 
 
 def update_readme(readme: Path, paths: Paths) -> None:

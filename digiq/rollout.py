@@ -24,7 +24,7 @@ from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 
-__all__ = ["RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed"]
+__all__ = ["RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,14 @@ class EpisodeResult:
     family: str
     success: bool
     steps: int
+
+
+def success_by(rows: Sequence, key: str) -> dict[str, float]:
+    """Success rate per value of ``key`` over episode records (anything with ``.success`` and ``key``)."""
+    groups: dict[str, list[bool]] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, key), []).append(bool(r.success))
+    return {k: round(sum(v) / len(v), 4) for k, v in sorted(groups.items())}
 
 
 def episode_seed(seed: int, index: int) -> int:

@@ -10,16 +10,29 @@ from digiq.paths import ROOT
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 SECTIONS = {
-    "env": config.EnvConfig, "tasks": config.TasksConfig, "base_policy": config.BasePolicyConfig,
-    "collect": config.CollectConfig, "augment": config.AugmentConfig, "vlm_finetune": config.VLMFinetuneConfig,
-    "embed": config.EmbedConfig, "critic": config.CriticConfig, "actor": config.ActorConfig, "eval": config.EvalConfig,
+    "env": config.EnvConfig,
+    "tasks": config.TasksConfig,
+    "base_policy": config.BasePolicyConfig,
+    "collect": config.CollectConfig,
+    "augment": config.AugmentConfig,
+    "vlm_finetune": config.VLMFinetuneConfig,
+    "embed": config.EmbedConfig,
+    "critic": config.CriticConfig,
+    "actor": config.ActorConfig,
+    "eval": config.EvalConfig,
+    "experiment": config.ExperimentConfig,
+    "ablations": config.AblationsConfig,
 }
 
 
 def test_every_notebook_is_one_stage_that_depends_on_it():
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    staged = sorted(n for s in DVC.values() for n in [s["cmd"].split("papermill notebooks/")[-1].split()[0]]
-                    if "papermill" in s["cmd"])
+    staged = sorted(
+        n
+        for s in DVC.values()
+        for n in [s["cmd"].split("papermill notebooks/")[-1].split()[0]]
+        if "papermill" in s["cmd"]
+    )
     assert staged == notebooks
     for stage in DVC.values():
         if "papermill" in stage["cmd"]:
@@ -33,10 +46,12 @@ def test_params_match_the_typed_configs_and_their_defaults():
         cfg = config.load_section(cls, name, PARAMS)
         for f in dataclasses.fields(cls):
             assert f.name in PARAMS[name], f"params.yaml lacks {name}.{f.name}"
-            assert getattr(cfg, f.name) == f.default, f"params.yaml {name}.{f.name} differs from the config default"
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            assert getattr(cfg, f.name) == default, f"params.yaml {name}.{f.name} differs from the config default"
 
 
 def test_stage_params_are_declared():
     for stage in DVC.values():
-        for group in stage.get("params", []):
-            assert group in PARAMS
+        for key in stage.get("params", []):
+            group, *leaf = key.split(".")
+            assert group in PARAMS and (not leaf or leaf[0] in PARAMS[group]), key

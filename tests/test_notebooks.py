@@ -17,8 +17,18 @@ TINY = {
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_finetune": {"epochs": 1, "hidden": 64},
     "critic": {"epochs": 2, "hidden": 64},
-    "actor": {"epochs": 1, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
+    "actor": {
+        "epochs": 1,
+        "k_candidates": 4,
+        "threshold_general": -1.0,
+        "threshold_webshop": -1.0,
+        "digirl_value_epochs": 2,
+        "oracle_states": 6,
+        "oracle_rollouts": 2,
+    },
     "eval": {"n_tasks": 6, "n_envs": 6},
+    "experiment": {"seeds": 2},
+    "ablations": {"untuned_vlm": True, "n_candidates": [1]},
 }
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -58,11 +68,19 @@ def test_pipeline_notebooks_run_in_order(workspace):
             cwd=str(workspace),
         )
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
-    assert set(report) == {"base", "digiq"}
-    for sets in report.values():
+    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline"}
+    ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
+    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned"}
+    for sets in [*report.values(), *ablations.values()]:
         assert set(sets) == {"general", "webshop"}
         for r in sets.values():
-            assert r["n_episodes"] == 6 and 0.0 <= r["success_rate"] <= 1.0 and r["by_family"]
+            assert r["n_episodes"] == 6 and len(r["per_seed"]) == 2 and r["by_family"]
+            assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
+    for seed in (0, 1):
+        assert (workspace / "data" / "models" / "critic" / f"seed{seed}" / "untuned" / "config.json").exists()
+    oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
+    assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
+    assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
         assert m["wall_time_s"] >= 0, stage

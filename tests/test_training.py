@@ -1,9 +1,10 @@
 import numpy as np
 import torch
+from PIL import Image
 
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
-from digiq.report import END, START, results_markdown, update_readme
+from digiq.report import END, START, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
 from digiq.train.critic import td_step
@@ -48,23 +49,36 @@ def test_best_of_n_picks_the_highest_valid_advantage():
     assert best.tolist() == [0, 0]  # K = 1: only the taken action
 
 
+def _result(rates: list[float], family: str) -> dict:
+    return {"success_rate": float(np.mean(rates)), "success_rate_std": float(np.std(rates)), "per_seed": rates,
+            "n_episodes": 96, "by_family": {family: rates[0]}}  # fmt: skip
+
+
 def test_report_fills_the_readme_block_from_metrics(tmp_path):
     paths = Paths(tmp_path)
-    write_metrics(
-        paths,
-        "eval",
-        {
-            "base": {
-                "general": {"success_rate": 0.25, "n_episodes": 96, "by_family": {"search": 0.5}},
-                "webshop": {"success_rate": 0.1, "n_episodes": 96, "by_family": {"go_to_site": 0.2}},
-            }
-        },
-    )
+    write_metrics(paths, "eval", {
+        "base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
+        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
+    })  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
+    write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
+                                    "top1_hit_rate": {"random": 0.25, "critic": 0.5},
+                                    "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8}})  # fmt: skip
     md = results_markdown(paths)
-    assert "| base | 25.0 (n=96) | 10.0 (n=96) |" in md and "| critic | 12.5 |" in md and "| search | 50.0 |" in md
+    assert "| base | 25.0 ± 5.0 | 10.0 ± 0.0 |" in md and "over 2 seed(s), 96 test tasks" in md
+    assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set
+    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
+    assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     update_readme(readme, paths)
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
+
+
+def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
+    results = {p: {"general": _result([r, r], "search"), "webshop": _result([r, r + 0.2], "go_to_site")}
+               for p, r in (("base", 0.2), ("digiq", 0.6))}  # fmt: skip
+    path = save_results_chart(results, tmp_path / "results.png", "test")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size[0] > 300

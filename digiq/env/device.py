@@ -72,11 +72,18 @@ class SimDevice:
         self._load(HOME, fresh=False)
         self._screen = None
 
-    def clone(self, dynamics: Dynamics | None = None) -> SimDevice:
-        """An independent copy (state and random stream) to branch an episode from."""
+    def clone(self, dynamics: Dynamics | None = None, seed: int | None = None) -> SimDevice:
+        """An independent copy to branch an episode from.
+
+        It continues this device's random stream, or a fresh one from ``seed``
+        (so that several branches from one state see different pop-ups and delays).
+        """
         other = SimDevice(self.dynamics if dynamics is None else dynamics, self.renderer.width)
         other.state = copy.deepcopy(self.state)
-        other._rng.setstate(self._rng.getstate())
+        if seed is None:
+            other._rng.setstate(self._rng.getstate())
+        else:
+            other._rng.seed(seed)
         return other
 
     def screen(self) -> Screen:

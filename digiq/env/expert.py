@@ -44,10 +44,22 @@ if TYPE_CHECKING:
 __all__ = ["Expert", "next_action", "run_episode"]
 
 _SCROLL = A.swipe((0.75, 0.5), (0.45, 0.5))  # finger up: reveals entries further down a list
+_SCROLL_BACK = A.swipe((0.45, 0.5), (0.75, 0.5))  # finger down: back towards the top of a list
 _PULL_SHADE = A.swipe((0.01, 0.5), (0.6, 0.5))
 
 
-def _tap(w: Widget) -> Action:
+class _OffScreen(Exception):
+    """The widget a route wants to tap is not on screen.
+
+    Routes are written for the screens the expert itself reaches; a state
+    another policy left behind (a list scrolled past its first entry) can hide
+    the widget. :func:`next_action` then recovers instead of failing.
+    """
+
+
+def _tap(w: Widget | None) -> Action:
+    if w is None:
+        raise _OffScreen
     x, y = w.center
     return A.tap(y / SCREEN_H, x / SCREEN_W)
 
@@ -118,7 +130,10 @@ def next_action(dev: SimDevice, task: Task) -> Action:
     if task.goal.check(s):
         return A.task_complete()
     goal = task.goal.goals[0] if isinstance(task.goal, AnyOf) else task.goal
-    return _ROUTES[type(goal)](dev, goal, task)
+    try:
+        return _ROUTES[type(goal)](dev, goal, task)
+    except _OffScreen:
+        return _SCROLL_BACK if s.scroll > 0 else A.press_back()
 
 
 def _launch(dev: SimDevice, app: str) -> Action:

@@ -19,6 +19,7 @@ from digiq.env.state import DeviceState
 __all__ = [
     "GENERAL_FAMILIES",
     "MAX_STEPS",
+    "TASK_SETS",
     "WEBSHOP_FAMILIES",
     "Alarm",
     "AnyOf",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 MAX_STEPS = {"general": 10, "webshop": 20}
+TASK_SETS = tuple(MAX_STEPS)  # AitW's General and Web Shopping
 GENERAL_FAMILIES = (
     "search",
     "maps",

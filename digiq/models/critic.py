@@ -16,7 +16,7 @@ from torch import nn
 
 from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
-__all__ = ["CriticNetConfig", "Critic"]
+__all__ = ["CriticNetConfig", "Critic", "mlp"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class CriticNetConfig:
     hidden: int = 256
 
 
-def _mlp(d_in: int, hidden: int) -> nn.Sequential:
+def mlp(d_in: int, hidden: int) -> nn.Sequential:
+    """LayerNorm, two GELU layers of width ``hidden``, one output."""
     return nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
                          nn.Linear(hidden, 1))  # fmt: skip
 
@@ -34,8 +35,8 @@ class Critic(nn.Module):
     def __init__(self, cfg: CriticNetConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q1, self.q2 = _mlp(2 * cfg.feature_dim, cfg.hidden), _mlp(2 * cfg.feature_dim, cfg.hidden)
-        self.v1, self.v2 = _mlp(cfg.feature_dim, cfg.hidden), _mlp(cfg.feature_dim, cfg.hidden)
+        self.q1, self.q2 = mlp(2 * cfg.feature_dim, cfg.hidden), mlp(2 * cfg.feature_dim, cfg.hidden)
+        self.v1, self.v2 = mlp(cfg.feature_dim, cfg.hidden), mlp(cfg.feature_dim, cfg.hidden)
 
     def q(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([state, action], -1)

@@ -1,9 +1,19 @@
-"""Stage 06: Best-of-N policy extraction from the critic.
+"""Stage 06: policies extracted from the same offline data, and the oracle diagnostic.
 
-For each state, K of the N candidates (always with the action taken) are
-scored by the critic, A = Q(s, a) - V(s); the best valid one is kept when
-its advantage clears a threshold, and the policy (initialised from the base
-policy) is fit by negative log-likelihood of the kept actions.
+All start from the base policy and are fit by (filtered) negative
+log-likelihood; they differ only in which (state, action) rows they imitate:
+
+- ``digiq``: Best-of-N. For each state, K of the N candidates (always with
+  the action taken) are scored by the critic, A = Q(s, a) - V(s); the best
+  valid one is kept when A clears a threshold (0.10 General, 0.05 Web Shopping).
+- ``filtered_bc``: every step of the trajectories that succeeded.
+- ``digirl_offline``: the steps whose action beat a learned value baseline,
+  MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
+- ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``) and
+  on the features of the VLM without the stage-03 fine-tune (``digiq_untuned``).
+
+Each is trained once per seed. The oracle diagnostic (:mod:`digiq.oracle`)
+checks the critic's ranking of candidates against their true values.
 """
 
 from __future__ import annotations
@@ -11,19 +21,35 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
 
-from digiq.config import ActorConfig
+from digiq.config import AblationsConfig, ActorConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
-from digiq.models.critic import Critic
+from digiq.env.catalog import stable_int
+from digiq.env.tasks import parse_task
+from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
+from digiq.oracle import candidate_values, ranking_report, replay
 from digiq.paths import Paths
+from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
 from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, fit_policy, load_screens
+from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_actor", "best_of_n"]
+__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS"]
+
+METHODS = ("digiq", "filtered_bc", "digirl_offline")
+
+
+def policy_names(ablations: AblationsConfig) -> tuple[list[str], list[str]]:
+    """The main policies and the ablation variants stage 06 trains (and stage 07 evaluates)."""
+    extra = [f"digiq_n{n}" for n in ablations.n_candidates] + (["digiq_untuned"] if ablations.untuned_vlm else [])
+    return list(METHODS), extra
 
 
 def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
@@ -41,40 +67,141 @@ def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: 
     return best, adv[np.arange(S), best]
 
 
-def run_actor(cfg: ActorConfig, paths: Paths) -> dict[str, Any]:
-    require("actor", paths.critic / "config.json", paths.base_policy / "config.json")
+def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
+                    cands: pd.DataFrame, k: int, seed: int) -> tuple[list[FitRow], dict[str, float]]:  # fmt: skip
+    valid = np.stack(cands.valid_list.to_numpy())
+    best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
+    threshold = np.where(steps.task_set.to_numpy() == "webshop", cfg.threshold_webshop, cfg.threshold_general)
+    keep = np.flatnonzero(adv > threshold)
+    rows = [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][best[i]]) for i in keep]
+    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0}
+    return rows, stats
+
+
+def _filtered_bc_rows(steps: pd.DataFrame) -> list[FitRow]:
+    ok = steps[steps.trajectory_reward > 0]
+    return [FitRow(r.observation, r.image_path, r.action) for r in ok.itertuples()]
+
+
+def _digirl_rows(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> list[FitRow]:
+    """Steps whose Monte-Carlo return beats V(s) by the threshold.
+
+    V is regressed on MC returns with 2-fold cross-fitting by trajectory: a
+    value fit on the very trajectories it judges would memorise their returns
+    and leave every advantage near zero.
+    """
+    torch.manual_seed(seed)
+    x = torch.from_numpy(np.asarray(state))
+    y = torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32)
+    fold = steps.traj_id.isin(split_trajectories(steps.traj_id.tolist(), 0.5, seed)).to_numpy()
+    v = np.zeros(len(steps), np.float32)
+    for held in (fold, ~fold):
+        train = np.flatnonzero(~held)
+        net = mlp(x.shape[1], 256)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        gen = np.random.default_rng(seed)
+        for _ in range(cfg.digirl_value_epochs):
+            for _b in range(0, len(train), 256):
+                idx = torch.from_numpy(train[gen.integers(0, len(train), 256)])
+                loss = F.mse_loss(net(x[idx])[:, 0], y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            v[held] = net(x[torch.from_numpy(np.flatnonzero(held))])[:, 0].numpy()
+    keep = np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold)
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], steps.action.iat[i]) for i in keep]
+
+
+def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands: pd.DataFrame,
+                   base: AutoUIPolicy, store: TrajectoryStore) -> dict[str, Any]:  # fmt: skip
+    """Oracle values and the base policy's log-likelihoods of the candidates of sampled states."""
+    rng = np.random.default_rng(cfg.seed)
+    idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
+    oracle = np.zeros((len(idx), len(cands.action_list.iat[0])))
+    loglik = np.zeros_like(oracle)
+    for j, i in enumerate(tqdm(idx, desc="oracle values", leave=False)):
+        r = steps.iloc[i]
+        task = parse_task(r.task, r.task_set)
+        earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
+        device = replay(task, episode_seed(collect_seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
+        candidates = list(cands.action_list.iat[i])
+        oracle[j] = candidate_values(device, task, task.max_steps - int(r.step_id), candidates,
+                                     rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=0.95,
+                                     seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
+        shot = base.screen.prepare(store.load_image(r.image_path)[None]).expand(len(candidates), -1, -1, -1)
+        with torch.no_grad():
+            loglik[j] = base.action_logprobs([r.observation] * len(candidates), shot, candidates).numpy()
+    return {"idx": idx, "oracle": oracle, "loglik": loglik, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
+
+
+def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
+              collect_seed: int) -> dict[str, Any]:  # fmt: skip
+    """Train every policy for every seed; write ``metrics/actor.json`` and ``metrics/oracle.json``."""
+    require("actor", paths.base_policy / "config.json", *(paths.critic(s) / "config.json" for s in range(seeds)))
+    main, extra = policy_names(ablations)
     metrics: dict[str, Any] = {}
+    oracle_metrics: dict[str, Any] = {}
     with timed(metrics):
-        rng = np.random.default_rng(cfg.seed)
-        critic = Critic.load(paths.critic)
-        feats = load_features(paths)
-        cands = read_candidates(paths).to_pylist()
         store = TrajectoryStore(paths.offline)
-        steps = store.read().select(["observation", "image_path", "task_set"]).to_pylist()
-        valid = np.array([c["valid_list"] for c in cands])
-        best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, cfg.k_candidates, rng)
-        threshold = np.array(
-            [cfg.threshold_webshop if s["task_set"] == "webshop" else cfg.threshold_general for s in steps]
-        )
-        keep = np.flatnonzero(adv > threshold)
-        rows = [FitRow(steps[i]["observation"], steps[i]["image_path"], cands[i]["action_list"][best[i]]) for i in keep]
-        model = AutoUIPolicy.load(paths.base_policy)
-        curve: list[dict[str, float]] = []
-        if rows:
-            screens = load_screens(model, store, [r.image_path for r in rows])
-            curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                               seed=cfg.seed, desc="fit Best-of-N actor")  # fmt: skip
-        model.save(paths.actor("digiq"), stage="actor", method="best_of_n", kept=len(rows))
-    metrics.update(
-        {
-            "states": len(steps),
-            "kept": len(rows),
-            "kept_fraction": round(len(rows) / max(1, len(steps)), 4),
-            "kept_not_taken_fraction": round(float(np.mean(best[keep] != 0)) if len(keep) else 0.0, 4),
-            "mean_kept_advantage": round(float(adv[keep].mean()) if len(keep) else 0.0, 4),
-        }
-    )
-    if curve:
-        save_curve_plot(paths.plots / "actor_loss.png", {"digiq": [p["loss"] for p in curve]}, "Stage 06: actor NLL")
+        steps = store.read().to_pandas()
+        cands = read_candidates(paths).to_pandas()
+        feats = {"finetuned": load_features(paths)}
+        if ablations.untuned_vlm:
+            feats["untuned"] = load_features(paths, "untuned")
+        base = AutoUIPolicy.load(paths.base_policy)
+        screens = load_screens(base, store, steps.image_path.tolist())
+        sample = _oracle_sample(cfg, env, collect_seed, steps, cands, base, store) if cfg.oracle_states else None
+        kept: dict[str, list[int]] = {name: [] for name in main + extra}
+        not_taken: dict[str, list[float]] = {}
+        curves: dict[str, list[float]] = {}
+        reports = []
+        for s in range(seeds):
+            seed = cfg.seed + s
+            critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats}
+            plans: dict[str, list[FitRow]] = {}
+            for name in ["digiq"] + extra:
+                vlm = "untuned" if name == "digiq_untuned" else "finetuned"
+                k = int(name.removeprefix("digiq_n")) if name.startswith("digiq_n") else cfg.k_candidates
+                plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
+                not_taken.setdefault(name, []).append(stats["kept_not_taken_fraction"])
+            plans["filtered_bc"] = _filtered_bc_rows(steps)
+            plans["digirl_offline"] = _digirl_rows(cfg, feats["finetuned"]["state"], steps, seed)
+            for name, rows in plans.items():
+                kept[name].append(len(rows))
+                model = AutoUIPolicy.load(paths.base_policy)
+                curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                                   seed=seed, desc=f"fit {name} (seed {s})") if rows else []  # fmt: skip
+                model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
+                if s == 0 and curve:
+                    curves[name] = [p["loss"] for p in curve]
+            if sample is not None:
+                f = feats["finetuned"]
+                q, _, _ = critics["finetuned"].advantage(torch.from_numpy(np.asarray(f["state"][sample["idx"]])),
+                                                         torch.from_numpy(np.asarray(f["candidates"][sample["idx"]])))  # fmt: skip
+                reports.append(ranking_report(sample["oracle"], sample["valid"],
+                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"]},
+                                              cfg.oracle_tolerance))  # fmt: skip
+    metrics["states"] = len(steps)
+    metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
+    metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
+    metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
+    if reports:
+        oracle_metrics = _mean_report(reports)
+        oracle_metrics["per_seed"] = reports
+        write_metrics(paths, "oracle", oracle_metrics)
+    if curves:
+        save_curve_plot(paths.plots / "actor_loss.png", curves, "Stage 06: actor NLL (seed 0)")
     write_metrics(paths, "actor", metrics)
-    return metrics
+    return {"actor": metrics, "oracle": oracle_metrics}
+
+
+def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Average the numeric leaves of per-seed ranking reports (same keys in each)."""
+    out: dict[str, Any] = {}
+    for key, value in reports[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: round(float(np.mean([r[key][k] for r in reports])), 4) for k in value}
+        else:
+            out[key] = value
+    return out

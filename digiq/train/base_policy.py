@@ -13,6 +13,7 @@ import torch
 
 from digiq.config import BasePolicyConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
+from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
@@ -27,9 +28,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
     metrics: dict[str, Any] = {}
     with timed(metrics):
         torch.manual_seed(cfg.seed)
-        tasks = [
-            t for ts in ("general", "webshop") for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")
-        ]
+        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
         store = TrajectoryStore(paths.demos)
         demos = rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed,
                         dynamics=env.dynamics(), width=env.width, store=store, desc="demonstrations")  # fmt: skip

@@ -8,21 +8,14 @@ import torch
 
 from digiq.config import CollectConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
+from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.rollout import rollout
+from digiq.rollout import rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
 from digiq.train.policy_fit import ModelPolicy
 
-__all__ = ["run_collect", "success_by"]
-
-
-def success_by(rows: list, key: str) -> dict[str, float]:
-    """Success rate per value of ``key`` over episode records (anything with ``.success`` and ``key``)."""
-    groups: dict[str, list[bool]] = {}
-    for r in rows:
-        groups.setdefault(getattr(r, key), []).append(bool(r.success))
-    return {k: round(sum(v) / len(v), 4) for k, v in sorted(groups.items())}
+__all__ = ["run_collect"]
 
 
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
@@ -31,9 +24,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths) -> dict[str, A
     with timed(metrics):
         torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
-        tasks = [
-            t for ts in ("general", "webshop") for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")
-        ]
+        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")]
         store = TrajectoryStore(paths.offline)
         rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
                           dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect")  # fmt: skip

@@ -1,6 +1,7 @@
 """Stage 04: VLM representations of every state and every (state, candidate) pair.
 
-Outputs (``data/features``), row-aligned with the offline step table sorted by
+Outputs (``data/features/finetuned``, and ``data/features/untuned`` for the
+ablation without the stage-03 fine-tune), row-aligned with the offline step table sorted by
 (traj_id, step_id):
 ``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
 ``p_yes.npy`` (S, N), memory-mappable. Digi-Q names: ``image_features`` /
@@ -47,16 +48,52 @@ def _embed_all(
     return np.concatenate(reps), np.concatenate(yes)
 
 
-def run_embed(cfg: EmbedConfig, paths: Paths) -> dict[str, Any]:
+def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], cands: list[dict], batch: int,
+                    out: Path) -> float:  # fmt: skip
+    """Write the four arrays for one VLM into ``out``; returns pairs embedded per second."""
+    n = len(cands[0]["action_list"]) if cands else 0
+    names = sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps})
+    small: dict[str, np.ndarray] = {}
+    for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
+        chunk = names[i : i + 64]
+        small.update(zip(chunk, vlm.small_images([store.load_image(p) for p in chunk]), strict=True))
+    t0 = time.perf_counter()
+    state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
+    state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
+    s_rep, _ = _embed_all(vlm, [small[p] for p in state_paths], [state_question(t) for t in state_tasks],
+                          batch, "embed states")  # fmt: skip
+    # Candidate images are drawn batch by batch: all of them at once would take gigabytes.
+    pairs = [(s, a) for s, c in zip(steps, cands, strict=True) for a in c["action_list"]]
+    c_rep_parts, c_yes_parts = [], []
+    for i in tqdm(range(0, len(pairs), batch), desc="embed candidates", leave=False):
+        chunk = [(s, parse_action(a)) for s, a in pairs[i : i + batch]]
+        r, y = vlm.embed([draw_marker(small[s["image_path"]], a) for s, a in chunk],
+                         [question(a, s["task"]) for s, a in chunk])  # fmt: skip
+        c_rep_parts.append(r)
+        c_yes_parts.append(y)
+    c_rep, c_yes = np.concatenate(c_rep_parts), np.concatenate(c_yes_parts)
+    pairs_per_s = (len(pairs) + len(state_paths)) / (time.perf_counter() - t0)
+    S, H = len(steps), s_rep.shape[1]
+    state = s_rep[:S]
+    # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
+    next_state = np.empty_like(state)
+    final = iter(s_rep[S:])
+    for i, s in enumerate(steps):
+        next_state[i] = next(final) if s["done"] else state[i + 1]
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
+              "p_yes": c_yes.reshape(S, n)}  # fmt: skip
+    for name, arr in arrays.items():
+        _save(out / f"{name}.npy", arr.astype(np.float32))
+    return pairs_per_s
+
+
+def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False) -> dict[str, Any]:
+    """Features from the fine-tuned VLM, and with ``untuned`` also from the VLM before stage 03 (an ablation)."""
     require("embed", paths.vlm / "config.json", paths.candidates)
     metrics: dict[str, Any] = {}
     with timed(metrics):
         vlm = ScreenVLM.load(paths.vlm)
-        if not cfg.use_finetuned:
-            # Ablation: the same architecture before the Yes/No fine-tune. The tiny VLM has no
-            # pretraining, so "untuned" means freshly initialised here (LLaVA would be pretrained).
-            vlm = ScreenVLM.tiny(vlm.processor.tokenizer, vlm.cfg, seed=0)
-            vlm.model.eval()
         store = TrajectoryStore(paths.offline)
         steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
         cands = read_candidates(paths).to_pylist()
@@ -64,51 +101,26 @@ def run_embed(cfg: EmbedConfig, paths: Paths) -> dict[str, Any]:
             raise DataError(
                 f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
             )
-        n = len(cands[0]["action_list"]) if cands else 0
-        names = sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps})
-        small: dict[str, np.ndarray] = {}
-        for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
-            batch = names[i : i + 64]
-            small.update(zip(batch, vlm.small_images([store.load_image(p) for p in batch]), strict=True))
-        t0 = time.perf_counter()
-        state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
-        state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
-        s_rep, _ = _embed_all(vlm, [small[p] for p in state_paths], [state_question(t) for t in state_tasks],
-                              cfg.batch_size, "embed states")  # fmt: skip
-        # Candidate images are drawn batch by batch: all of them at once would take gigabytes.
-        pairs = [(s, a) for s, c in zip(steps, cands, strict=True) for a in c["action_list"]]
-        c_rep_parts, c_yes_parts = [], []
-        for i in tqdm(range(0, len(pairs), cfg.batch_size), desc="embed candidates", leave=False):
-            chunk = [(s, parse_action(a)) for s, a in pairs[i : i + cfg.batch_size]]
-            r, y = vlm.embed([draw_marker(small[s["image_path"]], a) for s, a in chunk],
-                             [question(a, s["task"]) for s, a in chunk])  # fmt: skip
-            c_rep_parts.append(r)
-            c_yes_parts.append(y)
-        c_rep, c_yes = np.concatenate(c_rep_parts), np.concatenate(c_yes_parts)
-        pairs_per_s = (len(pairs) + len(state_paths)) / (time.perf_counter() - t0)
-        S, H = len(steps), s_rep.shape[1]
-        state = s_rep[:S]
-        # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
-        next_state = np.empty_like(state)
-        final = iter(s_rep[S:])
-        for i, s in enumerate(steps):
-            next_state[i] = next(final) if s["done"] else state[i + 1]
-        paths.features.mkdir(parents=True, exist_ok=True)
-        arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
-                  "p_yes": c_yes.reshape(S, n)}  # fmt: skip
-        for name, arr in arrays.items():
-            _save(paths.features / f"{name}.npy", arr.astype(np.float32))
-    metrics.update({"states": S, "candidates_per_state": n, "feature_dim": int(H), "pairs_per_s": round(pairs_per_s, 1),
-                    "finetuned_vlm": cfg.use_finetuned})  # fmt: skip
+        metrics["pairs_per_s"] = round(_embed_features(vlm, store, steps, cands, cfg.batch_size, paths.features()), 1)
+        if untuned:
+            # The same architecture before the Yes/No fine-tune. The tiny VLM has no pretraining,
+            # so "untuned" means freshly initialised here (a real LLaVA would be the pretrained one).
+            raw = ScreenVLM.tiny(vlm.processor.tokenizer, vlm.cfg, seed=0)
+            raw.model.eval()
+            _embed_features(raw, store, steps, cands, cfg.batch_size, paths.features("untuned"))
+    feats = load_features(paths)
+    metrics.update({"states": int(feats["candidates"].shape[0]), "candidates_per_state": int(feats["candidates"].shape[1]),
+                    "feature_dim": int(feats["state"].shape[1]), "untuned_ablation": untuned})  # fmt: skip
     write_metrics(paths, "embed", metrics)
     return metrics
 
 
-def load_features(paths: Paths) -> dict[str, np.ndarray]:
-    """The stage-04 arrays, memory-mapped; a missing or mismatched file is named."""
+def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]:
+    """The stage-04 arrays of one VLM, memory-mapped; a missing or mismatched file is named."""
     out = {}
+    folder = paths.features(vlm)
     for name in FEATURE_FILES:
-        p = paths.features / f"{name}.npy"
+        p = folder / f"{name}.npy"
         require("embed", p)
         try:
             out[name] = np.load(p, mmap_mode="r")
@@ -117,5 +129,5 @@ def load_features(paths: Paths) -> dict[str, np.ndarray]:
     S = out["state"].shape[0]
     for name, arr in out.items():
         if arr.shape[0] != S:
-            raise DataError(f"feature file {paths.features / name}.npy has {arr.shape[0]} rows, state.npy has {S}")
+            raise DataError(f"feature file {folder / name}.npy has {arr.shape[0]} rows, state.npy has {S}")
     return out

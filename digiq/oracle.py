@@ -1,0 +1,113 @@
+"""Oracle action values: what only a simulator can tell about a critic.
+
+For a stored state, the device is rebuilt exactly (episodes are deterministic
+given their seed, so replaying the recorded actions reaches the same state),
+each candidate action is taken on independent copies of it, and a fixed
+continuation policy (the scripted expert, with some noise) plays on to the
+step limit. The discounted success, averaged over a few such rollouts, is the
+candidate's true value Q*(s, a) under that continuation.
+
+Comparing the critic's top-ranked candidate with the truly best ones says
+whether a failure of Digi-Q comes from the critic (it ranks badly) or from
+the actor (the ranking is right but the policy does not learn from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from digiq.env.actions import ActionType, parse_action
+from digiq.env.catalog import stable_int
+from digiq.env.device import SimDevice
+from digiq.env.expert import Expert
+from digiq.env.gym_env import AndroidSimEnv
+from digiq.env.state import Dynamics
+from digiq.env.tasks import Task
+
+__all__ = ["replay", "candidate_values", "ranking_report"]
+
+_ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
+
+
+def replay(task: Task, seed: int, actions: Sequence[str], dynamics: Dynamics | None, width: int) -> SimDevice:
+    """The device of an episode (reset with ``seed``) after ``actions``: the stored state, rebuilt."""
+    env = AndroidSimEnv(dynamics=dynamics, width=width)
+    env.reset(seed=seed, options={"task": task})
+    for a in actions:
+        env.step(a)
+    return env.device
+
+
+def candidate_values(
+    device: SimDevice,
+    task: Task,
+    steps_left: int,
+    candidates: Sequence[str],
+    *,
+    rollouts: int,
+    noise: float,
+    gamma: float,
+    seed: int,
+) -> np.ndarray:
+    """Q*(s, a) per candidate: take it, then the noisy expert until success or the step limit.
+
+    A success ``k`` steps after the candidate is worth ``gamma ** k`` (the
+    reward of 1 comes on the step that reaches the goal, as in the data).
+    Every rollout runs on its own copy of ``device`` with its own random
+    stream, so pop-ups and delays differ between them.
+    """
+    values = np.zeros(len(candidates))
+    for c, text in enumerate(candidates):
+        first = parse_action(text)
+        total = 0.0
+        for r in range(rollouts):
+            branch = stable_int("oracle", seed, c, r)
+            dev = device.clone(seed=branch)
+            expert = Expert(noise, seed=branch)
+            action = first
+            for k in range(steps_left):
+                dev.step(action)
+                if task.goal.check(dev.state):
+                    total += gamma**k
+                    break
+                if action.type in _ENDING:
+                    break
+                action = expert.act(dev, task)
+        values[c] = total / rollouts
+    return values
+
+
+def ranking_report(
+    oracle: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray], tolerance: float
+) -> dict[str, Any]:
+    """How often each ranking's top valid candidate is among the truly best ones.
+
+    ``oracle``, ``valid`` and every ``scores[name]`` are (S, N). The truly best
+    candidates of a state are the valid ones within ``tolerance`` of its best
+    oracle value (rollouts are noisy). Only states whose valid candidates differ
+    in oracle value by more than ``tolerance`` count: elsewhere every pick is
+    right. ``random`` is the expected hit rate of a uniform pick.
+    """
+    o = np.where(valid, oracle, -np.inf)
+    best = o.max(1, keepdims=True)
+    worst = np.where(valid, oracle, np.inf).min(1, keepdims=True)
+    truly_best = valid & (o >= best - tolerance)
+    informative = (best - worst)[:, 0] > tolerance
+    report: dict[str, Any] = {"states": int(len(oracle)), "informative_states": int(informative.sum())}
+    if not informative.any():
+        return report
+    tb, ok, orc = truly_best[informative], valid[informative], oracle[informative]
+    rows = np.arange(len(tb))
+    report["top1_hit_rate"] = {"random": round(float((tb.sum(1) / ok.sum(1)).mean()), 4)}
+    report["oracle_value_of_pick"] = {
+        "random": round(float((np.where(ok, orc, 0).sum(1) / ok.sum(1)).mean()), 4),
+        "best": round(float(best[informative].mean()), 4),
+    }
+    for name, s in scores.items():
+        pick = np.where(ok, s[informative], -np.inf).argmax(1)
+        report["top1_hit_rate"][name] = round(float(tb[rows, pick].mean()), 4)
+        report["oracle_value_of_pick"][name] = round(float(orc[rows, pick].mean()), 4)
+    return report

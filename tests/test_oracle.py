@@ -1,0 +1,43 @@
+import numpy as np
+
+from digiq.data import TrajectoryStore
+from digiq.env import Dynamics, parse_task
+from digiq.env.actions import format_action, press_home, task_complete
+from digiq.env.expert import next_action
+from digiq.env.taskgen import generate_tasks
+from digiq.oracle import candidate_values, ranking_report, replay
+from digiq.rollout import ExpertPolicy, episode_seed, rollout
+
+
+def test_replay_rebuilds_the_stored_state_exactly(tmp_path):
+    tasks = [parse_task(t) for t in generate_tasks("webshop", "train", 4, seed=2)]
+    store = TrajectoryStore(tmp_path)
+    rollout(ExpertPolicy(noise=0.3, seed=1), tasks, n_envs=2, seed=5, width=108, store=store)
+    table = store.read().to_pandas()
+    for _, r in table.iloc[::3].iterrows():
+        earlier = table.action[(table.traj_id == r.traj_id) & (table.step_id < r.step_id)].tolist()
+        dev = replay(tasks[r.traj_id], episode_seed(5, int(r.traj_id)), earlier, Dynamics(), 108)
+        assert np.array_equal(dev.screenshot(), store.load_image(r.image_path)), (r.traj_id, r.step_id)
+
+
+def test_the_right_action_is_worth_more_than_giving_up_or_going_home():
+    task = parse_task("Search for hotels in Paris")
+    dev = replay(task, 3, [], Dynamics.calm(), 108)
+    right = format_action(next_action(dev, task))
+    values = candidate_values(dev, task, task.max_steps, [right, format_action(task_complete()),
+                                                          format_action(press_home())],
+                              rollouts=3, noise=0.0, gamma=0.9, seed=0)  # fmt: skip
+    assert values[1] == 0.0  # declaring success on the home screen ends the episode, failed
+    # Tap the box, type, Enter: success on the third step (worth gamma^2); Home first wastes one step.
+    assert np.allclose(values[[0, 2]], [0.9**2, 0.9**3])
+
+
+def test_ranking_report_counts_hits_only_where_candidates_differ():
+    oracle = np.array([[1.0, 0.5, 0.0], [0.7, 0.7, 0.7], [0.2, 0.9, 0.88]])
+    valid = np.array([[True, True, True], [True, True, True], [True, True, False]])
+    critic = np.array([[0.3, 0.1, 0.2], [0.0, 1.0, 0.0], [0.0, 0.0, 5.0]])  # the invalid top score is skipped
+    report = ranking_report(oracle, valid, {"critic": critic}, tolerance=0.05)
+    assert report["states"] == 3 and report["informative_states"] == 2  # the second state: all equal
+    assert report["top1_hit_rate"]["critic"] == 0.5  # right in state 1; in state 3 it picks 0.2 over 0.9
+    assert report["top1_hit_rate"]["random"] == round((1 / 3 + 1 / 2) / 2, 4)
+    assert report["oracle_value_of_pick"]["best"] == 0.95
