@@ -24,6 +24,14 @@ def test_tokenizer_round_trips_actions_compactly(tok, action):
     assert ids[-1] == tok.eos_token_id and len(ids) < 40  # the fixed pieces are single tokens
 
 
+def test_a_word_is_the_same_token_in_the_goal_and_at_the_start_of_typed_text(tok):
+    # What lets the copy head point at the goal's words: "clock" after a space is not a different token.
+    goal = tok("Goal: Open the clock").input_ids
+    typed = tok(format_action(type_text("clock"))).input_ids
+    word = tok("clock", add_special_tokens=False).input_ids
+    assert all(any(ids[i : i + len(word)] == word for i in range(len(ids))) for ids in (goal, typed))
+
+
 def test_tokenizer_encodes_unseen_text_through_bytes(tok):
     text = "Zürich → 東京 ☃"
     assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text

@@ -29,7 +29,6 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput
 
 from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
-from digiq.models.tokenizer import NO_POINTS, TYPED_TEXT
 
 __all__ = ["PolicyConfig", "ScreenEncoder", "GatedImageFusion", "CopyHead", "AutoUIPolicy"]
 
@@ -124,8 +123,8 @@ class CopyHead(nn.Module):
         self.continue_span = nn.Parameter(torch.tensor([1.0, 2.0]))
 
     def forward(self, logits: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
-                input_ids: torch.Tensor, written: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Log-probabilities (B, T, V) of the mixture, and of the copy distribution alone.
+                input_ids: torch.Tensor, written: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Log-probabilities (B, T, V) of the mixture.
 
         ``written`` (B, T + 1) are the decoder's tokens so far: column t + 1 is
         the token just written before output t, column t the one before it.
@@ -142,7 +141,7 @@ class CopyHead(nn.Module):
         p_gen = torch.sigmoid(self.gate(torch.cat([hidden, context], -1)))
         copy = torch.zeros_like(logits).scatter_add_(2, input_ids[:, None, :].expand(-1, logits.shape[1], -1), attn)
         mixed = p_gen * torch.softmax(logits.float(), -1) + (1 - p_gen) * copy
-        return torch.log(mixed.clamp_min(1e-12)), torch.log(copy.clamp_min(1e-12))
+        return torch.log(mixed.clamp_min(1e-12))
 
 
 class AutoUIPolicy(nn.Module):
@@ -186,7 +185,7 @@ class AutoUIPolicy(nn.Module):
         return lab.masked_fill(lab == self.tokenizer.pad_token_id, -100)
 
     def _logprobs(self, enc: dict[str, torch.Tensor], written: torch.Tensor, cache=None):
-        """Next-token log-probabilities (B, T, V), the updated cache, and the copy head's own (or None).
+        """Next-token log-probabilities (B, T, V) and the updated cache.
 
         ``written`` (B, T + 1): the decoder's input tokens (its last T columns;
         with a cache, only the new ones) preceded by the token before them, which
@@ -196,56 +195,35 @@ class AutoUIPolicy(nn.Module):
                       decoder_input_ids=written[:, 1:], past_key_values=cache, use_cache=cache is not None,
                       output_hidden_states=self.copy is not None)  # fmt: skip
         if self.copy is None:
-            return torch.log_softmax(out.logits.float(), -1), out.past_key_values, None
+            return torch.log_softmax(out.logits.float(), -1), out.past_key_values
         hidden = out.decoder_hidden_states[-1]
-        logp, copy_logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], written)
-        return logp, out.past_key_values, copy_logp
+        logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], written)
+        return logp, out.past_key_values
 
     def _token_logprobs(
         self, prompts: list[str], screenshots: np.ndarray, actions: list[str]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probabilities of ``actions``, their mask, and the pointer loss (copy head only)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         enc = self.encode(prompts, screenshots)
         labels = self._labels(actions)
         pad = self.tokenizer.pad_token_id
         dec_in = self.t5._shift_right(labels.masked_fill(labels == -100, pad))
-        logp, _, copy_logp = self._logprobs(enc, F.pad(dec_in, (1, 0), value=pad))
-        keep = labels != -100
-        target = labels.clamp(min=0)[..., None]
-        pointer = None
-        if copy_logp is not None:
-            # Pointer supervision: typed-text tokens that stand in the prompt should be
-            # copied. Without it the tiny generator memorises the training queries
-            # and never learns to point, so unseen entities come out garbled.
-            copyable = self._typed_text(labels) & (labels[..., None] == enc["input_ids"][:, None, :]).any(-1)
-            n = copyable.sum()
-            pointer = -(copy_logp.gather(-1, target)[..., 0] * copyable).sum() / n.clamp(min=1)
-        return logp.gather(-1, target)[..., 0], keep, pointer
-
-    def _typed_text(self, labels: torch.Tensor) -> torch.Tensor:
-        """Mask of the label positions inside the ``typed_text`` value (after its opening quote)."""
-        opener = torch.zeros_like(labels, dtype=torch.bool)
-        for piece in (TYPED_TEXT, NO_POINTS):
-            opener |= labels == self.tokenizer.convert_tokens_to_ids(piece)
-        after = (opener.long().cumsum(-1) > 0) & ~opener
-        closer = (labels == self.tokenizer.convert_tokens_to_ids('"')) | (labels == self.tokenizer.eos_token_id)
-        return after & ~closer & (labels != -100)
+        logp, _ = self._logprobs(enc, F.pad(dec_in, (1, 0), value=pad))
+        return logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0], labels != -100
 
     # ------------------------------------------------------------ scoring and sampling
 
     def action_logprobs(self, prompts: list[str], screenshots: np.ndarray, actions: list[str]) -> torch.Tensor:
         """log pi(action | prompt, screenshot), summed over tokens, one per row."""
-        logp, keep, _ = self._token_logprobs(prompts, screenshots, actions)
+        logp, keep = self._token_logprobs(prompts, screenshots, actions)
         return (logp * keep).sum(-1)
 
     def loss(
         self, prompts: list[str], screenshots: np.ndarray, actions: list[str], weights: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row), plus the pointer loss."""
-        logp, keep, pointer = self._token_logprobs(prompts, screenshots, actions)
+        """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row)."""
+        logp, keep = self._token_logprobs(prompts, screenshots, actions)
         per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
-        nll = (per_row * weights).sum() / weights.sum().clamp(min=1e-8) if weights is not None else per_row.mean()
-        return nll if pointer is None else nll + pointer
+        return (per_row * weights).sum() / weights.sum().clamp(min=1e-8) if weights is not None else per_row.mean()
 
     @torch.no_grad()
     def sample(self, prompts: list[str], screenshots: np.ndarray, n: int = 1, temperature: float = 1.0,
@@ -267,7 +245,7 @@ class AutoUIPolicy(nn.Module):
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         for _ in range(self.cfg.max_action_tokens):
-            logp, cache, _ = self._logprobs(enc, tokens[:, -2:], cache)
+            logp, cache = self._logprobs(enc, tokens[:, -2:], cache)
             scores = logp[:, -1]
             if not greedy:
                 u = torch.rand_like(scores).clamp_(1e-10, 1.0)

@@ -17,20 +17,19 @@ from transformers import PreTrainedTokenizerFast
 from digiq.env.actions import ActionType, format_action, press_enter, swipe, tap, type_text
 from digiq.env.taskgen import generate_tasks
 
-__all__ = ["SPECIAL_TOKENS", "ACTION_PIECES", "TYPED_TEXT", "NO_POINTS", "train_tokenizer", "default_corpus"]
+__all__ = ["SPECIAL_TOKENS", "ACTION_PIECES", "train_tokenizer", "default_corpus"]
 
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<image>"]
 
 # Everything between the action type and the typed text of an action without
 # coordinates (type, enter, home, back, complete).
-TYPED_TEXT = ']", "typed_text": "'
 NO_POINTS = '", "touch_point": "[-1.0, -1.0]", "lift_point": "[-1.0, -1.0]", "typed_text": "'
 # The fixed pieces of every AutoUI action string, one token each: an action
 # then takes ~25 tokens instead of ~65, which makes sampling N candidates per
 # state (stage 02) and every training step about 2.5x cheaper.
 ACTION_PIECES = [
     "Action Plan: [", "] ; Action Decision: ", '"action_type": "', '", "touch_point": "[',
-    ']", "lift_point": "[', TYPED_TEXT, NO_POINTS, "Previous Actions: ", " Goal: ",
+    ']", "lift_point": "[', ']", "typed_text": "', NO_POINTS, "Previous Actions: ", " Goal: ",
 ] + [t.value for t in ActionType if t is not ActionType.INVALID]  # fmt: skip
 # Coordinates "0.5200" start with one of these (then two more digits): one token
 # for where on the screen, instead of three digit pieces a tiny model garbles.

@@ -11,6 +11,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -29,11 +30,20 @@ class FitRow:
     weight: float = 1.0
 
 
-def load_screens(model: AutoUIPolicy, store: TrajectoryStore, paths: Sequence[str]) -> dict[str, torch.Tensor]:
-    """Screenshots at the model's input size, loaded once (full-size frames would not fit in memory)."""
+def load_screens(
+    model: AutoUIPolicy, store: TrajectoryStore, paths: Sequence[str], chunk: int = 64
+) -> dict[str, torch.Tensor]:
+    """Screenshots at the model's input size, loaded once (full-size frames would not fit in memory).
+
+    Resized ``chunk`` at a time: one resize per image leaves the allocator
+    with thousands of odd-sized holes and the process several GB larger.
+    """
+    names = sorted(set(paths))
     out: dict[str, torch.Tensor] = {}
-    for p in tqdm(sorted(set(paths)), desc="load screenshots", leave=False):
-        out[p] = model.screen.prepare(store.load_image(p)[None])[0]
+    for i in tqdm(range(0, len(names), chunk), desc="load screenshots", leave=False):
+        batch = names[i : i + chunk]
+        small = model.screen.prepare(np.stack([store.load_image(p) for p in batch]))
+        out.update(zip(batch, small, strict=True))
     return out
 
 
