@@ -17,7 +17,7 @@ from torch import nn
 
 from digiq.io import atomic_path
 
-__all__ = ["save_checkpoint", "read_config", "load_weights"]
+__all__ = ["save_checkpoint", "read_config", "read_meta", "load_weights"]
 
 
 def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any, **meta: object) -> Path:
@@ -45,6 +45,11 @@ def read_config(folder: Path | str, kind: str) -> dict[str, Any]:
     if kind not in raw:
         raise ValueError(f"{path} is not a {kind} checkpoint (it holds {sorted(k for k in raw if k != 'meta')})")
     return raw[kind]
+
+
+def read_meta(folder: Path | str) -> dict[str, Any]:
+    """The metadata a checkpoint was saved with (stage, seed, steps, gamma...)."""
+    return json.loads((Path(folder) / "config.json").read_text()).get("meta", {})
 
 
 def load_weights(folder: Path | str, model: nn.Module) -> None:

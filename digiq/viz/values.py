@@ -1,0 +1,111 @@
+"""Q and V values of the pipeline's data, ready to look at.
+
+:func:`load_values` reads what the pipeline wrote (the offline steps, the
+candidates, the stage-04 features and one seed's self-describing critic
+checkpoint) and scores every step and every candidate once: V(s), Q(s, a),
+the advantage Q - V, the VLM's P(Yes), and which candidate Best-of-N keeps.
+The viewers (:mod:`digiq.viz.viewers`) only index into these tables, so a
+redraw costs a screenshot load and a drawing, not a forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from digiq.config import ActorConfig, CollectConfig, EnvConfig, load_params, load_section
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.tasks import parse_task
+from digiq.models.checkpoint import read_meta
+from digiq.models.critic import Critic
+from digiq.oracle import candidate_values, replay
+from digiq.paths import ROOT, Paths
+from digiq.rollout import episode_seed
+from digiq.stagekit import require
+from digiq.train.augment import read_candidates
+from digiq.train.embed import load_features
+
+__all__ = ["ValueData", "load_values"]
+
+
+@dataclass
+class ValueData:
+    """Every step with its values, and every step's candidates with theirs.
+
+    ``steps``: one row per stored step (Digi-Q's fields plus ``v``, ``q``,
+    ``advantage``). ``candidates``: one row per (step, candidate) with
+    ``traj_id``, ``step_id``, ``index`` (0 = the action taken), ``action``,
+    ``valid``, ``q``, ``advantage``, ``p_yes`` and ``chosen`` (Best-of-N's
+    pick among the valid ones; ``kept`` when it clears the threshold).
+    """
+
+    steps: pd.DataFrame
+    candidates: pd.DataFrame
+    store: TrajectoryStore
+    env: EnvConfig
+    collect_seed: int
+    gamma: float
+
+    def trajectory(self, traj_id: int) -> pd.DataFrame:
+        rows = self.steps[self.steps.traj_id == traj_id]
+        if rows.empty:
+            raise KeyError(f"no trajectory {traj_id} in {self.store.root}")
+        return rows
+
+    def step_candidates(self, traj_id: int, step_id: int) -> pd.DataFrame:
+        """The candidates of one state, best Q first."""
+        rows = self.candidates[(self.candidates.traj_id == traj_id) & (self.candidates.step_id == step_id)]
+        if rows.empty:
+            raise KeyError(f"no step ({traj_id}, {step_id}) in {self.store.root}")
+        return rows.sort_values("q", ascending=False)
+
+    def oracle(self, traj_id: int, step_id: int, rollouts: int = 4, noise: float = 0.1) -> np.ndarray:
+        """True values of the step's candidates (in candidate-index order), from the simulator."""
+        step = self.trajectory(traj_id)
+        earlier = step.action[step.step_id < step_id].tolist()
+        row = step[step.step_id == step_id].iloc[0]
+        task = parse_task(row.task, row.task_set)
+        device = replay(task, episode_seed(self.collect_seed, traj_id), earlier, self.env.dynamics(), self.env.width)
+        cands = self.candidates[(self.candidates.traj_id == traj_id) & (self.candidates.step_id == step_id)]
+        return candidate_values(device, task, task.max_steps - step_id, cands.sort_values("index").action.tolist(),
+                                rollouts=rollouts, noise=noise, gamma=self.gamma, seed=traj_id)  # fmt: skip
+
+
+def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finetuned") -> ValueData:
+    """Score the pipeline's data with seed ``seed``'s critic (stage 05) in one call."""
+    paths = Paths(Path(root) if root else ROOT)
+    require("viewer", paths.critic(seed, vlm) / "config.json", paths.offline, paths.candidates)
+    params = load_params(paths.root / "params.yaml")
+    actor = load_section(ActorConfig, "actor", params)
+    store = TrajectoryStore(paths.offline)
+    steps = store.read().to_pandas()
+    cands = read_candidates(paths).to_pandas()
+    feats = load_features(paths, vlm)
+    critic = Critic.load(paths.critic(seed, vlm))
+    q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
+                                 torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
+    q, v, adv = q.numpy(), v.numpy(), adv.numpy()
+    valid = np.stack(cands.valid_list.to_numpy())
+    chosen = np.where(valid, adv, -np.inf).argmax(1)
+    threshold = np.where(steps.task_set.to_numpy() == "webshop", actor.threshold_webshop, actor.threshold_general)
+    S, N = valid.shape
+    steps = steps.assign(v=v, q=q[:, 0], advantage=adv[:, 0])
+    table = pd.DataFrame({
+        "traj_id": np.repeat(steps.traj_id.to_numpy(), N),
+        "step_id": np.repeat(steps.step_id.to_numpy(), N),
+        "index": np.tile(np.arange(N), S),
+        "action": np.concatenate(cands.action_list.to_numpy()),
+        "valid": valid.ravel(),
+        "q": q.ravel(),
+        "advantage": adv.ravel(),
+        "p_yes": np.asarray(feats["p_yes"]).ravel(),
+        "chosen": (np.arange(N)[None, :] == chosen[:, None]).ravel(),
+        "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
+    })  # fmt: skip
+    gamma = float(read_meta(paths.critic(seed, vlm))["gamma"])  # the discount the critic was trained with
+    return ValueData(steps, table, store, load_section(EnvConfig, "env", params),
+                     load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip

@@ -1,0 +1,229 @@
+"""Look at Q and V: a trajectory viewer and an action viewer, as ipywidgets or static figures.
+
+Digi-Q's own README starts by offering two browser apps for this; here they
+live in JupyterLab next to the data. Open them with one call each::
+
+    from digiq.viz import load_values, TrajectoryViewer, ActionViewer
+    data = load_values()            # the pipeline's outputs, seed 0's critic
+    TrajectoryViewer(data).widget   # every step: screenshot + action, V, Q, Q - V, reward
+    ActionViewer(data).widget       # one state's N candidates sorted by Q, Best-of-N's pick, oracle values
+
+Both keep what they show as plain attributes (``image``: the drawn PIL image,
+``table``: the DataFrame), so tests and scripts can drive the controls and
+check the pictures; ``figure()`` gives the same view as a matplotlib figure
+for executed notebooks, where no widget frontend is attached.
+"""
+
+from __future__ import annotations
+
+import io
+
+import ipywidgets as W
+import numpy as np
+import pandas as pd
+from PIL import Image, ImageDraw, ImageFont
+
+from digiq.env.actions import ActionType, parse_action
+from digiq.viz.draw import draw_action
+from digiq.viz.values import ValueData
+
+__all__ = ["TrajectoryViewer", "ActionViewer", "draw_candidates"]
+
+_PALETTE = [(230, 30, 60), (30, 120, 230), (20, 160, 80), (240, 150, 0), (150, 60, 200), (0, 170, 170)]
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _short(action: str) -> str:
+    """A one-line summary of an AutoUI action string."""
+    a = parse_action(action)
+    if a.type is ActionType.DUAL_POINT:
+        (ty, tx), (ly, lx) = a.touch, a.lift
+        return f"tap ({ty:.2f}, {tx:.2f})" if a.is_tap else f"swipe ({ty:.2f}, {tx:.2f})->({ly:.2f}, {lx:.2f})"
+    if a.type is ActionType.TYPE:
+        return f'type "{a.text}"'
+    return a.type.value if a.is_valid else f"invalid ({a.error})"
+
+
+def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[int]) -> Image.Image:
+    """Every touch candidate drawn on the screenshot: a numbered ring per tap, an arrow per swipe.
+
+    A candidate's colour follows its index (``_PALETTE[index % 6]``), so it
+    keeps its colour whatever the order of the list beside the picture.
+    """
+    img = Image.fromarray(np.asarray(screenshot)).convert("RGB")
+    d = ImageDraw.Draw(img)
+    w, h = img.size
+    r = max(3, w // 30)
+    font = ImageFont.load_default(size=max(8, w // 18))
+    for text, index in zip(actions, indices, strict=True):
+        a = parse_action(text)
+        if a.type is not ActionType.DUAL_POINT:
+            continue
+        color = _PALETTE[index % len(_PALETTE)]
+        (ty, tx), (ly, lx) = a.touch, a.lift
+        p0, p1 = (tx * w, ty * h), (lx * w, ly * h)
+        if a.is_tap:
+            d.ellipse((p0[0] - r, p0[1] - r, p0[0] + r, p0[1] + r), outline=color, width=max(2, r // 2))
+        else:
+            d.line((*p0, *p1), fill=color, width=max(2, r // 2))
+            d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=color)
+        d.text((p0[0] + r + 1, p0[1]), str(index), fill=color, font=font, anchor="lm")
+    return img
+
+
+def _table_html(table: pd.DataFrame, highlight: int | None = None) -> str:
+    styled = table.style.format(precision=3).hide(axis="index")
+    if highlight is not None:
+        styled = styled.apply(lambda row: ["background: #ffe9a8" if row.name == highlight else "" for _ in row], axis=1)
+    return styled.to_html()
+
+
+class TrajectoryViewer:
+    """Pick a trajectory (by index, or filtered by family, outcome and task text) and a step."""
+
+    def __init__(self, data: ValueData) -> None:
+        self.data = data
+        traj = data.steps.groupby("traj_id").agg(task=("task", "first"), family=("family", "first"),
+                                                 reward=("trajectory_reward", "first"))  # fmt: skip
+        self.trajectories = traj
+        self.family = W.Dropdown(options=["all", *sorted(traj.family.unique())], description="family")
+        self.outcome = W.Dropdown(options=["all", "success", "failure"], description="outcome")
+        self.text = W.Text(placeholder="words of the task", description="task")
+        self.traj = W.Dropdown(description="trajectory", layout=W.Layout(width="60%"))
+        self.step = W.IntSlider(min=0, max=0, description="step")
+        self.picture = W.Image(format="png")
+        self.values = W.HTML()
+        self.image: Image.Image | None = None
+        self.table = pd.DataFrame()
+        for w in (self.family, self.outcome, self.text):
+            w.observe(lambda _: self._filter(), names="value")
+        self.traj.observe(lambda _: self._pick(), names="value")
+        self.step.observe(lambda _: self._draw(), names="value")
+        self.widget = W.VBox([W.HBox([self.family, self.outcome, self.text]), W.HBox([self.traj, self.step]),
+                              W.HBox([self.picture, self.values])])  # fmt: skip
+        self._filter()
+
+    def _filter(self) -> None:
+        t = self.trajectories
+        if self.family.value != "all":
+            t = t[t.family == self.family.value]
+        if self.outcome.value != "all":
+            t = t[(t.reward > 0) == (self.outcome.value == "success")]
+        words = self.text.value.lower().split()
+        if words:
+            t = t[t.task.str.lower().apply(lambda s: all(w in s for w in words))]
+        before = self.traj.value
+        self.traj.options = [(f"{i}: {row.task} ({'success' if row.reward > 0 else 'failure'})", i)
+                             for i, row in t.iterrows()]  # fmt: skip
+        if self.traj.options and self.traj.value is None:
+            self.traj.value = self.traj.options[0][1]  # new options leave no selection: take the first
+        if self.traj.value == before or self.traj.value is None:
+            self._pick()  # no change event fired, but the view must follow the filter
+
+    def _pick(self) -> None:
+        if self.traj.value is None:
+            self.image, self.table = None, pd.DataFrame()
+            self.picture.value, self.values.value = b"", "<i>no trajectory matches</i>"
+            return
+        steps = self.data.trajectory(self.traj.value)
+        self.table = pd.DataFrame({"step": steps.step_id.to_numpy(), "action": [_short(a) for a in steps.action],
+                                   "V(s)": steps.v.to_numpy(), "Q(s,a)": steps.q.to_numpy(),
+                                   "Q-V": steps.advantage.to_numpy(), "reward": steps.reward.to_numpy()})  # fmt: skip
+        self.step.max = len(steps) - 1
+        self.step.value = 0
+        self._draw()
+
+    def _draw(self) -> None:
+        if self.traj.value is None:
+            return
+        row = self.data.trajectory(self.traj.value).iloc[self.step.value]
+        self.image = draw_action(self.data.store.load_image(row.image_path), parse_action(row.action))
+        self.picture.value = _png(self.image)
+        self.values.value = f"<b>{row.task}</b><br>" + _table_html(self.table, highlight=self.step.value)
+
+    def figure(self):
+        """Every step of the current trajectory as a static matplotlib figure, values in the titles."""
+        import matplotlib.pyplot as plt
+
+        steps = self.data.trajectory(self.traj.value)
+        fig, axes = plt.subplots(1, len(steps), figsize=(1.6 * len(steps) + 1, 4), squeeze=False)
+        for ax, row in zip(axes[0], steps.itertuples(), strict=True):
+            ax.imshow(draw_action(self.data.store.load_image(row.image_path), parse_action(row.action)))
+            ax.set_title(f"{row.step_id}: V={row.v:.2f}\nQ={row.q:.2f} A={row.advantage:+.2f}\nr={row.reward:g}",
+                         fontsize=7)  # fmt: skip
+            ax.axis("off")
+        fig.suptitle(steps.task.iloc[0], fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+class ActionViewer:
+    """Pick a trajectory and a step; its N candidates drawn and listed, best Q first."""
+
+    def __init__(self, data: ValueData, oracle: bool = True) -> None:
+        self.data = data
+        ids = sorted(data.steps.traj_id.unique())
+        tasks = data.steps.groupby("traj_id").task.first()
+        self.traj = W.Dropdown(options=[(f"{i}: {tasks[i]}", i) for i in ids], description="trajectory",
+                               layout=W.Layout(width="60%"))  # fmt: skip
+        self.step = W.IntSlider(min=0, max=0, description="step")
+        self.with_oracle = W.Checkbox(value=oracle, description="oracle values (simulator)")
+        self.picture = W.Image(format="png")
+        self.values = W.HTML()
+        self.image: Image.Image | None = None
+        self.table = pd.DataFrame()
+        self.traj.observe(lambda _: self._pick(), names="value")
+        for w in (self.step, self.with_oracle):
+            w.observe(lambda _: self._draw(), names="value")
+        self.widget = W.VBox([W.HBox([self.traj, self.step, self.with_oracle]), W.HBox([self.picture, self.values])])
+        self._pick()
+
+    def _pick(self) -> None:
+        self.step.max = len(self.data.trajectory(self.traj.value)) - 1
+        self.step.value = 0
+        self._draw()
+
+    def _draw(self) -> None:
+        traj, step = self.traj.value, self.step.value
+        cands = self.data.step_candidates(traj, step)
+        table = pd.DataFrame({
+            "#": cands["index"].to_numpy(),
+            "action": [_short(a) for a in cands.action],
+            "valid": cands.valid.to_numpy(),
+            "Q": cands.q.to_numpy(),
+            "Q-V": cands.advantage.to_numpy(),
+            "VLM: changes screen?": np.where(cands.p_yes.to_numpy() > 0.5, "Yes", "No"),
+            "P(Yes)": cands.p_yes.to_numpy(),
+            "Best-of-N": np.where(cands.kept, "chosen, kept", np.where(cands.chosen, "chosen, below threshold", "")),
+        })  # fmt: skip
+        if self.with_oracle.value:
+            table["oracle value"] = self.data.oracle(traj, step)[cands["index"].to_numpy()]
+        self.table = table.reset_index(drop=True)
+        row = self.data.trajectory(traj).iloc[step]
+        self.image = draw_candidates(self.data.store.load_image(row.image_path), cands.action.tolist(),
+                                     cands["index"].tolist())  # fmt: skip
+        self.picture.value = _png(self.image)
+        self.values.value = f"<b>{row.task}</b> (step {step}; #0 = the action taken)<br>" + _table_html(self.table)
+
+    def figure(self):
+        """The current state's candidates and their table as a static matplotlib figure."""
+        import matplotlib.pyplot as plt
+
+        fig, (ax_img, ax_tab) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+        ax_img.imshow(self.image)
+        ax_img.axis("off")
+        shown = self.table.drop(columns=["P(Yes)"]).round(3).astype(str)
+        tab = ax_tab.table(cellText=shown.to_numpy(), colLabels=list(shown.columns), loc="center", cellLoc="left")
+        tab.auto_set_font_size(False)
+        tab.set_fontsize(6.5)
+        tab.auto_set_column_width(list(range(len(shown.columns))))
+        ax_tab.axis("off")
+        row = self.data.trajectory(self.traj.value).iloc[self.step.value]
+        fig.suptitle(f"{row.task} (step {self.step.value}); candidates sorted by Q", fontsize=9)
+        fig.tight_layout()
+        return fig

@@ -1,0 +1,102 @@
+"""The Q/V viewers on a small real dataset: expert rollouts, candidates, feature files, a critic checkpoint."""
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from digiq.data import TrajectoryStore
+from digiq.env import parse_task
+from digiq.env.actions import format_action, parse_action, press_back, tap
+from digiq.env.taskgen import generate_tasks
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.paths import ROOT, Paths
+from digiq.rollout import ExpertPolicy, rollout
+from digiq.viz import ActionViewer, TrajectoryViewer, load_values
+
+H = 8  # feature width
+TAP = (0.25, 0.75)  # candidate 1 of every state taps here
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("values")
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    paths = Paths(root)
+    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
+    store = TrajectoryStore(paths.offline)
+    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=params["collect"]["seed"],
+            width=params["env"]["width"], store=store)  # fmt: skip
+    steps = store.read().to_pandas()
+    S, N = len(steps), 3
+    lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]
+    paths.candidates.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"traj_id": steps.traj_id, "step_id": steps.step_id, "action_list": lists,
+                             "valid_list": [[True, True, False]] * S}), paths.candidates)  # fmt: skip
+    rng = np.random.default_rng(0)
+    feats = paths.features()
+    feats.mkdir(parents=True)
+    arrays = {"state": (S, H), "next_state": (S, H), "candidates": (S, N, H)}
+    for name, shape in arrays.items():
+        np.save(feats / f"{name}.npy", rng.normal(size=shape).astype(np.float32))
+    np.save(feats / "p_yes.npy", rng.uniform(size=(S, N)).astype(np.float32))
+    torch.manual_seed(0)
+    Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(paths.critic(0), stage="critic", gamma=0.9)
+    return load_values(root)
+
+
+def test_load_values_scores_every_step_and_candidate(data):
+    assert len(data.candidates) == 3 * len(data.steps) and data.gamma == 0.9
+    assert np.allclose(data.steps.q - data.steps.v, data.steps.advantage, atol=1e-5)
+    first = data.step_candidates(0, 0)
+    assert first.q.is_monotonic_decreasing
+    chosen = first[first.chosen]
+    assert len(chosen) == 1 and chosen.valid.all()  # Best-of-N never picks the invalid candidate 2
+    assert chosen.advantage.iloc[0] == first[first.valid].advantage.max()
+    with pytest.raises(KeyError, match="no trajectory 99"):
+        data.trajectory(99)
+
+
+def test_trajectory_viewer_draws_the_step_and_filters(data):
+    v = TrajectoryViewer(data)
+    assert len(v.traj.options) == 5 and v.image is not None
+    for traj_id in data.steps.traj_id.unique():
+        steps = data.trajectory(traj_id)
+        taps = [i for i, a in enumerate(steps.action) if parse_action(a).is_tap]
+        if taps:
+            break
+    v.traj.value = traj_id
+    v.step.value = taps[0]
+    ty, tx = parse_action(steps.action.iloc[taps[0]]).touch
+    w, h = v.image.size
+    r = max(3, w // 30)
+    assert tuple(np.asarray(v.image)[int(ty * h), int(tx * w) + r - 1]) == (230, 30, 60)  # the ring's right edge
+    assert list(v.table["V(s)"]) == pytest.approx(list(steps.v)) and list(v.table.step) == list(range(len(steps)))
+    assert "background" in v.values.value  # the current step is highlighted
+    failed = int((v.trajectories.reward == 0).sum())
+    v.outcome.value = "failure"
+    assert len(v.traj.options) == failed
+    v.outcome.value = "all"
+    v.text.value = "zzzz no such task"
+    assert v.traj.options == () and v.image is None
+    v.text.value = ""
+    assert len(v.figure().axes) == len(data.trajectory(v.traj.value))
+
+
+def test_action_viewer_sorts_by_q_and_marks_best_of_n(data):
+    v = ActionViewer(data, oracle=True)
+    t = v.table
+    assert list(t.Q) == sorted(t.Q, reverse=True) and sorted(t["#"]) == [0, 1, 2]
+    assert (t["Best-of-N"] != "").sum() == 1 and t[t["#"] == 2]["Best-of-N"].iloc[0] == ""
+    assert set(t["VLM: changes screen?"]) <= {"Yes", "No"} and t["oracle value"].between(0, 1).all()
+    w, h = v.image.size
+    r = max(3, w // 30)
+    y, x = TAP
+    assert tuple(np.asarray(v.image)[int(y * h), int(x * w) + r - 1]) == (30, 120, 230)  # candidate #1's colour
+    v.step.value = 1
+    assert v.table is not t and len(v.figure().axes) == 2
