@@ -209,9 +209,14 @@ class AdbLink:
                 conn.send_command("shell:" + line)
                 conn.check_okay()
                 delivered = True
-                return conn.read_until_close(encoding=None)
-            finally:
+                out = conn.read_until_close(encoding=None)
+            except BaseException:
                 conn.close()
+                raise
+            # The device closed the stream: nothing is left to flush, so skip close()'s
+            # 10 ms grace for a half-close, which would be most of a simulated step.
+            conn.conn.close()
+            return out
         except AdbTimeout:
             raise _Trouble(f"no answer within {timeout:g}s", delivered) from None
         except AdbConnectionError as e:
