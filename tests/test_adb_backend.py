@@ -251,3 +251,14 @@ def test_device_config_checks_and_loads_from_params():
     with pytest.raises(ValueError, match="0 only for adb-sim"):
         DeviceConfig(backend="emulator", adb_port=0)
     assert isinstance(EnvFactory(DeviceConfig())(), AndroidSimEnv)
+
+
+def test_a_server_that_goes_away_is_a_fault_not_a_new_server():
+    srv = AdbSimServer(1, width=WIDTH)
+    env = sim_env(srv, srv.serials[0])
+    env.reset(seed=0, options={"task": TASKS[0]})
+    srv.close()
+    t0 = time.monotonic()
+    _, _, _, trunc, info = env.step(A.press_home())
+    assert time.monotonic() - t0 < 3  # adbutils alone would first try to start an adb server
+    assert trunc and info["gone"] and f"no adb server at 127.0.0.1:{srv.port}" in info["fault"]

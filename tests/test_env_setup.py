@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 
 SCRIPTS = sorted((ROOT / "env_setup").glob("*.sh"))

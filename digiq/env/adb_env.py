@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import adbutils
 import numpy as np
+from adbutils import AdbConnection
 from adbutils.errors import AdbConnectionError, AdbError, AdbTimeout
 from PIL import Image
 
@@ -102,7 +103,7 @@ def list_devices(host: str, port: int, timeout_s: float = 10.0) -> list[str]:
     """
     check_server(host, port)
     try:
-        return [d.serial for d in _Client(host, port, socket_timeout=timeout_s).list() if d.state == "device"]
+        return [d.serial for d in _Client(host, port, timeout_s).list() if d.state == "device"]
     except AdbError as e:
         raise AdbUnavailable(f"adb server {host}:{port} did not list its devices: {e}") from None
 
@@ -115,10 +116,31 @@ class _Trouble(Exception):
         self.reason, self.delivered = reason, delivered
 
 
+class _Connection(AdbConnection):
+    """adbutils' connection, minus starting an adb server when none answers.
+
+    A server that went away mid-run is a fault to report (the simulator's, or
+    the user's own); quietly starting adb's default server would not bring the
+    devices back, and would leave a process behind.
+    """
+
+    def _safe_connect(self) -> socket.socket:
+        return self._create_socket()
+
+
 class _Client(adbutils.AdbClient):
-    """adbutils' client, asking the server's version once instead of before every shell command."""
+    """adbutils' client with :class:`_Connection`, asking the server's version once, not before every command."""
 
     _version: int | None = None
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        super().__init__(host, port, socket_timeout=timeout_s)
+        self._timeout_s = timeout_s
+
+    def make_connection(self, timeout: float | None = None) -> AdbConnection:
+        conn = _Connection(self.host, self.port)
+        conn.conn.settimeout(timeout or self._timeout_s)
+        return conn
 
     def server_version(self) -> int:
         if self._version is None:
@@ -154,7 +176,7 @@ class AdbLink:
             raise AdbUnavailable(
                 f"no device {serial!r} at adb server {host}:{port} (it lists {listed or 'no devices'}): {DEVICE_HINT}"
             )
-        self._client = _Client(host, port, socket_timeout=timeout_s)
+        self._client = _Client(host, port, timeout_s)
         self._size: tuple[int, int] | None = None
 
     @property
@@ -409,7 +431,9 @@ class AdbEnv(PhoneEnv):
 
     Screenshots are resized to ``width`` (box filter) unless the device sends
     that size already; input coordinates come from ``wm size``, so they are
-    right whatever size the screenshots are. Info gains ``fault`` ("" unless a
+    right whatever size the screenshots are. A text holding a literal ``%s``
+    is typed in two ``input text`` calls (see :func:`input_text_args`), which
+    the simulator counts as two device steps. Info gains ``fault`` ("" unless a
     device fault ended the episode) and ``untyped`` (characters of a TYPE
     action that ``input text`` cannot type, which are skipped).
 
