@@ -201,45 +201,47 @@ def rollout(
                 pending = []
         bar.update(1)
 
-    for i in range(len(envs)):
-        begin(i)
-    while any(s is not None for s in slots):
-        live = [i for i, s in enumerate(slots) if s is not None]
-        batch = RolloutBatch(
-            np.stack([slots[i]["shots"][-1] for i in live]),
-            [slots[i]["prompts"][-1] for i in live],
-            [envs[i] for i in live],
-        )
-        actions = policy.act(batch)
-        if len(actions) != len(live):
-            raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")
-        stepped: list[Any] = list(
-            threads.map(lambda i, a: envs[i].step(a), live, actions)
-            if threads is not None
-            else (envs[i].step(a) for i, a in zip(live, actions))
-        )
-        for i, action, (obs, reward, term, trunc, info) in zip(live, actions, stepped, strict=True):
-            slot = slots[i]
-            if info.get("fault"):
-                fault(i, slot["index"], len(slot["actions"]), info["fault"])
-                if info.get("gone"):
-                    retire(i)
-                else:
+    try:
+        for i in range(len(envs)):
+            begin(i)
+        while any(s is not None for s in slots):
+            live = [i for i, s in enumerate(slots) if s is not None]
+            batch = RolloutBatch(
+                np.stack([slots[i]["shots"][-1] for i in live]),
+                [slots[i]["prompts"][-1] for i in live],
+                [envs[i] for i in live],
+            )
+            actions = policy.act(batch)
+            if len(actions) != len(live):
+                raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")
+            stepped: list[Any] = list(
+                threads.map(lambda i, a: envs[i].step(a), live, actions)
+                if threads is not None
+                else (envs[i].step(a) for i, a in zip(live, actions))
+            )
+            for i, action, (obs, reward, term, trunc, info) in zip(live, actions, stepped, strict=True):
+                slot = slots[i]
+                if info.get("fault"):
+                    fault(i, slot["index"], len(slot["actions"]), info["fault"])
+                    if info.get("gone"):
+                        retire(i)
+                    else:
+                        begin(i)
+                    continue
+                slot["actions"].append(action)
+                slot["rewards"].append(reward)
+                slot["valid"].append(info["valid"])
+                slot["shots"].append(obs["screenshot"])
+                slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
+                if term or trunc:
+                    finish(slot, bool(reward))
                     begin(i)
-                continue
-            slot["actions"].append(action)
-            slot["rewards"].append(reward)
-            slot["valid"].append(info["valid"])
-            slot["shots"].append(obs["screenshot"])
-            slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
-            if term or trunc:
-                finish(slot, bool(reward))
-                begin(i)
-        for i, slot in enumerate(slots):  # idle devices pick up episodes put back by a fault
-            if slot is None and i not in retired and (again or next_index < len(tasks)):
-                begin(i)
-    if threads is not None:
-        threads.shutdown()
+            for i, slot in enumerate(slots):  # idle devices pick up episodes put back by a fault
+                if slot is None and i not in retired and (again or next_index < len(tasks)):
+                    begin(i)
+    finally:
+        if threads is not None:
+            threads.shutdown()
     if store is not None and pending:
         store.write_part(pending)
     bar.close()
