@@ -262,3 +262,15 @@ def test_a_server_that_goes_away_is_a_fault_not_a_new_server():
     _, _, _, trunc, info = env.step(A.press_home())
     assert time.monotonic() - t0 < 3  # adbutils alone would first try to start an adb server
     assert trunc and info["gone"] and f"no adb server at 127.0.0.1:{srv.port}" in info["fault"]
+
+
+def test_an_input_that_may_have_landed_is_not_repeated(one_phone):
+    srv, serial = one_phone
+    env = sim_env(srv, serial)
+    env.reset(seed=0, options={"task": TASKS[0]})
+    srv.inject(serial, Fault("slow_input", seconds=1.0))
+    before = srv.phone(serial).device.state.steps
+    _, _, _, trunc, info = env.step(A.press_home())
+    assert trunc and "not repeated, as it may have taken effect" in info["fault"]
+    time.sleep(1.2)  # the slow input lands after all: once
+    assert srv.phone(serial).device.state.steps == before + 1

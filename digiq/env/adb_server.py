@@ -18,7 +18,7 @@ Simulator only:
   ``wait`` (a step passes with no input) and ``check`` (the task's ground
   truth, ``1`` or ``0``);
 * fault injection (:meth:`AdbSimServer.inject`): dropped connections, hangs,
-  slow screenshots and phones that vanish, to test what the backend survives;
+  slow screenshots or inputs and phones that vanish, to test what the backend survives;
 * privileged access to each phone's :class:`SimDevice` (:meth:`AdbSimServer.phone`)
   for the scripted expert.
 
@@ -72,20 +72,21 @@ class Fault:
     """A misbehaviour to inject into one simulated phone.
 
     ``kind``: ``drop`` closes the connection without answering; ``hang`` keeps
-    it open without answering for ``seconds``; ``slow_screencap`` answers
-    ``screencap`` only after ``seconds``; ``vanish`` takes the phone off the
-    device list for good (as an emulator that crashed). The fault starts after
-    ``after`` device requests were served normally (counting only screencaps
-    for ``slow_screencap``) and affects ``times`` requests (``None``: all).
+    it open without answering for ``seconds``; ``slow_screencap`` and
+    ``slow_input`` accept a ``screencap`` or ``input`` command and run it
+    ``seconds`` later; ``vanish`` takes the phone off the device list for good
+    (as an emulator that crashed). The fault starts after ``after`` device
+    requests were served normally (counting only the slowed command for the
+    ``slow_*`` kinds) and affects ``times`` requests (``None``: all).
     """
 
-    kind: Literal["drop", "hang", "slow_screencap", "vanish"]
+    kind: Literal["drop", "hang", "slow_screencap", "slow_input", "vanish"]
     after: int = 0
     times: int | None = 1
     seconds: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("drop", "hang", "slow_screencap", "vanish"):
+        if self.kind not in ("drop", "hang", "slow_screencap", "slow_input", "vanish"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.after < 0 or (self.times is not None and self.times < 1) or self.seconds < 0:
             raise ValueError(f"fault counts and seconds must be non-negative (times >= 1): {self}")
@@ -97,8 +98,9 @@ class _Armed:
     def __init__(self, fault: Fault) -> None:
         self.fault, self.wait, self.left = fault, fault.after, fault.times
 
-    def fires(self, is_screencap: bool) -> bool:
-        if self.fault.kind == "slow_screencap" and not is_screencap:
+    def fires(self, program: str) -> bool:
+        kind = self.fault.kind
+        if kind.startswith("slow_") and program != kind.removeprefix("slow_"):
             return False
         if self.wait > 0:
             self.wait -= 1
@@ -136,11 +138,11 @@ class SimPhone:
         self.task = None  # a snapshot carries no task: success is for an evaluator to judge
         return True
 
-    def next_fault(self, is_screencap: bool) -> Fault | None:
-        """The fault that strikes the device request being served now, if any."""
+    def next_fault(self, program: str) -> Fault | None:
+        """The fault that strikes the device request (running ``program``) being served now, if any."""
         with self.lock:
             for armed in self.faults:
-                if armed.fires(is_screencap):
+                if armed.fires(program):
                     if armed.fault.kind == "vanish":
                         self.online = False
                     return armed.fault
@@ -386,7 +388,7 @@ class AdbSimServer:
         if not cmd.strip():
             _fail(sock, "interactive shells are not supported by the digiq adb simulator; give a command")
             return
-        fault = phone.next_fault(is_screencap=cmd.lstrip().startswith("screencap"))
+        fault = phone.next_fault(program=cmd.split(maxsplit=1)[0])
         kind = fault.kind if fault is not None else None
         if kind in ("drop", "vanish"):
             return  # the connection closes with no answer
@@ -394,7 +396,7 @@ class AdbSimServer:
             self._stopped.wait(fault.seconds)
             return
         sock.sendall(b"OKAY")
-        if fault is not None and kind == "slow_screencap":
+        if fault is not None and kind in ("slow_screencap", "slow_input"):
             self._stopped.wait(fault.seconds)
         with phone.lock:
             pieces, code = _Shell(phone).run(cmd)
