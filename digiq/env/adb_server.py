@@ -53,7 +53,9 @@ from digiq.env.ui import SCREEN_H, SCREEN_W
 __all__ = ["SERVER_VERSION", "AdbSimServer", "Fault", "SimPhone", "BOOT_SNAPSHOTS"]
 
 SERVER_VERSION = 41  # adb 1.0.41: clients select transports with host:tport
-BOOT_SNAPSHOTS = ("default_boot", "digiq_aitw")  # snapshots every simulated phone has from the start
+# Snapshots every simulated phone has from the start: the emulator's quick-boot one, and the one
+# env_setup/make_snapshot.sh saves (DeviceConfig.snapshot's default).
+BOOT_SNAPSHOTS = ("default_boot", "digiq_aitw")
 _KEYS_BY_CODE = {code: t for t, code in KEYCODES.items()}
 _KEY_NAMES = {"KEYCODE_HOME": 3, "HOME": 3, "KEYCODE_BACK": 4, "BACK": 4, "KEYCODE_ENTER": 66, "ENTER": 66}
 _PROPS = {
