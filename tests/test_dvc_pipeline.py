@@ -10,27 +10,16 @@ from digiq.paths import ROOT
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 SECTIONS = {
-    "env": config.EnvConfig,
-    "tasks": config.TasksConfig,
-    "base_policy": config.BasePolicyConfig,
-    "collect": config.CollectConfig,
-    "augment": config.AugmentConfig,
-    "vlm_finetune": config.VLMFinetuneConfig,
-    "embed": config.EmbedConfig,
-    "critic": config.CriticConfig,
-    "actor": config.ActorConfig,
-    "eval": config.EvalConfig,
+    "env": config.EnvConfig, "tasks": config.TasksConfig, "base_policy": config.BasePolicyConfig,
+    "collect": config.CollectConfig, "augment": config.AugmentConfig, "vlm_finetune": config.VLMFinetuneConfig,
+    "embed": config.EmbedConfig, "critic": config.CriticConfig, "actor": config.ActorConfig, "eval": config.EvalConfig,
 }
 
 
 def test_every_notebook_is_one_stage_that_depends_on_it():
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    staged = sorted(
-        n
-        for s in DVC.values()
-        for n in [s["cmd"].split("papermill notebooks/")[-1].split()[0]]
-        if "papermill" in s["cmd"]
-    )
+    staged = sorted(n for s in DVC.values() for n in [s["cmd"].split("papermill notebooks/")[-1].split()[0]]
+                    if "papermill" in s["cmd"])
     assert staged == notebooks
     for stage in DVC.values():
         if "papermill" in stage["cmd"]:
