@@ -40,6 +40,9 @@ T = TypeVar("T")
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
+BACKENDS = ("sim", "adb-sim", "emulator")  # where collect and eval step their devices
+
+
 class ConfigError(ValueError):
     """A params file or key is missing or has the wrong type."""
 
@@ -67,6 +70,39 @@ class EnvConfig:
 
     def dynamics(self) -> Dynamics:
         return Dynamics(self.popup_rate, self.delay_rate, self.jitter_px, self.ad_rate)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """The device backend of stages that step devices (collect, eval)."""
+
+    backend: str = _help("sim (in process) | adb-sim (simulator over adb) | emulator (real, see env_setup/)", "sim")
+    adb_host: str = _help("adb server host", "127.0.0.1")
+    adb_port: int = _help("adb server port; adb-sim: 0 starts an in-process simulator server", 5037)
+    serials: list[str] = _help("devices to use, in order; empty: every device the server lists", [])
+    sim_devices: int = _help("adb-sim with adb_port 0: how many simulated phones the server has", 48)
+    snapshot: str = _help("emulator: the snapshot each episode starts from (make_snapshot.sh saves it)", "digiq_aitw")
+    console_token_file: str = _help("emulator: the console auth token file", "~/.emulator_console_auth_token")
+    timeout_s: float = _help("time-out of one adb call, seconds", 10.0)
+    reset_timeout_s: float = _help("emulator: time-out of a snapshot load and boot wait, seconds", 120.0)
+    retries: int = _help("retries of a failed adb call, each on a new connection", 2)
+    settle_s: float = _help("emulator: pause after each input before the screenshot, seconds", 1.0)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if not 0 <= self.adb_port <= 65535 or (self.adb_port == 0 and self.backend == "emulator"):
+            raise ValueError(f"adb_port must be in [1, 65535] (0 only for adb-sim), got {self.adb_port}")
+        if (
+            self.sim_devices < 1
+            or self.retries < 0
+            or min(self.timeout_s, self.reset_timeout_s) <= 0
+            or self.settle_s < 0
+        ):
+            raise ValueError(
+                "need sim_devices >= 1, retries >= 0, time-outs > 0 and settle_s >= 0; got "
+                f"{self.sim_devices}, {self.retries}, {self.timeout_s}/{self.reset_timeout_s}, {self.settle_s}"
+            )
 
 
 @dataclass(frozen=True)

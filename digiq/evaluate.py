@@ -13,13 +13,15 @@ and ``metrics/ablations.json`` for Digi-Q's variants, both as
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from digiq.config import EnvConfig, EvalConfig
+from digiq.config import DeviceConfig, EnvConfig, EvalConfig
+from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -47,9 +49,13 @@ def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str],
-             ablations: list[str]) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json) for every seed."""
+def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
+             devices: DeviceConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json) for every seed.
+
+    On ``devices`` (default: the in-process simulator); a real emulator needs
+    a success judge, which the evaluators of the real-models issue bring.
+    """
     policies = ["base", *main, *ablations]
     for s in range(seeds):
         for p in policies:
@@ -57,7 +63,9 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
     timing: dict[str, Any] = {}
-    with timed(timing):
+    with timed(timing), EnvFactory(devices or DeviceConfig(), env.dynamics(), env.width) as factory:
+        # One env per device, reused by every rollout below (a device backend has only so many).
+        pool = itertools.cycle([factory() for _ in range(min(cfg.n_envs, cfg.n_tasks))])
         for s in range(seeds):
             for policy in policies:
                 torch.manual_seed(cfg.seed + s)
@@ -65,7 +73,8 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
                 agent = ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
                 for ts in TASK_SETS:
                     results = rollout(agent, tasks[ts], n_envs=cfg.n_envs, seed=cfg.seed + s, dynamics=env.dynamics(),
-                                      width=env.width, desc=f"eval {policy} {ts} (seed {s})")  # fmt: skip
+                                      width=env.width, desc=f"eval {policy} {ts} (seed {s})",
+                                      env_factory=lambda: next(pool))  # fmt: skip
                     runs[policy][ts].append({
                         "success_rate": round(sum(r.success for r in results) / len(results), 4),
                         "n_episodes": len(results),

@@ -5,33 +5,50 @@ of screenshots and AutoUI text prompts and answers with AutoUI action
 strings; the scripted expert also gets the envs (its privileged view).
 Finished trajectories are written in parts, so an interrupted collection
 keeps what it finished and resumes after it.
+
+Envs come from ``env_factory`` (default: in-process simulated phones); envs
+on devices over adb are stepped from threads, so a pool of devices works in
+parallel. A device fault ends the episode without writing it and the episode
+is started again, from its start and seed, on the next free device; a device
+that cannot start an episode is retired and the others go on. Faults are
+logged and, with a store, appended to ``faults.jsonl`` beside the data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from digiq.data.trajectories import Step, TrajectoryStore, mc_returns, observation_text
 from digiq.env.actions import format_action
+from digiq.env.adb_env import DeviceFault
 from digiq.env.catalog import stable_int
 from digiq.env.expert import Expert
-from digiq.env.gym_env import AndroidSimEnv
+from digiq.env.gym_env import AndroidSimEnv, PhoneEnv
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 
-__all__ = ["RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by"]
+__all__ = [
+    "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by", "FAULTS_FILE"
+]  # fmt: skip
+
+log = logging.getLogger(__name__)
+FAULTS_FILE = "faults.jsonl"
 
 
 @dataclass(frozen=True)
 class RolloutBatch:
     screenshots: np.ndarray  # (B, H, W, 3) uint8
     observations: list[str]  # AutoUI prompts
-    envs: list[AndroidSimEnv]  # for privileged policies only; models must not look
+    envs: list[PhoneEnv]  # for privileged policies only; models must not look
 
 
 class Policy(Protocol):
@@ -96,30 +113,77 @@ def rollout(
     store: TrajectoryStore | None = None,
     part_size: int = 64,
     desc: str = "rollout",
+    env_factory: Callable[[], PhoneEnv] | None = None,
+    max_faults: int = 3,
 ) -> list[EpisodeResult]:
     """Run one episode per task, ``n_envs`` at a time.
 
     With ``store``, every trajectory is written (screenshots as PNG, steps as
     Parquet parts of ``part_size`` trajectories) and tasks already stored are
     skipped, so re-running after an interruption resumes.
+
+    ``env_factory`` makes each env (one device each; see
+    :class:`digiq.env.backends.EnvFactory`); by default in-process simulated
+    phones with ``dynamics`` and ``width``. An episode is restarted after a
+    device fault up to ``max_faults - 1`` times, then given up (and logged).
+
+    Raises:
+        RuntimeError: every device failed while episodes remained (those finished are stored).
     """
     start = store.n_trajectories() if store is not None else 0
-    envs = [AndroidSimEnv(dynamics=dynamics, width=width) for _ in range(min(n_envs, max(1, len(tasks) - start)))]
+    make = env_factory if env_factory is not None else (lambda: AndroidSimEnv(dynamics=dynamics, width=width))
+    envs = [make() for _ in range(min(n_envs, max(1, len(tasks) - start)))]
     slots: list[dict | None] = [None] * len(envs)
+    retired: set[int] = set()
     results: list[EpisodeResult] = []
     pending: list[Step] = []
     next_index = start
+    again: deque[int] = deque()  # episodes to start again after a device fault
+    faults: Counter[int] = Counter()
     bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
+    threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None
+
+    def take() -> int | None:
+        nonlocal next_index
+        if again:
+            return again.popleft()
+        if next_index < len(tasks):
+            next_index += 1
+            return next_index - 1
+        return None
+
+    def fault(i: int, index: int, step: int, reason: str) -> None:
+        faults[index] += 1
+        then = "restarted" if faults[index] < max_faults else "abandoned"
+        if then == "restarted":
+            again.append(index)
+        device = getattr(envs[i], "serial", f"env {i}")
+        log.warning("episode %d on %s, step %d: %s; %s", index, device, step, reason, then)
+        if store is not None:
+            store.root.mkdir(parents=True, exist_ok=True)
+            record = {"episode": index, "task": tasks[index].instruction, "device": device, "step": step}
+            with open(store.root / FAULTS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps({**record, "fault": reason, "then": then}) + "\n")
+
+    def retire(i: int) -> None:
+        slots[i] = None
+        retired.add(i)
+        envs[i].close()
 
     def begin(i: int) -> None:
-        nonlocal next_index
-        if next_index >= len(tasks):
+        index = take()
+        if index is None:
             slots[i] = None
             return
-        task = tasks[next_index]
-        obs, _ = envs[i].reset(seed=episode_seed(seed, next_index), options={"task": task})
+        task = tasks[index]
+        try:
+            obs, _ = envs[i].reset(seed=episode_seed(seed, index), options={"task": task})
+        except DeviceFault as e:
+            fault(i, index, 0, str(e))
+            retire(i)  # a device that cannot even start an episode is out of the pool
+            return
         slots[i] = {
-            "index": next_index,
+            "index": index,
             "task": task,
             "shots": [obs["screenshot"]],
             "actions": [],
@@ -127,7 +191,6 @@ def rollout(
             "valid": [],
             "prompts": [observation_text([], task.instruction)],
         }
-        next_index += 1
 
     def finish(slot: dict, success: bool) -> None:
         nonlocal pending
@@ -148,30 +211,56 @@ def rollout(
                 pending = []
         bar.update(1)
 
-    for i in range(len(envs)):
-        begin(i)
-    while any(s is not None for s in slots):
-        live = [i for i, s in enumerate(slots) if s is not None]
-        batch = RolloutBatch(
-            np.stack([slots[i]["shots"][-1] for i in live]),
-            [slots[i]["prompts"][-1] for i in live],
-            [envs[i] for i in live],
-        )
-        actions = policy.act(batch)
-        for i, action in zip(live, actions, strict=True):
-            slot = slots[i]
-            obs, reward, term, trunc, info = envs[i].step(action)
-            slot["actions"].append(action)
-            slot["rewards"].append(reward)
-            slot["valid"].append(info["valid"])
-            slot["shots"].append(obs["screenshot"])
-            slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
-            if term or trunc:
-                finish(slot, bool(reward))
-                begin(i)
+    try:
+        for i in range(len(envs)):
+            begin(i)
+        while any(s is not None for s in slots):
+            live = [i for i, s in enumerate(slots) if s is not None]
+            batch = RolloutBatch(
+                np.stack([slots[i]["shots"][-1] for i in live]),
+                [slots[i]["prompts"][-1] for i in live],
+                [envs[i] for i in live],
+            )
+            actions = policy.act(batch)
+            if len(actions) != len(live):
+                raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")
+            stepped: list[Any] = list(
+                threads.map(lambda i, a: envs[i].step(a), live, actions)
+                if threads is not None
+                else (envs[i].step(a) for i, a in zip(live, actions))
+            )
+            for i, action, (obs, reward, term, trunc, info) in zip(live, actions, stepped, strict=True):
+                slot = slots[i]
+                if info.get("fault"):
+                    fault(i, slot["index"], len(slot["actions"]), info["fault"])
+                    if info.get("gone"):
+                        retire(i)
+                    else:
+                        begin(i)
+                    continue
+                slot["actions"].append(action)
+                slot["rewards"].append(reward)
+                slot["valid"].append(info["valid"])
+                slot["shots"].append(obs["screenshot"])
+                slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
+                if term or trunc:
+                    finish(slot, bool(reward))
+                    begin(i)
+            for i, slot in enumerate(slots):  # idle devices pick up episodes put back by a fault
+                if slot is None and i not in retired and (again or next_index < len(tasks)):
+                    begin(i)
+    finally:
+        if threads is not None:
+            threads.shutdown()
     if store is not None and pending:
         store.write_part(pending)
     bar.close()
+    left = len(again) + len(tasks) - next_index
+    if left:
+        raise RuntimeError(
+            f"every device failed with {left} episode(s) left; {len(results)} finished"
+            + (f" and are stored in {store.root} (faults in {FAULTS_FILE})" if store is not None else "")
+        )
     return sorted(results, key=lambda r: r.index)
 
 

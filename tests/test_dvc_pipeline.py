@@ -22,6 +22,7 @@ SECTIONS = {
     "eval": config.EvalConfig,
     "experiment": config.ExperimentConfig,
     "ablations": config.AblationsConfig,
+    "devices": config.DeviceConfig,
 }
 
 

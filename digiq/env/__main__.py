@@ -1,4 +1,4 @@
-"""Command line: ``python -m digiq.env {check-tasks,render-demo,generate-tasks}``."""
+"""Command line: ``python -m digiq.env {check-tasks,render-demo,generate-tasks,adb-server}``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 from PIL import Image
 
+from digiq.env.adb_server import AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
+from digiq.env.state import Dynamics
 from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
 from digiq.io import atomic_path, atomic_write_text
@@ -85,6 +87,25 @@ def render_demo(out: str, seed: int, width: int, max_frames: int) -> None:
     print(f"wrote {out}: {len(rows)} episodes")
 
 
+def adb_server(host: str, port: int, devices: int, width: int, calm: bool) -> None:
+    """Serve simulated phones over adb's protocol until interrupted or sent ``adb kill-server``."""
+    try:
+        server = AdbSimServer(devices, dynamics=Dynamics.calm() if calm else None, width=width, host=host, port=port)
+    except OSError as e:
+        raise SystemExit(
+            f"adb-server: cannot listen on {host}:{port}: {e.strerror} (is an adb server running?)"
+        ) from None
+    with server:
+        print(
+            f"adb server (digiq simulator) on {host}:{server.port} with {devices} phone(s): {' '.join(server.serials)}"
+        )
+        print(f"point adb tools at it: ANDROID_ADB_SERVER_PORT={server.port} adb devices -l", flush=True)
+        try:
+            server.wait_closed()
+        except KeyboardInterrupt:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m digiq.env", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -110,11 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("-n", type=int, default=96)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--split-seed", type=int, default=0, help="which entities are test-only")
+    s = sub.add_parser("adb-server", help="serve simulated phones over adb's host protocol (for adb tools and adb-sim)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=5037, help="5037 is adb's own port; 0 picks a free one")
+    s.add_argument("--devices", type=int, default=2, help="how many simulated phones")
+    s.add_argument("--width", type=int, default=216, help="width of `screencap -p` PNGs (`wm size` says 1080x2280)")
+    s.add_argument("--calm", action="store_true", help="no dialogs, late loads, jitter or ads")
     args = ap.parse_args(argv)
     if args.cmd == "check-tasks":
         check_tasks(args.files, args.task_set, args.seed, args.metrics)
     elif args.cmd == "render-demo":
         render_demo(args.out, args.seed, args.width, args.max_frames)
+    elif args.cmd == "adb-server":
+        adb_server(args.host, args.port, args.devices, args.width, args.calm)
     else:
         lines = generate_tasks(args.task_set, args.split, args.n, args.seed, args.split_seed)
         atomic_write_text(Path(args.out), "\n".join(lines) + "\n")

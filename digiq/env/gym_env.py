@@ -21,8 +21,9 @@ from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.device import SimDevice
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task, parse_task
+from digiq.env.ui import SCREEN_H, SCREEN_W
 
-__all__ = ["AndroidSimEnv", "SimVecEnv"]
+__all__ = ["AndroidSimEnv", "PhoneEnv", "SimVecEnv"]
 
 _CHARSET = string.printable + "\u2019\u201c\u201d"
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
@@ -32,32 +33,32 @@ def _as_task(t: Task | str) -> Task:
     return t if isinstance(t, Task) else parse_task(t)
 
 
-class AndroidSimEnv(gym.Env):
-    """One simulated phone working on one task per episode.
+class PhoneEnv(gym.Env):
+    """One phone working on one task per episode: the AitW episode rules every device backend shares.
+
+    Subclasses say how a device starts an episode, carries out an action, shows
+    its screen and judges success; the task drawing, step counting, rewards,
+    termination and the info dict live here once, so the simulator and the
+    emulator backend give the same results for the same device behaviour.
 
     Args:
         tasks: tasks (or instructions) to draw from at reset when none is given.
-        dynamics: in-the-wild disturbance rates.
-        width: screenshot width in pixels.
+        width: screenshot width in pixels; the height keeps 1080x2280's aspect.
         max_steps: step limit; by default the task set's (10 General, 20 Web Shopping).
     """
 
     metadata = {"render_modes": ["rgb_array"]}
+    # Whether stepping waits on something outside this process (a device over adb):
+    # rollouts step such envs from threads so that a pool of devices works in parallel.
+    parallel_steps = False
 
-    def __init__(
-        self,
-        tasks: Sequence[Task | str] = (),
-        dynamics: Dynamics | None = None,
-        width: int = 216,
-        max_steps: int | None = None,
-    ) -> None:
+    def __init__(self, tasks: Sequence[Task | str] = (), width: int = 216, max_steps: int | None = None) -> None:
         self.tasks = [_as_task(t) for t in tasks]
-        self.device = SimDevice(dynamics, width)
         self.max_steps = max_steps
-        h, w = self.device.renderer.height, self.device.renderer.width
+        self.width, self.height = width, round(width * SCREEN_H / SCREEN_W)
         self.observation_space = spaces.Dict(
             {
-                "screenshot": spaces.Box(0, 255, (h, w, 3), np.uint8),
+                "screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
                 "task": spaces.Text(max_length=512, charset=_CHARSET),
             }
         )
@@ -66,10 +67,30 @@ class AndroidSimEnv(gym.Env):
         self.task: Task | None = None
         self._steps = 0
 
+    # ------------------------------------------------------------ backend hooks
+
+    def _start(self, seed: int, task: Task) -> None:
+        """Put the device at the start of ``task``'s episode (``seed`` drives a simulated device)."""
+        raise NotImplementedError
+
+    def _act(self, action: Action) -> bool:
+        """Carry out ``action``; return whether the screen changed."""
+        raise NotImplementedError
+
+    def _succeeded(self) -> bool:
+        """Whether the task is done on the device now."""
+        raise NotImplementedError
+
+    def render(self) -> np.ndarray:
+        """The current screen, (H, W, 3) uint8 (read-only; copy before writing)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ gymnasium API
+
     def _obs(self) -> dict[str, Any]:
         assert self.task is not None
-        # A copy: the device's frames are shared through its render cache, and callers keep observations.
-        return {"screenshot": self.device.screenshot().copy(), "task": self.task.instruction}
+        # A copy: frames may be shared (the simulator's render cache), and callers keep observations.
+        return {"screenshot": self.render().copy(), "task": self.task.instruction}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -79,10 +100,12 @@ class AndroidSimEnv(gym.Env):
         task = (options or {}).get("task")
         if task is None:
             if not self.tasks:
-                raise ValueError("AndroidSimEnv.reset needs options={'task': ...} when the env was built without tasks")
+                raise ValueError(
+                    f"{type(self).__name__}.reset needs options={{'task': ...}} when the env was built without tasks"
+                )
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         self.task = _as_task(task)
-        self.device.reset(int(self.np_random.integers(2**31)), self.task.goal.setup)
+        self._start(int(self.np_random.integers(2**31)), self.task)
         self._steps = 0
         return self._obs(), {"task": self.task.instruction, "family": self.task.family, "task_set": self.task.task_set}
 
@@ -95,22 +118,56 @@ class AndroidSimEnv(gym.Env):
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         parsed = action if isinstance(action, Action) else parse_action(action)
-        changed = self.device.step(parsed)
+        changed = self._act(parsed)
         self._steps += 1
-        success = self.task.goal.check(self.device.state)
+        success = self._succeeded()
         terminated = success or parsed.type in _ENDING
         truncated = not terminated and self._steps >= self.step_limit
-        info = {
-            "action": parsed,
-            "valid": parsed.is_valid,
-            "error": parsed.error,
+        return self._obs(), float(success), terminated, truncated, self._info(parsed, success, changed)
+
+    def _info(self, action: Action, success: bool, changed: bool) -> dict[str, Any]:
+        assert self.task is not None
+        return {
+            "action": action,
+            "valid": action.is_valid,
+            "error": action.error,
             "screen_changed": changed,
             "success": success,
             "family": self.task.family,
             "task_set": self.task.task_set,
             "step": self._steps,
         }
-        return self._obs(), float(success), terminated, truncated, info
+
+
+class AndroidSimEnv(PhoneEnv):
+    """One simulated phone working on one task per episode.
+
+    Args:
+        tasks: tasks (or instructions) to draw from at reset when none is given.
+        dynamics: in-the-wild disturbance rates.
+        width: screenshot width in pixels.
+        max_steps: step limit; by default the task set's (10 General, 20 Web Shopping).
+    """
+
+    def __init__(
+        self,
+        tasks: Sequence[Task | str] = (),
+        dynamics: Dynamics | None = None,
+        width: int = 216,
+        max_steps: int | None = None,
+    ) -> None:
+        self.device = SimDevice(dynamics, width)
+        super().__init__(tasks, width, max_steps)
+
+    def _start(self, seed: int, task: Task) -> None:
+        self.device.reset(seed, task.goal.setup)
+
+    def _act(self, action: Action) -> bool:
+        return self.device.step(action)
+
+    def _succeeded(self) -> bool:
+        assert self.task is not None
+        return self.task.goal.check(self.device.state)
 
     def render(self) -> np.ndarray:
         return self.device.screenshot()

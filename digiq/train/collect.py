@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from digiq.config import CollectConfig, EnvConfig
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
+from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -18,7 +19,10 @@ from digiq.train.policy_fit import ModelPolicy
 __all__ = ["run_collect"]
 
 
-def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
+def run_collect(
+    cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None
+) -> dict[str, Any]:
+    """Roll the base policy out on ``devices`` (default: the in-process simulator)."""
     require("collect", paths.base_policy / "config.json")
     metrics: dict[str, Any] = {}
     with timed(metrics):
@@ -26,8 +30,10 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths) -> dict[str, A
         model = AutoUIPolicy.load(paths.base_policy)
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")]
         store = TrajectoryStore(paths.offline)
-        rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
-                          dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect")  # fmt: skip
+        with EnvFactory(devices or DeviceConfig(), env.dynamics(), env.width) as make_env:
+            rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
+                    dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
+                    env_factory=make_env)  # fmt: skip
     table = store.read()
     # From the stored data, not this run's results: a resumed collection counts every trajectory.
     episodes = table.to_pandas().groupby("traj_id").first()
