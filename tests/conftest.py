@@ -1,6 +1,20 @@
+import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
+import yaml
+
+from digiq.data import TrajectoryStore
+from digiq.env import parse_task
+from digiq.env.actions import format_action, press_back, tap
+from digiq.env.taskgen import generate_tasks
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.paths import Paths
+from digiq.rollout import ExpertPolicy, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 AITW = ROOT.parent / "shared" / "aitw"
@@ -13,3 +27,37 @@ def aitw_dir() -> Path:
     if not (AITW / "general_train.txt").exists():
         pytest.skip(f"AitW task lists not found at {AITW}")
     return AITW
+
+
+H = 8  # feature width
+TAP = (0.25, 0.75)  # candidate 1 of every state taps here
+
+
+@pytest.fixture(scope="session")
+def values_root(tmp_path_factory) -> Path:
+    """A small pipeline root the Q/V viewers can load: expert rollouts as the offline data, three
+    candidates per state (the action taken, a tap at TAP, an invalid Back), feature files, a critic."""
+    root = tmp_path_factory.mktemp("values")
+    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    paths = Paths(root)
+    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
+    store = TrajectoryStore(paths.offline)
+    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=params["collect"]["seed"],
+            width=params["env"]["width"], store=store)  # fmt: skip
+    steps = store.read().to_pandas()
+    S, N = len(steps), 3
+    lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]
+    paths.candidates.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"traj_id": steps.traj_id, "step_id": steps.step_id, "action_list": lists,
+                             "valid_list": [[True, True, False]] * S}), paths.candidates)  # fmt: skip
+    rng = np.random.default_rng(0)
+    feats = paths.features()
+    feats.mkdir(parents=True)
+    arrays = {"state": (S, H), "next_state": (S, H), "candidates": (S, N, H)}
+    for name, shape in arrays.items():
+        np.save(feats / f"{name}.npy", rng.normal(size=shape).astype(np.float32))
+    np.save(feats / "p_yes.npy", rng.uniform(size=(S, N)).astype(np.float32))
+    torch.manual_seed(0)
+    Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(paths.critic(0), stage="critic", gamma=0.9)
+    return root

@@ -1,53 +1,16 @@
 """The Q/V viewers on a small real dataset: expert rollouts, candidates, feature files, a critic checkpoint."""
 
-import shutil
-
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
-import yaml
+from conftest import TAP  # candidate 1 of every state taps here
 
-from digiq.data import TrajectoryStore
-from digiq.env import parse_task
-from digiq.env.actions import format_action, parse_action, press_back, tap
-from digiq.env.taskgen import generate_tasks
-from digiq.models.critic import Critic, CriticNetConfig
-from digiq.paths import ROOT, Paths
-from digiq.rollout import ExpertPolicy, rollout
+from digiq.env.actions import parse_action
 from digiq.viz import ActionViewer, TrajectoryViewer, load_values
-
-H = 8  # feature width
-TAP = (0.25, 0.75)  # candidate 1 of every state taps here
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("values")
-    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    paths = Paths(root)
-    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
-    store = TrajectoryStore(paths.offline)
-    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=params["collect"]["seed"],
-            width=params["env"]["width"], store=store)  # fmt: skip
-    steps = store.read().to_pandas()
-    S, N = len(steps), 3
-    lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]
-    paths.candidates.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"traj_id": steps.traj_id, "step_id": steps.step_id, "action_list": lists,
-                             "valid_list": [[True, True, False]] * S}), paths.candidates)  # fmt: skip
-    rng = np.random.default_rng(0)
-    feats = paths.features()
-    feats.mkdir(parents=True)
-    arrays = {"state": (S, H), "next_state": (S, H), "candidates": (S, N, H)}
-    for name, shape in arrays.items():
-        np.save(feats / f"{name}.npy", rng.normal(size=shape).astype(np.float32))
-    np.save(feats / "p_yes.npy", rng.uniform(size=(S, N)).astype(np.float32))
-    torch.manual_seed(0)
-    Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(paths.critic(0), stage="critic", gamma=0.9)
-    return load_values(root)
+def data(values_root):
+    return load_values(values_root)
 
 
 def test_load_values_scores_every_step_and_candidate(data):
