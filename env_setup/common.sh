@@ -42,3 +42,12 @@ need_kvm() {
         die "no read-write access to /dev/kvm (see env_setup/README.md, KVM)"
     fi
 }
+
+# For scripts that take no arguments: -h/--help prints their usage (each script defines usage), anything else fails.
+help_or_no_args() {
+    if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+        usage
+        exit 0
+    fi
+    [ "$#" -eq 0 ] || { usage >&2; exit 2; }
+}

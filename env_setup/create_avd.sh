@@ -14,11 +14,7 @@ Verify: emulator -list-avds   (lists $AVD_NAME)
 USAGE
 }
 
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    usage
-    exit 0
-fi
-[ "$#" -eq 0 ] || { usage >&2; exit 2; }
+help_or_no_args "$@"
 
 need avdmanager "run env_setup/install_sdk.sh first"
 

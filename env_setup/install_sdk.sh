@@ -18,11 +18,7 @@ Verify: sdkmanager --list_installed
 USAGE
 }
 
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    usage
-    exit 0
-fi
-[ "$#" -eq 0 ] || { usage >&2; exit 2; }
+help_or_no_args "$@"
 
 need curl "install curl"
 need unzip "install unzip"

@@ -18,11 +18,7 @@ Verify: ls \${ANDROID_AVD_HOME:-~/.android/avd}/$AVD_NAME.avd/snapshots/   (list
 USAGE
 }
 
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-    usage
-    exit 0
-fi
-[ "$#" -eq 0 ] || { usage >&2; exit 2; }
+help_or_no_args "$@"
 
 need emulator "run env_setup/install_sdk.sh first"
 need adb "run env_setup/install_sdk.sh first"

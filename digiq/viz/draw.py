@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from digiq.env.actions import Action, ActionType
 
-__all__ = ["contact_sheet", "draw_action"]
+__all__ = ["contact_sheet", "draw_action", "draw_touch"]
 
 _RED = (230, 30, 60)
 
@@ -25,13 +25,7 @@ def draw_action(screenshot: np.ndarray, action: Action) -> Image.Image:
     w, h = img.size
     r = max(3, w // 30)
     if action.type is ActionType.DUAL_POINT:
-        (ty, tx), (ly, lx) = action.touch, action.lift
-        p0, p1 = (tx * w, ty * h), (lx * w, ly * h)
-        if action.is_tap:
-            d.ellipse((p0[0] - r, p0[1] - r, p0[0] + r, p0[1] + r), outline=_RED, width=max(2, r // 2))
-        else:
-            d.line((*p0, *p1), fill=_RED, width=max(2, r // 2))
-            d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=_RED)
+        draw_touch(d, action, (w, h), _RED)
     else:
         caption = {ActionType.TYPE: f'type "{action.text}"', ActionType.INVALID: f"invalid: {action.error}"}.get(
             action.type, action.type.value
@@ -40,6 +34,19 @@ def draw_action(screenshot: np.ndarray, action: Action) -> Image.Image:
         d.rectangle((0, h - 3 * r - 4, w, h), fill=(255, 255, 255))
         d.text((4, h - 1.5 * r - 2), caption, fill=_RED, font=font, anchor="lm")
     return img
+
+
+def draw_touch(d: ImageDraw.ImageDraw, action: Action, size: tuple[int, int], color: tuple[int, int, int]) -> None:
+    """A DUAL_POINT action on an image of ``size``: a ring at a tap, a line ending in a dot for a swipe."""
+    w, h = size
+    r = max(3, w // 30)
+    (ty, tx), (ly, lx) = action.touch, action.lift
+    p0, p1 = (tx * w, ty * h), (lx * w, ly * h)
+    if action.is_tap:
+        d.ellipse((p0[0] - r, p0[1] - r, p0[0] + r, p0[1] + r), outline=color, width=max(2, r // 2))
+    else:
+        d.line((*p0, *p1), fill=color, width=max(2, r // 2))
+        d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=color)
 
 
 def contact_sheet(rows: Sequence[tuple[str, Sequence[Image.Image]]], label_width: int = 260) -> Image.Image:

@@ -24,7 +24,7 @@ import pandas as pd
 from PIL import Image, ImageDraw, ImageFont
 
 from digiq.env.actions import ActionType, parse_action
-from digiq.viz.draw import draw_action
+from digiq.viz.draw import draw_action, draw_touch
 from digiq.viz.values import ValueData
 
 __all__ = ["TrajectoryViewer", "ActionViewer", "draw_candidates"]
@@ -65,14 +65,9 @@ def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[in
         if a.type is not ActionType.DUAL_POINT:
             continue
         color = _PALETTE[index % len(_PALETTE)]
-        (ty, tx), (ly, lx) = a.touch, a.lift
-        p0, p1 = (tx * w, ty * h), (lx * w, ly * h)
-        if a.is_tap:
-            d.ellipse((p0[0] - r, p0[1] - r, p0[0] + r, p0[1] + r), outline=color, width=max(2, r // 2))
-        else:
-            d.line((*p0, *p1), fill=color, width=max(2, r // 2))
-            d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=color)
-        d.text((p0[0] + r + 1, p0[1]), str(index), fill=color, font=font, anchor="lm")
+        draw_touch(d, a, (w, h), color)
+        ty, tx = a.touch
+        d.text((tx * w + r + 1, ty * h), str(index), fill=color, font=font, anchor="lm")
     return img
 
 
