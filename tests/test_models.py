@@ -74,7 +74,7 @@ def test_vlm_yes_no_and_representation(tok, tmp_path):
     img = vlm.small_image(np.full((456, 216, 3), 128, np.uint8))
     assert img.shape == (32, 32, 3)
     rep, p_yes = vlm.embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
-    assert rep.shape == (1, 32) and 0 < p_yes[0] < 1
+    assert rep.shape == (1, 64) and 0 < p_yes[0] < 1  # answer slot + pooled states
     vlm.save(tmp_path / "vlm")
     rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed(
         [draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")]
