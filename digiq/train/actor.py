@@ -190,8 +190,10 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         oracle_metrics = _mean_report(reports)
         oracle_metrics["per_seed"] = reports
         write_metrics(paths, "oracle", oracle_metrics)
-    if curves:
-        save_curve_plot(paths.plots / "actor_loss.png", curves, "Stage 06: actor NLL (seed 0)")
+    # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
+    # candidates are all invalid.
+    save_curve_plot(paths.plots / "actor_loss.png", curves,
+                    "Stage 06: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
     write_metrics(paths, "actor", metrics)
     return {"actor": metrics, "oracle": oracle_metrics}
 

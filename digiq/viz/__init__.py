@@ -2,7 +2,7 @@
 
 from digiq.viz.draw import contact_sheet, draw_action
 from digiq.viz.values import ValueData, load_values
-from digiq.viz.viewers import ActionViewer, TrajectoryViewer, draw_candidates
+from digiq.viz.viewers import ActionViewer, TrajectoryViewer, draw_candidates, snapshot
 
 __all__ = [
     "contact_sheet",
@@ -12,4 +12,5 @@ __all__ = [
     "ActionViewer",
     "TrajectoryViewer",
     "draw_candidates",
+    "snapshot",
 ]

@@ -21,13 +21,14 @@ import io
 import ipywidgets as W
 import numpy as np
 import pandas as pd
+from IPython.display import Image as IPImage
 from PIL import Image, ImageDraw, ImageFont
 
 from digiq.env.actions import ActionType, parse_action
 from digiq.viz.draw import draw_action, draw_touch
 from digiq.viz.values import ValueData
 
-__all__ = ["TrajectoryViewer", "ActionViewer", "draw_candidates"]
+__all__ = ["TrajectoryViewer", "ActionViewer", "draw_candidates", "snapshot"]
 
 _PALETTE = [(230, 30, 60), (30, 120, 230), (20, 160, 80), (240, 150, 0), (150, 60, 200), (0, 170, 170)]
 
@@ -69,6 +70,20 @@ def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[in
         ty, tx = a.touch
         d.text((tx * w + r + 1, ty * h), str(index), fill=color, font=font, anchor="lm")
     return img
+
+
+def snapshot(fig) -> IPImage:
+    """A matplotlib figure as a PNG image for ``display``: what an executed notebook keeps.
+
+    The pipeline's modules select matplotlib's Agg backend (no display needed),
+    under which Jupyter shows a bare figure as text; a PNG shows everywhere.
+    """
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return IPImage(data=buf.getvalue(), format="png")
 
 
 def _table_html(table: pd.DataFrame, highlight: int | None = None) -> str:
