@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import yaml
 
 from digiq.env.state import Dynamics
@@ -299,6 +301,10 @@ class ActorConfig:
     oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
     oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
     seed: int = _help("seed", 5)
+
+    def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
+        """Best-of-N's advantage threshold for each state, by its task set."""
+        return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
 @dataclass(frozen=True)

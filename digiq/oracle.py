@@ -27,7 +27,7 @@ from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 
-__all__ = ["replay", "candidate_values", "ranking_report"]
+__all__ = ["replay", "candidate_values", "stored_state_values", "ranking_report"]
 
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
 
@@ -78,6 +78,25 @@ def candidate_values(
                 action = expert.act(dev, task)
         values[c] = total / rollouts
     return values
+
+
+def stored_state_values(
+    task: Task,
+    seed: int,
+    earlier: Sequence[str],
+    candidates: Sequence[str],
+    *,
+    dynamics: Dynamics | None,
+    width: int,
+    rollouts: int,
+    noise: float,
+    gamma: float,
+    branch_seed: int,
+) -> np.ndarray:
+    """Q*(s, a) of ``candidates`` at a stored state: episode ``seed`` replayed through ``earlier`` actions."""
+    device = replay(task, seed, earlier, dynamics, width)
+    return candidate_values(device, task, task.max_steps - len(earlier), candidates, rollouts=rollouts, noise=noise,
+                            gamma=gamma, seed=branch_seed)  # fmt: skip
 
 
 def ranking_report(

@@ -18,6 +18,7 @@ checks the critic's ranking of candidates against their true values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,10 @@ from digiq.config import AblationsConfig, ActorConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.catalog import stable_int
 from digiq.env.tasks import parse_task
+from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
-from digiq.oracle import candidate_values, ranking_report, replay
+from digiq.oracle import ranking_report, stored_state_values
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
@@ -46,10 +48,21 @@ __all__ = ["run_actor", "best_of_n", "policy_names", "METHODS"]
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
 
+def best_of_n_variants(ablations: AblationsConfig) -> dict[str, tuple[str, int | None]]:
+    """Every Best-of-N policy stage 06 trains: name -> (whose VLM features, candidates per state).
+
+    ``None`` candidates means ``actor.k_candidates`` (Digi-Q's own setting).
+    """
+    variants: dict[str, tuple[str, int | None]] = {"digiq": ("finetuned", None)}
+    variants.update({f"digiq_n{n}": ("finetuned", n) for n in ablations.n_candidates})
+    if ablations.untuned_vlm:
+        variants["digiq_untuned"] = ("untuned", None)
+    return variants
+
+
 def policy_names(ablations: AblationsConfig) -> tuple[list[str], list[str]]:
     """The main policies and the ablation variants stage 06 trains (and stage 07 evaluates)."""
-    extra = [f"digiq_n{n}" for n in ablations.n_candidates] + (["digiq_untuned"] if ablations.untuned_vlm else [])
-    return list(METHODS), extra
+    return list(METHODS), [n for n in best_of_n_variants(ablations) if n != "digiq"]
 
 
 def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
@@ -67,20 +80,24 @@ def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: 
     return best, adv[np.arange(S), best]
 
 
+def _rows(steps: pd.DataFrame, keep: np.ndarray, actions: Sequence[str]) -> list[FitRow]:
+    """Imitation rows: the stored states ``keep``, each with its action to imitate."""
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], a) for i, a in zip(keep, actions, strict=True)]
+
+
 def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
                     cands: pd.DataFrame, k: int, seed: int) -> tuple[list[FitRow], dict[str, float]]:  # fmt: skip
     valid = np.stack(cands.valid_list.to_numpy())
     best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
-    threshold = np.where(steps.task_set.to_numpy() == "webshop", cfg.threshold_webshop, cfg.threshold_general)
-    keep = np.flatnonzero(adv > threshold)
-    rows = [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][best[i]]) for i in keep]
+    keep = np.flatnonzero(adv > cfg.thresholds(steps.task_set.to_numpy()))
+    rows = _rows(steps, keep, [cands.action_list.iat[i][best[i]] for i in keep])
     stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0}
     return rows, stats
 
 
 def _filtered_bc_rows(steps: pd.DataFrame) -> list[FitRow]:
-    ok = steps[steps.trajectory_reward > 0]
-    return [FitRow(r.observation, r.image_path, r.action) for r in ok.itertuples()]
+    keep = np.flatnonzero(steps.trajectory_reward.to_numpy() > 0)
+    return _rows(steps, keep, steps.action.to_numpy()[keep])
 
 
 def _digirl_rows(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> list[FitRow]:
@@ -110,11 +127,11 @@ def _digirl_rows(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed:
         with torch.no_grad():
             v[held] = net(x[torch.from_numpy(np.flatnonzero(held))])[:, 0].numpy()
     keep = np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold)
-    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], steps.action.iat[i]) for i in keep]
+    return _rows(steps, keep, steps.action.to_numpy()[keep])
 
 
-def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands: pd.DataFrame,
-                   base: AutoUIPolicy, store: TrajectoryStore) -> dict[str, Any]:  # fmt: skip
+def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, gamma: float, steps: pd.DataFrame,
+                   cands: pd.DataFrame, base: AutoUIPolicy, store: TrajectoryStore) -> dict[str, Any]:  # fmt: skip
     """Oracle values and the base policy's log-likelihoods of the candidates of sampled states."""
     rng = np.random.default_rng(cfg.seed)
     idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
@@ -124,11 +141,11 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, steps: p
         r = steps.iloc[i]
         task = parse_task(r.task, r.task_set)
         earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
-        device = replay(task, episode_seed(collect_seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
         candidates = list(cands.action_list.iat[i])
-        oracle[j] = candidate_values(device, task, task.max_steps - int(r.step_id), candidates,
-                                     rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=0.95,
-                                     seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
+        oracle[j] = stored_state_values(task, episode_seed(collect_seed, int(r.traj_id)), earlier, candidates,
+                                        dynamics=env.dynamics(), width=env.width, rollouts=cfg.oracle_rollouts,
+                                        noise=cfg.oracle_noise, gamma=gamma,
+                                        branch_seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
         shot = base.screen.prepare(store.load_image(r.image_path)[None]).expand(len(candidates), -1, -1, -1)
         with torch.no_grad():
             loglik[j] = base.action_logprobs([r.observation] * len(candidates), shot, candidates).numpy()
@@ -151,7 +168,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             feats["untuned"] = load_features(paths, "untuned")
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
-        sample = _oracle_sample(cfg, env, collect_seed, steps, cands, base, store) if cfg.oracle_states else None
+        gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
+        sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if cfg.oracle_states else None
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
         curves: dict[str, list[float]] = {}
@@ -160,9 +178,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             seed = cfg.seed + s
             critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats}
             plans: dict[str, list[FitRow]] = {}
-            for name in ["digiq"] + extra:
-                vlm = "untuned" if name == "digiq_untuned" else "finetuned"
-                k = int(name.removeprefix("digiq_n")) if name.startswith("digiq_n") else cfg.k_candidates
+            for name, (vlm, k) in best_of_n_variants(ablations).items():
+                k = cfg.k_candidates if k is None else k
                 plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
                 not_taken.setdefault(name, []).append(stats["kept_not_taken_fraction"])
             plans["filtered_bc"] = _filtered_bc_rows(steps)

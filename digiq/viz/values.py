@@ -22,7 +22,7 @@ from digiq.data.trajectories import TrajectoryStore
 from digiq.env.tasks import parse_task
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic
-from digiq.oracle import candidate_values, replay
+from digiq.oracle import stored_state_values
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require
@@ -47,6 +47,7 @@ class ValueData:
     candidates: pd.DataFrame
     store: TrajectoryStore
     env: EnvConfig
+    actor: ActorConfig  # Best-of-N's thresholds and the oracle's settings
     collect_seed: int
     gamma: float
 
@@ -63,16 +64,16 @@ class ValueData:
             raise KeyError(f"no step ({traj_id}, {step_id}) in {self.store.root}")
         return rows.sort_values("q", ascending=False)
 
-    def oracle(self, traj_id: int, step_id: int, rollouts: int = 4, noise: float = 0.1) -> np.ndarray:
+    def oracle(self, traj_id: int, step_id: int) -> np.ndarray:
         """True values of the step's candidates (in candidate-index order), from the simulator."""
         step = self.trajectory(traj_id)
-        earlier = step.action[step.step_id < step_id].tolist()
         row = step[step.step_id == step_id].iloc[0]
-        task = parse_task(row.task, row.task_set)
-        device = replay(task, episode_seed(self.collect_seed, traj_id), earlier, self.env.dynamics(), self.env.width)
         cands = self.candidates[(self.candidates.traj_id == traj_id) & (self.candidates.step_id == step_id)]
-        return candidate_values(device, task, task.max_steps - step_id, cands.sort_values("index").action.tolist(),
-                                rollouts=rollouts, noise=noise, gamma=self.gamma, seed=traj_id)  # fmt: skip
+        return stored_state_values(parse_task(row.task, row.task_set), episode_seed(self.collect_seed, traj_id),
+                                   step.action[step.step_id < step_id].tolist(),
+                                   cands.sort_values("index").action.tolist(), dynamics=self.env.dynamics(),
+                                   width=self.env.width, rollouts=self.actor.oracle_rollouts,
+                                   noise=self.actor.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
 
 
 def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finetuned") -> ValueData:
@@ -91,7 +92,7 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
     q, v, adv = q.numpy(), v.numpy(), adv.numpy()
     valid = np.stack(cands.valid_list.to_numpy())
     chosen = np.where(valid, adv, -np.inf).argmax(1)
-    threshold = np.where(steps.task_set.to_numpy() == "webshop", actor.threshold_webshop, actor.threshold_general)
+    threshold = actor.thresholds(steps.task_set.to_numpy())
     S, N = valid.shape
     steps = steps.assign(v=v, q=q[:, 0], advantage=adv[:, 0])
     table = pd.DataFrame({
@@ -107,5 +108,5 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
         "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
     })  # fmt: skip
     gamma = float(read_meta(paths.critic(seed, vlm))["gamma"])  # the discount the critic was trained with
-    return ValueData(steps, table, store, load_section(EnvConfig, "env", params),
+    return ValueData(steps, table, store, load_section(EnvConfig, "env", params), actor,
                      load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip
