@@ -62,9 +62,19 @@ def lab(values_root):
     server.wait(timeout=30)
 
 
+def _accept_dialog(page, seen: list[str]) -> None:
+    """Accept a JupyterLab dialog that blocks the page (e.g. kernel selection when the kernel starts slowly)."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():
+        seen.append(dialog.first.inner_text())
+        page.locator(".jp-Dialog .jp-mod-accept").first.click()
+        page.wait_for_selector(".jp-Dialog", state="detached", timeout=30_000)
+
+
 def test_viewer_notebook_renders_its_widgets_in_chromium(lab):
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
+    dialogs: list[str] = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
@@ -76,16 +86,17 @@ def test_viewer_notebook_renders_its_widgets_in_chromium(lab):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         # Run All; a click before the kernel has connected runs nothing, so try again then.
         for attempt in range(3):
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            _accept_dialog(page, dialogs)
             try:  # both viewers' screenshot images are live widget views
+                page.click(".lm-MenuBar-itemLabel:text-is('Run')", timeout=10_000)
+                page.click(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
                 page.wait_for_function("document.querySelectorAll('.widget-image img, img.widget-image').length >= 2",
                                        timeout=60_000)  # fmt: skip
                 break
             except playwright.TimeoutError:
                 page.screenshot(path=str(ARTIFACTS / f"viewer_attempt{attempt}.png"))
         else:
-            pytest.fail("the viewers never rendered; see test-artifacts/viewer_attempt*.png")
+            pytest.fail(f"the viewers never rendered (dialogs: {dialogs}); see test-artifacts/viewer_attempt*.png")
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         dropdowns = page.locator(".widget-dropdown select").count()
         sliders = page.locator(".widget-slider").count()
