@@ -297,7 +297,7 @@ class ActorConfig:
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
     digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
     oracle_states: int = _help("states whose candidates get oracle values (0: no diagnostic)", 200)
-    oracle_rollouts: int = _help("continuation rollouts per candidate", 4)
+    oracle_rollouts: int = _help("continuation rollouts per distinct candidate", 32)
     oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
     oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
     seed: int = _help("seed", 5)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.catalog import stable_int
@@ -26,8 +27,9 @@ from digiq.env.expert import Expert
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
+from digiq.models.critic import mlp
 
-__all__ = ["replay", "candidate_values", "stored_state_values", "ranking_report"]
+__all__ = ["replay", "candidate_values", "stored_state_values", "ranking_report", "within_state_share", "feature_probe"]
 
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
 
@@ -57,10 +59,13 @@ def candidate_values(
     A success ``k`` steps after the candidate is worth ``gamma ** k`` (the
     reward of 1 comes on the step that reaches the goal, as in the data).
     Every rollout runs on its own copy of ``device`` with its own random
-    stream, so pop-ups and delays differ between them.
+    stream, so pop-ups and delays differ between them. Identical candidate
+    texts are rolled out once: their values cannot differ, and a separate
+    estimate each would only add noise to the ranking.
     """
-    values = np.zeros(len(candidates))
-    for c, text in enumerate(candidates):
+    distinct = list(dict.fromkeys(candidates))  # duplicates (common at a confident state) share one estimate
+    value: dict[str, float] = {}
+    for c, text in enumerate(distinct):
         first = parse_action(text)
         total = 0.0
         for r in range(rollouts):
@@ -76,8 +81,8 @@ def candidate_values(
                 if action.type in _ENDING:
                     break
                 action = expert.act(dev, task)
-        values[c] = total / rollouts
-    return values
+        value[text] = total / rollouts
+    return np.array([value[text] for text in candidates])
 
 
 def stored_state_values(
@@ -130,3 +135,49 @@ def ranking_report(
         report["top1_hit_rate"][name] = round(float(tb[rows, pick].mean()), 4)
         report["oracle_value_of_pick"][name] = round(float(orc[rows, pick].mean()), 4)
     return report
+
+
+def within_state_share(candidates: np.ndarray, parts: Sequence[str]) -> dict[str, float]:
+    """Per named equal slice of the features (S, N, D): the share of its variance between a state's candidates.
+
+    Near 0, the representation hardly changes with the action: every
+    candidate of a state looks alike to the critic, whatever it learns.
+    """
+    out = {}
+    for name, x in zip(parts, np.split(np.asarray(candidates, np.float64), len(parts), axis=-1), strict=True):
+        total = x.reshape(-1, x.shape[-1]).var(0).sum()
+        out[name] = round(float(x.var(1).sum(-1).mean() / total), 4) if total > 0 else 0.0
+    return out
+
+
+def feature_probe(state: np.ndarray, candidates: np.ndarray, oracle: np.ndarray, valid: np.ndarray, *, seed: int,
+                  hidden: int = 256, steps: int = 400) -> np.ndarray:  # fmt: skip
+    """Scores (S, N) from the critic's inputs, fit to the oracle values themselves, cross-fitted over two halves.
+
+    An MLP shaped like a Q head regresses each candidate's oracle value minus
+    its state's mean (the part a ranking needs) from (state, candidate)
+    features, and scores the states it was not fit on. It has what no critic
+    has, the true values, so its ranking bounds what a critic on these
+    features could learn from this many states: at random level, the cause
+    is the representation, not TD learning.
+    """
+    g = torch.Generator().manual_seed(seed)
+    s, c = torch.as_tensor(np.asarray(state)), torch.as_tensor(np.asarray(candidates))
+    x = torch.cat([s[:, None].expand(-1, c.shape[1], -1), c], -1)
+    w = torch.as_tensor(valid, dtype=torch.float32)
+    y = torch.as_tensor(oracle, dtype=torch.float32)
+    y = y - (y * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)
+    half = torch.randperm(len(x), generator=g) < len(x) // 2
+    scores = np.zeros(oracle.shape, np.float32)
+    for fit in (half, ~half):
+        torch.manual_seed(seed)
+        net = mlp(x.shape[-1], hidden)
+        opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
+        for _ in range(steps):
+            loss = (((net(x[fit])[..., 0] - y[fit]) ** 2) * w[fit]).sum() / w[fit].sum().clamp(min=1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            scores[(~fit).numpy()] = net(x[~fit])[..., 0].numpy()
+    return scores

@@ -5,7 +5,7 @@ from digiq.env import Dynamics, parse_task
 from digiq.env.actions import format_action, press_home, task_complete
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
-from digiq.oracle import candidate_values, ranking_report, replay
+from digiq.oracle import candidate_values, feature_probe, ranking_report, replay, within_state_share
 from digiq.rollout import ExpertPolicy, episode_seed, rollout
 
 
@@ -41,3 +41,35 @@ def test_ranking_report_counts_hits_only_where_candidates_differ():
     assert report["top1_hit_rate"]["critic"] == 0.5  # right in state 1; in state 3 it picks 0.2 over 0.9
     assert report["top1_hit_rate"]["random"] == round((1 / 3 + 1 / 2) / 2, 4)
     assert report["oracle_value_of_pick"]["best"] == 0.95
+
+
+def test_identical_candidates_share_one_value():
+    task = parse_task("Search for hotels in Paris")
+    dev = replay(task, 3, [], Dynamics(), 108)
+    right = format_action(next_action(dev, task))
+    values = candidate_values(dev, task, task.max_steps, [right, format_action(press_home()), right, right],
+                              rollouts=2, noise=0.5, gamma=0.9, seed=1)  # fmt: skip
+    assert values[0] == values[2] == values[3]
+
+
+def test_within_state_share_separates_action_features_from_state_features():
+    rng = np.random.default_rng(0)
+    state_part = np.repeat(rng.normal(size=(50, 1, 4)), 8, axis=1)  # the same for every candidate of a state
+    action_part = rng.normal(size=(50, 8, 4))
+    share = within_state_share(np.concatenate([state_part, action_part], -1), ("state", "action"))
+    assert share["state"] == 0.0 and share["action"] > 0.8
+
+
+def test_feature_probe_ranks_by_what_the_features_carry():
+    rng = np.random.default_rng(0)
+    S, N = 200, 8
+    oracle = rng.uniform(size=(S, N))
+    valid = np.ones((S, N), bool)
+    state = rng.normal(size=(S, 64)).astype(np.float32)  # wide, like real features: LayerNorm's statistics settle
+    informative = np.concatenate([3 * oracle[..., None], rng.normal(size=(S, N, 63))], -1).astype(np.float32)
+    blind = np.repeat(rng.normal(size=(S, 1, 64)), N, axis=1).astype(np.float32)  # no action in it
+    report = ranking_report(oracle, valid, {
+        "informative": feature_probe(state, informative, oracle, valid, seed=0),
+        "blind": feature_probe(state, blind, oracle, valid, seed=0)}, tolerance=0.05)  # fmt: skip
+    assert report["top1_hit_rate"]["informative"] > 0.6
+    assert report["top1_hit_rate"]["blind"] < 0.35  # a constant score picks one candidate blindly (random ~0.19)

@@ -39,7 +39,9 @@ def lab(values_root):
     port = _free_port()
     labconfig = values_root / ".jupyter" / "labconfig"
     labconfig.mkdir(parents=True, exist_ok=True)  # no first-run news question over the screenshots
-    (labconfig / "page_config.json").write_text('{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}')
+    (labconfig / "page_config.json").write_text(
+        '{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}'
+    )
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(values_root / ".jupyter"), "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ServerApp.ip=127.0.0.1",

@@ -34,7 +34,7 @@ from digiq.env.tasks import parse_task
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
-from digiq.oracle import ranking_report, stored_state_values
+from digiq.oracle import feature_probe, ranking_report, stored_state_values, within_state_share
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
@@ -46,6 +46,8 @@ from digiq.train.vlm_finetune import split_trajectories
 __all__ = ["run_actor", "best_of_n", "policy_names", "METHODS"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
+# The two equal halves of a VLM representation (ScreenVLM.answer_logits), for the oracle's variance split.
+REPRESENTATION_PARTS = ("answer_slot", "pooled")
 
 
 def best_of_n_variants(ablations: AblationsConfig) -> dict[str, tuple[str, int | None]]:
@@ -170,6 +172,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if cfg.oracle_states else None
+        probes: dict[str, np.ndarray] = {}
+        if sample is not None:  # what the features allow, whatever the critic: once per VLM, not per seed
+            for vlm, f in feats.items():
+                s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
+                probes[f"feature_probe_{vlm}"] = feature_probe(
+                    s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed
+                )
+                oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
+                    c_f, REPRESENTATION_PARTS
+                )
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
         curves: dict[str, list[float]] = {}
@@ -197,14 +209,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 q, _, _ = critics["finetuned"].advantage(torch.from_numpy(np.asarray(f["state"][sample["idx"]])),
                                                          torch.from_numpy(np.asarray(f["candidates"][sample["idx"]])))  # fmt: skip
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
-                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"]},
+                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"], **probes},
                                               cfg.oracle_tolerance))  # fmt: skip
     metrics["states"] = len(steps)
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
     if reports:
-        oracle_metrics = _mean_report(reports)
+        oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
         write_metrics(paths, "oracle", oracle_metrics)
     # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
