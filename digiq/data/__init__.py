@@ -1,4 +1,4 @@
-"""Trajectory data: schema, storage, and (later) the legacy Digi-Q/DigiRL importer."""
+"""Trajectory data: schema, storage, and the importer of released Digi-Q/DigiRL files (:mod:`digiq.data.legacy`)."""
 
 from digiq.data.trajectories import STEP_SCHEMA, DataError, Step, TrajectoryStore, mc_returns, observation_text
 

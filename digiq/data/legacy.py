@@ -1,0 +1,192 @@
+"""Import the released Digi-Q and DigiRL ``.pt`` files into this repository's dataset format.
+
+A released file is a ``torch.save``d list of trajectories, each a list of
+step dicts (REFERENCE.md). DigiRL steps carry the transition and BLIP-2
+image features; Digi-Q steps add ``traj_id``/``step_id``, the next image,
+the candidate actions (``action_list``, ``<split>``-joined, index 0 = taken)
+and the VLM representations (``q_rep_out_list``). Images are referenced by
+paths starting with ``<path_to_images>``, replaced here by a local folder.
+
+The output folder is a :class:`~digiq.data.trajectories.TrajectoryStore`
+(screenshots copied under ``images/``), plus, when the file has them:
+
+- ``candidates.parquet``: the stage-02 contract (``traj_id``, ``step_id``,
+  ``action_list``, ``valid_list``), so the pipeline can start at stage 03;
+- ``image_features.npy`` / ``next_image_features.npy`` (S, 1408): the BLIP-2
+  features AutoUI reads, in step-table order;
+- ``q_rep_out_list.npy`` (S, N, D): Digi-Q's candidate representations.
+
+Unpickling runs whatever code the file names, so loading needs an explicit
+``trust_pickle=True`` (``--trust-pickle`` on the command line).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from digiq.data.trajectories import DataError, Step, TrajectoryStore, mc_returns
+from digiq.env.actions import ActionType, parse_action
+from digiq.env.tasks import UnsupportedInstruction, parse_task
+from digiq.io import atomic_path
+
+__all__ = ["IMAGE_PREFIX", "SPLIT", "load_legacy", "import_legacy"]
+
+IMAGE_PREFIX = "<path_to_images>"
+SPLIT = "<split>"
+_TEXT = ("observation", "next_observation", "image_path", "task", "action")
+_NUMBER = ("reward",)
+_DIGIQ = ("next_image_path", "action_list")  # the keys that mark a Digi-Q (not DigiRL) file
+
+
+def load_legacy(path: Path | str, *, trust_pickle: bool = False) -> list[list[dict[str, Any]]]:
+    """The trajectories of a released ``.pt`` file, after checking its outer structure."""
+    path = Path(path)
+    if not trust_pickle:
+        raise DataError(f"{path} is a Python pickle (torch.save of dicts): loading it runs any code the file "
+                        "names. Pass --trust-pickle (trust_pickle=True) only for a file from a source you "
+                        "trust, such as the Digi-Q or DigiRL release.")  # fmt: skip
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a pickle can fail in any way; name the file and the cause
+        raise DataError(f"cannot unpickle {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise DataError(f"{path} should hold a non-empty list of trajectories, got {type(data).__name__}")
+    for t, traj in enumerate(data):
+        if not isinstance(traj, list) or not traj:
+            raise DataError(f"trajectory {t} of {path} should be a non-empty list of step dicts, "
+                            f"got {type(traj).__name__}")  # fmt: skip
+        for s, step in enumerate(traj):
+            if not isinstance(step, dict):
+                raise DataError(f"trajectory {t} step {s} of {path} should be a dict, got {type(step).__name__}")
+    return data
+
+
+def _field(step: dict[str, Any], key: str, where: str, check: Callable[[Any], bool], what: str) -> Any:
+    if key not in step:
+        raise DataError(f"{where}: missing key {key!r}")
+    value = step[key]
+    if not check(value):
+        raise DataError(f"{where}: key {key!r} should be {what}, got {type(value).__name__} {str(value)[:60]!r}")
+    return value
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.number)) or (torch.is_tensor(v) and v.numel() == 1)
+
+
+def _vector(v: Any) -> bool:
+    return (torch.is_tensor(v) or isinstance(v, np.ndarray)) and np.asarray(v).ndim >= 1
+
+
+def _resolve(image_path: str, images: Path, where: str) -> Path:
+    """The local file of a released image path: the ``<path_to_images>`` prefix (or any leading folders) replaced."""
+    rel = image_path[len(IMAGE_PREFIX) :].lstrip("/") if image_path.startswith(IMAGE_PREFIX) else Path(image_path).name
+    local = images / rel
+    if not local.is_file():
+        raise DataError(f"{where}: image {image_path!r} not found as {local}")
+    return local
+
+
+def _family(task: str, task_set: str) -> str:
+    try:
+        return parse_task(task, task_set).family
+    except UnsupportedInstruction:
+        return "unsupported"  # the simulator has no such task; the data is still usable offline
+
+
+def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_set: str, trust_pickle: bool = False,
+                  gamma: float = 0.95) -> dict[str, Any]:  # fmt: skip
+    """Convert one released file into a dataset folder ``out``; returns counts of what was written.
+
+    Every step is checked before anything is written, so a broken file
+    leaves ``out`` untouched; ``out`` must not already hold steps.
+    """
+    data = load_legacy(src, trust_pickle=trust_pickle)
+    images = Path(images)
+    store = TrajectoryStore(out)
+    if store.parts():
+        raise DataError(f"{out} already holds a dataset; import into an empty folder")
+    digiq = all(k in data[0][0] for k in _DIGIQ)
+    steps: list[Step] = []
+    copies: list[tuple[Path, str]] = []
+    candidates: list[list[str]] = []
+    arrays: dict[str, list[np.ndarray]] = {"image_features": [], "next_image_features": [], "q_rep_out_list": []}
+    for t, traj in enumerate(data):
+        rewards = []
+        for s, step in enumerate(traj):
+            where = f"{src} trajectory {t} step {s}"
+            for key in _TEXT:
+                _field(step, key, where, lambda v: isinstance(v, str), "a string")
+            rewards.append(float(_field(step, "reward", where, _is_number, "a number")))
+            _field(step, "done", where, lambda v: isinstance(v, (bool, int, np.bool_)) or _is_number(v), "a bool")
+            for key in ("image_features", "next_image_features"):
+                if key in step:
+                    arrays[key].append(np.asarray(_field(step, key, where, _vector, "a feature vector"), np.float32))
+            if digiq:
+                _field(step, "next_image_path", where, lambda v: isinstance(v, str), "a string")
+                joined = _field(step, "action_list", where, lambda v: isinstance(v, (str, list)), "a string or list")
+                cands = joined.split(SPLIT) if isinstance(joined, str) else list(joined)
+                if cands[0].strip() != step["action"].strip():
+                    raise DataError(f"{where}: action_list[0] should be the action taken, {step['action'][:60]!r}")
+                candidates.append(cands)
+                if "q_rep_out_list" in step:
+                    arrays["q_rep_out_list"].append(
+                        np.asarray(_field(step, "q_rep_out_list", where, _vector, "an (N, D) array"), np.float32))  # fmt: skip
+        returns = mc_returns(rewards, gamma)
+        local = [_resolve(step["image_path"], images, f"{src} trajectory {t} step {s}") for s, step in enumerate(traj)]
+        names = [f"images/{int(st.get('traj_id', t)):06d}_{int(st.get('step_id', s)):02d}{p.suffix}"
+                 for s, (st, p) in enumerate(zip(traj, local, strict=True))]  # fmt: skip
+        for s, step in enumerate(traj):
+            where = f"{src} trajectory {t} step {s}"
+            traj_id, step_id = int(step.get("traj_id", t)), int(step.get("step_id", s))
+            rel = names[s]
+            copies.append((local[s], rel))
+            if digiq:
+                next_local = _resolve(step["next_image_path"], images, where)
+                next_rel = f"{Path(rel).with_suffix('')}_next{next_local.suffix}"
+                copies.append((next_local, next_rel))
+            else:  # DigiRL: the next screen is the next step's; the last one's is never read (done)
+                next_rel = names[min(s + 1, len(traj) - 1)]
+            steps.append(Step(traj_id=traj_id, step_id=step_id, task=step["task"], task_set=task_set,
+                              family=_family(step["task"], task_set), observation=step["observation"],
+                              next_observation=step["next_observation"], image_path=rel, next_image_path=next_rel,
+                              action=step["action"], valid=parse_action(step["action"]).type is not ActionType.INVALID,
+                              reward=rewards[s], done=bool(step["done"]),
+                              mc_return=float(step.get("mc_return", returns[s])),
+                              trajectory_reward=float(step.get("trajectory_reward", max(rewards)))))  # fmt: skip
+    for name, rows in arrays.items():
+        if rows and len(rows) != len(steps):
+            raise DataError(f"{src}: {name} is on {len(rows)} of {len(steps)} steps; it must be on all or none")
+    _write(store, steps, copies, candidates, {k: v for k, v in arrays.items() if v})
+    return {"trajectories": len(data), "steps": len(steps), "format": "digiq" if digiq else "digirl",
+            "candidates": len(candidates[0]) if candidates else 0,
+            "arrays": sorted(k for k, v in arrays.items() if v)}  # fmt: skip
+
+
+def _write(store: TrajectoryStore, steps: Sequence[Step], copies: Sequence[tuple[Path, str]],
+           candidates: Sequence[list[str]], arrays: dict[str, list[np.ndarray]]) -> None:  # fmt: skip
+    """Images first, then the side files, the step table last: a run cut short leaves no table to trust."""
+    for local, rel in copies:
+        with atomic_path(store.root / rel) as tmp:
+            shutil.copyfile(local, tmp)
+    if candidates:
+        table = pa.table({"traj_id": [s.traj_id for s in steps], "step_id": [s.step_id for s in steps],
+                          "action_list": candidates,
+                          "valid_list": [[parse_action(a).type is not ActionType.INVALID for a in c] for c in candidates]})  # fmt: skip
+        with atomic_path(store.root / "candidates.parquet") as tmp:
+            pq.write_table(table, tmp)
+    for name, rows in arrays.items():
+        with atomic_path(store.root / f"{name}.npy") as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, np.stack(rows))
+    store.write_part(steps)
