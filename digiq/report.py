@@ -92,7 +92,12 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     for name, hit in oracle["top1_hit_rate"].items():
         out.append(f"| {name} | {_pct(hit)} | {oracle['oracle_value_of_pick'][name]:.3f} |")
     out += ["", f"{oracle['informative_states']} of {oracle['states']} sampled states have candidates of different "
-            f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}."]  # fmt: skip
+            f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
+            "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
+            "(the best a critic on those features could rank)."]  # fmt: skip
+    for vlm, parts in oracle.get("candidate_variance_within_state", {}).items():
+        shares = ", ".join(f"{name} {100 * share:.1f}%" for name, share in parts.items())
+        out.append(f"Share of the {vlm} candidate features' variance between a state's candidates: {shares}.")
     return out
 
 

@@ -81,6 +81,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
         assert (workspace / "data" / "models" / "critic" / f"seed{seed}" / "untuned" / "config.json").exists()
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
+    assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}
     assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
