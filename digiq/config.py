@@ -24,6 +24,7 @@ from digiq.env.state import Dynamics
 __all__ = [
     "ConfigError",
     "EnvConfig",
+    "JudgeConfig",
     "TasksConfig",
     "BasePolicyConfig",
     "CollectConfig",
@@ -104,6 +105,27 @@ class DeviceConfig:
             raise ValueError(
                 "need sim_devices >= 1, retries >= 0, time-outs > 0 and settle_s >= 0; got "
                 f"{self.sim_devices}, {self.retries}, {self.timeout_s}/{self.reset_timeout_s}, {self.settle_s}"
+            )
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """The VLM success judge for real screens (digiq.judge), over an OpenAI-compatible chat endpoint."""
+
+    base_url: str = _help("endpoint up to /v1 (`vllm serve MODEL` listens here by default)", "http://127.0.0.1:8000/v1")
+    model: str = _help("the served chat VLM", "Qwen/Qwen2-VL-7B-Instruct")
+    api_key_env: str = _help("environment variable holding the key; empty: send none (a local server)",
+                             "OPENAI_API_KEY")  # fmt: skip
+    timeout_s: float = _help("time-out of one request, seconds", 60.0)
+    retries: int = _help("retries on rate limits (429), server errors and dropped connections", 5)
+    backoff_s: float = _help("first wait before a retry, doubled each time (or the server's Retry-After)", 1.0)
+    max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024)
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0 or self.max_image_side < 1:
+            raise ValueError(
+                "need retries >= 0, timeout_s > 0, backoff_s >= 0 and max_image_side >= 1; got "
+                f"{self.retries}, {self.timeout_s}, {self.backoff_s}, {self.max_image_side}"
             )
 
 

@@ -20,15 +20,15 @@ import os
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from digiq.config import JudgeConfig
 from digiq.env.tasks import Task
 
-__all__ = ["JudgeConfig", "JudgeError", "JudgeAuthError", "VLMJudge", "SYSTEM_PROMPT"]
+__all__ = ["JudgeError", "JudgeAuthError", "VLMJudge", "SYSTEM_PROMPT"]
 
 SYSTEM_PROMPT = (
     "You check whether a phone agent finished its task. You see the task and the phone's current screen only. "
@@ -44,17 +44,6 @@ class JudgeError(RuntimeError):
 
 class JudgeAuthError(JudgeError):
     """The endpoint refused the credentials: retrying cannot help."""
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    base_url: str = "http://127.0.0.1:8000/v1"  # `vllm serve MODEL` listens here by default
-    model: str = "Qwen/Qwen2-VL-7B-Instruct"
-    api_key_env: str = "OPENAI_API_KEY"  # empty: send no key (a local server)
-    timeout_s: float = 60.0
-    retries: int = 5  # on rate limits (429), server errors and dropped connections
-    backoff_s: float = 1.0  # first wait; doubles per retry, or the server's Retry-After
-    max_image_side: int = 1024  # screenshots are downscaled to this before sending
 
 
 class VLMJudge:

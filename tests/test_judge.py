@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from digiq.config import JudgeConfig
 from digiq.env import parse_task
-from digiq.judge import JudgeAuthError, JudgeConfig, JudgeError, VLMJudge
+from digiq.judge import JudgeAuthError, JudgeError, VLMJudge
 
 
 class ChatServer:
@@ -123,3 +124,9 @@ def test_unreachable_endpoint_is_named():
     judge = VLMJudge(JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", retries=1, backoff_s=0.01))
     with pytest.raises(JudgeError, match=r"127.0.0.1:9/v1/chat/completions gave no verdict after 2 tries"):
         judge.judge("Open the settings", SCREEN)
+
+
+@pytest.mark.parametrize("bad", [{"retries": -1}, {"timeout_s": 0.0}, {"backoff_s": -1.0}, {"max_image_side": 0}])
+def test_config_rejects_impossible_settings(bad):
+    with pytest.raises(ValueError, match="need retries >= 0"):
+        JudgeConfig(**bad)

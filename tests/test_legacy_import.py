@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from digiq.data import DataError, TrajectoryStore, mc_returns
-from digiq.data.legacy import IMAGE_PREFIX, SPLIT, import_legacy
+from digiq.data.candidates import SPLIT
+from digiq.data.legacy import IMAGE_PREFIX, import_legacy
 from digiq.env.actions import format_action, press_back, press_enter, tap, type_text
 
 TASKS = ("Search for hotels in Paris", "Open the settings", "Play some jazz on the moon")  # the last: unsupported

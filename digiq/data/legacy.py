@@ -28,21 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
+from digiq.data.candidates import SPLIT, write_candidates
 from digiq.data.trajectories import DataError, Step, TrajectoryStore, mc_returns
-from digiq.env.actions import ActionType, parse_action
+from digiq.env.actions import parse_action
 from digiq.env.tasks import UnsupportedInstruction, parse_task
 from digiq.io import atomic_path
 
-__all__ = ["IMAGE_PREFIX", "SPLIT", "load_legacy", "import_legacy"]
+__all__ = ["IMAGE_PREFIX", "load_legacy", "import_legacy"]
 
 IMAGE_PREFIX = "<path_to_images>"
-SPLIT = "<split>"
 _TEXT = ("observation", "next_observation", "image_path", "task", "action")
-_NUMBER = ("reward",)
+_ARRAYS = ("image_features", "next_image_features", "q_rep_out_list")  # kept when on every step
 _DIGIQ = ("next_image_path", "action_list")  # the keys that mark a Digi-Q (not DigiRL) file
 
 
@@ -104,6 +102,26 @@ def _family(task: str, task_set: str) -> str:
         return "unsupported"  # the simulator has no such task; the data is still usable offline
 
 
+def _check_step(step: dict[str, Any], where: str, digiq: bool,
+                arrays: dict[str, list[np.ndarray]]) -> tuple[float, list[str] | None]:  # fmt: skip
+    """Check one step's keys and types; collect its arrays; return its reward and (Digi-Q) its candidates."""
+    for key in _TEXT:
+        _field(step, key, where, lambda v: isinstance(v, str), "a string")
+    reward = float(_field(step, "reward", where, _is_number, "a number"))
+    _field(step, "done", where, lambda v: isinstance(v, (bool, np.bool_)) or _is_number(v), "a bool")
+    for key in _ARRAYS:
+        if key in step:
+            arrays[key].append(np.asarray(_field(step, key, where, _vector, "an array"), np.float32))
+    if not digiq:
+        return reward, None
+    _field(step, "next_image_path", where, lambda v: isinstance(v, str), "a string")
+    joined = _field(step, "action_list", where, lambda v: isinstance(v, (str, list)), "a string or list")
+    cands = joined.split(SPLIT) if isinstance(joined, str) else list(joined)
+    if cands[0].strip() != step["action"].strip():
+        raise DataError(f"{where}: action_list[0] should be the action taken, {step['action'][:60]!r}")
+    return reward, cands
+
+
 def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_set: str, trust_pickle: bool = False,
                   gamma: float = 0.95) -> dict[str, Any]:  # fmt: skip
     """Convert one released file into a dataset folder ``out``; returns counts of what was written.
@@ -120,39 +138,23 @@ def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_
     steps: list[Step] = []
     copies: list[tuple[Path, str]] = []
     candidates: list[list[str]] = []
-    arrays: dict[str, list[np.ndarray]] = {"image_features": [], "next_image_features": [], "q_rep_out_list": []}
+    arrays: dict[str, list[np.ndarray]] = {name: [] for name in _ARRAYS}
     for t, traj in enumerate(data):
         rewards = []
         for s, step in enumerate(traj):
-            where = f"{src} trajectory {t} step {s}"
-            for key in _TEXT:
-                _field(step, key, where, lambda v: isinstance(v, str), "a string")
-            rewards.append(float(_field(step, "reward", where, _is_number, "a number")))
-            _field(step, "done", where, lambda v: isinstance(v, (bool, int, np.bool_)) or _is_number(v), "a bool")
-            for key in ("image_features", "next_image_features"):
-                if key in step:
-                    arrays[key].append(np.asarray(_field(step, key, where, _vector, "a feature vector"), np.float32))
-            if digiq:
-                _field(step, "next_image_path", where, lambda v: isinstance(v, str), "a string")
-                joined = _field(step, "action_list", where, lambda v: isinstance(v, (str, list)), "a string or list")
-                cands = joined.split(SPLIT) if isinstance(joined, str) else list(joined)
-                if cands[0].strip() != step["action"].strip():
-                    raise DataError(f"{where}: action_list[0] should be the action taken, {step['action'][:60]!r}")
+            reward, cands = _check_step(step, f"{src} trajectory {t} step {s}", digiq, arrays)
+            rewards.append(reward)
+            if cands is not None:
                 candidates.append(cands)
-                if "q_rep_out_list" in step:
-                    arrays["q_rep_out_list"].append(
-                        np.asarray(_field(step, "q_rep_out_list", where, _vector, "an (N, D) array"), np.float32))  # fmt: skip
         returns = mc_returns(rewards, gamma)
+        ids = [(int(step.get("traj_id", t)), int(step.get("step_id", s))) for s, step in enumerate(traj)]
         local = [_resolve(step["image_path"], images, f"{src} trajectory {t} step {s}") for s, step in enumerate(traj)]
-        names = [f"images/{int(st.get('traj_id', t)):06d}_{int(st.get('step_id', s)):02d}{p.suffix}"
-                 for s, (st, p) in enumerate(zip(traj, local, strict=True))]  # fmt: skip
+        names = [f"images/{i:06d}_{j:02d}{p.suffix}" for (i, j), p in zip(ids, local, strict=True)]
         for s, step in enumerate(traj):
-            where = f"{src} trajectory {t} step {s}"
-            traj_id, step_id = int(step.get("traj_id", t)), int(step.get("step_id", s))
-            rel = names[s]
+            (traj_id, step_id), rel = ids[s], names[s]
             copies.append((local[s], rel))
             if digiq:
-                next_local = _resolve(step["next_image_path"], images, where)
+                next_local = _resolve(step["next_image_path"], images, f"{src} trajectory {t} step {s}")
                 next_rel = f"{Path(rel).with_suffix('')}_next{next_local.suffix}"
                 copies.append((next_local, next_rel))
             else:  # DigiRL: the next screen is the next step's; the last one's is never read (done)
@@ -160,7 +162,7 @@ def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_
             steps.append(Step(traj_id=traj_id, step_id=step_id, task=step["task"], task_set=task_set,
                               family=_family(step["task"], task_set), observation=step["observation"],
                               next_observation=step["next_observation"], image_path=rel, next_image_path=next_rel,
-                              action=step["action"], valid=parse_action(step["action"]).type is not ActionType.INVALID,
+                              action=step["action"], valid=parse_action(step["action"]).is_valid,
                               reward=rewards[s], done=bool(step["done"]),
                               mc_return=float(step.get("mc_return", returns[s])),
                               trajectory_reward=float(step.get("trajectory_reward", max(rewards)))))  # fmt: skip
@@ -180,11 +182,8 @@ def _write(store: TrajectoryStore, steps: Sequence[Step], copies: Sequence[tuple
         with atomic_path(store.root / rel) as tmp:
             shutil.copyfile(local, tmp)
     if candidates:
-        table = pa.table({"traj_id": [s.traj_id for s in steps], "step_id": [s.step_id for s in steps],
-                          "action_list": candidates,
-                          "valid_list": [[parse_action(a).type is not ActionType.INVALID for a in c] for c in candidates]})  # fmt: skip
-        with atomic_path(store.root / "candidates.parquet") as tmp:
-            pq.write_table(table, tmp)
+        write_candidates(store.root / "candidates.parquet", [s.traj_id for s in steps], [s.step_id for s in steps],
+                         candidates)  # fmt: skip
     for name, rows in arrays.items():
         with atomic_path(store.root / f"{name}.npy") as tmp:
             with open(tmp, "wb") as f:

@@ -17,16 +17,14 @@ import torch
 from tqdm.auto import tqdm
 
 from digiq.config import AugmentConfig
+from digiq.data.candidates import CANDIDATE_FIELDS, write_candidates
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
-from digiq.io import atomic_path
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stagekit import require, timed, write_metrics
 
-__all__ = ["run_augment", "read_candidates", "SPLIT"]
-
-SPLIT = "<split>"  # Digi-Q's separator when candidates are joined into one string
+__all__ = ["run_augment", "read_candidates"]
 
 
 def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
@@ -37,7 +35,7 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
         model = AutoUIPolicy.load(paths.base_policy)
         store = TrajectoryStore(paths.offline)
         steps = store.read().select(["traj_id", "step_id", "observation", "image_path", "action"]).to_pylist()
-        lists, valid_lists, resampled = [], [], 0
+        lists, resampled = [], 0
         for start in tqdm(range(0, len(steps), cfg.batch_states), desc="candidates", leave=False):
             batch = steps[start : start + cfg.batch_states]
             images = model.screen.prepare(np.stack([store.load_image(s["image_path"]) for s in batch]))
@@ -54,19 +52,9 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
                                     temperature=cfg.temperature)  # fmt: skip
                 for (i, j), new in zip(bad, redo, strict=True):
                     samples[i][j] = new[0]
-            for s, row in zip(batch, samples, strict=True):
-                cands = [s["action"], *row]
-                lists.append(cands)
-                valid_lists.append([parse_action(a).is_valid for a in cands])
-        table = pa.table({
-            "traj_id": [s["traj_id"] for s in steps],
-            "step_id": [s["step_id"] for s in steps],
-            "action_list": lists,
-            "valid_list": valid_lists,
-        })  # fmt: skip
-        with atomic_path(paths.candidates) as tmp:
-            pq.write_table(table, tmp)
-    valid = np.array([v for row in valid_lists for v in row[1:]])
+            lists += [[s["action"], *row] for s, row in zip(batch, samples, strict=True)]
+        marks = write_candidates(paths.candidates, [s["traj_id"] for s in steps], [s["step_id"] for s in steps], lists)
+    valid = np.array([v for row in marks for v in row[1:]])
     distinct = np.mean([len(set(row)) for row in lists])
     metrics.update(
         {
@@ -87,7 +75,7 @@ def read_candidates(paths: Paths) -> pa.Table:
         table = pq.read_table(paths.candidates)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"corrupt candidates file {paths.candidates}: {e}") from None
-    missing = {"traj_id", "step_id", "action_list", "valid_list"} - set(table.column_names)
+    missing = set(CANDIDATE_FIELDS) - set(table.column_names)
     if missing:
         raise DataError(f"candidates file {paths.candidates} lacks field(s) {sorted(missing)}")
     return table.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
