@@ -5,6 +5,7 @@ from the network (an HTML export would load it from a CDN). The screenshot
 is kept in ``test-artifacts/`` for CI to collect.
 """
 
+import json
 import os
 import shutil
 import socket
@@ -42,7 +43,13 @@ def lab(values_root):
     (labconfig / "page_config.json").write_text(
         '{"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": true}}'
     )
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(values_root / ".jupyter"), "OMP_NUM_THREADS": "1"}
+    # Start the notebook's kernel without asking: under load JupyterLab may otherwise put "Select Kernel" over the page.
+    settings = values_root / ".jupyter" / "lab" / "user-settings"
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True, exist_ok=True)
+    tracker.write_text('{"autoStartDefaultKernel": true}')
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(values_root / ".jupyter"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ServerApp.ip=127.0.0.1",
          f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={values_root}"],
@@ -59,24 +66,16 @@ def lab(values_root):
                 server.kill()
                 pytest.fail(f"JupyterLab did not start on {url}")
             time.sleep(0.5)
+    tracker_api = f"{url}/lab/api/settings/@jupyterlab/notebook-extension:tracker?token={TOKEN}"
+    assert json.load(urllib.request.urlopen(tracker_api, timeout=10))["settings"]["autoStartDefaultKernel"] is True
     yield url
     server.terminate()
     server.wait(timeout=30)
 
 
-def _accept_dialog(page, seen: list[str]) -> None:
-    """Accept a JupyterLab dialog that blocks the page (e.g. kernel selection when the kernel starts slowly)."""
-    dialog = page.locator(".jp-Dialog")
-    if dialog.count():
-        seen.append(dialog.first.inner_text())
-        page.locator(".jp-Dialog .jp-mod-accept").first.click()
-        page.wait_for_selector(".jp-Dialog", state="detached", timeout=30_000)
-
-
 def test_viewer_notebook_renders_its_widgets_in_chromium(lab):
     ARTIFACTS.mkdir(exist_ok=True)
     errors: list[str] = []
-    dialogs: list[str] = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
@@ -88,7 +87,6 @@ def test_viewer_notebook_renders_its_widgets_in_chromium(lab):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
         # Run All; a click before the kernel has connected runs nothing, so try again then.
         for attempt in range(3):
-            _accept_dialog(page, dialogs)
             try:  # both viewers' screenshot images are live widget views
                 page.click(".lm-MenuBar-itemLabel:text-is('Run')", timeout=10_000)
                 page.click(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
@@ -98,7 +96,7 @@ def test_viewer_notebook_renders_its_widgets_in_chromium(lab):
             except playwright.TimeoutError:
                 page.screenshot(path=str(ARTIFACTS / f"viewer_attempt{attempt}.png"))
         else:
-            pytest.fail(f"the viewers never rendered (dialogs: {dialogs}); see test-artifacts/viewer_attempt*.png")
+            pytest.fail("the viewers never rendered; see test-artifacts/viewer_attempt*.png")
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         dropdowns = page.locator(".widget-dropdown select").count()
         sliders = page.locator(".widget-slider").count()
