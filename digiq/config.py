@@ -224,6 +224,12 @@ class BasePolicyConfig:
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
     seed: int = _help("seed of demonstrations, initialisation and batches", 0)
+    checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
+    blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
+
+    def __post_init__(self) -> None:
+        if self.checkpoint and not self.blip2:
+            raise ValueError("checkpoint (Auto-UI-Base) reads BLIP-2 image features: set blip2 to a BLIP-2 folder")
 
 
 @dataclass(frozen=True)

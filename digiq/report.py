@@ -95,9 +95,11 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
             "(the best a critic on those features could rank)."]  # fmt: skip
-    for vlm, parts in oracle.get("candidate_variance_within_state", {}).items():
-        shares = ", ".join(f"{name} {100 * share:.1f}%" for name, share in parts.items())
-        out.append(f"Share of the {vlm} candidate features' variance between a state's candidates: {shares}.")
+    shares = oracle.get("candidate_variance_within_state", {})
+    if shares:
+        out += ["", "Share of the candidate features' variance that lies between a state's candidates:", ""]
+    for vlm, parts in shares.items():
+        out.append(f"- {vlm}: " + ", ".join(f"{name} {100 * share:.1f}%" for name, share in parts.items()))
     return out
 
 

@@ -8,16 +8,19 @@ habit). Every file is written atomically, the config last, so a folder with a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 from torch import nn
 
 from digiq.io import atomic_path
 
-__all__ = ["save_checkpoint", "read_config", "read_meta", "load_weights"]
+__all__ = ["save_checkpoint", "read_config", "read_meta", "load_weights", "read_released_weights"]
 
 
 def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any, **meta: object) -> Path:
@@ -54,3 +57,37 @@ def read_meta(folder: Path | str) -> dict[str, Any]:
 
 def load_weights(folder: Path | str, model: nn.Module) -> None:
     load_model(model, str(Path(folder) / "model.safetensors"))
+
+
+def read_released_weights(
+    folder: Path | str, keep: Callable[[str], bool] = lambda name: True
+) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint folder in Hugging Face's layout, only those whose name ``keep`` accepts.
+
+    Reads ``model.safetensors``, ``pytorch_model.bin`` or their sharded forms
+    (``*.index.json``). Safetensors are read tensor by tensor, so taking only
+    the vision tower of a BLIP-2 folder never loads its 2.7B-parameter language
+    model. Pickled ``.bin`` files are opened with ``weights_only=True``: a
+    tensor file cannot run code.
+    """
+    folder = Path(folder)
+    for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):  # fmt: skip
+        if (folder / index).exists():
+            files = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+        elif (folder / single).exists():
+            files = [single]
+        else:
+            continue
+        out: dict[str, torch.Tensor] = {}
+        for name in files:
+            if name.endswith(".safetensors"):
+                with safe_open(str(folder / name), framework="pt") as f:
+                    out.update({k: f.get_tensor(k) for k in f.keys() if keep(k)})
+            else:
+                state = torch.load(folder / name, map_location="cpu", weights_only=True, mmap=True)
+                out.update({k: v for k, v in state.items() if keep(k)})
+        return out
+    raise FileNotFoundError(
+        f"no weights in {folder}: expected model.safetensors or pytorch_model.bin (or a sharded index)"
+    )

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import (
+    AutoTokenizer,
     DynamicCache,
     EncoderDecoderCache,
     PreTrainedTokenizerFast,
@@ -28,9 +29,10 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
+from digiq.models.blip2 import Blip2ImageFeatures
+from digiq.models.checkpoint import load_weights, read_config, read_released_weights, save_checkpoint
 
-__all__ = ["PolicyConfig", "ScreenEncoder", "GatedImageFusion", "CopyHead", "AutoUIPolicy"]
+__all__ = ["PolicyConfig", "ScreenEncoder", "PooledFeatureScreen", "GatedImageFusion", "CopyHead", "AutoUIPolicy"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,14 @@ class PolicyConfig:
     max_action_tokens: int = 48
     dropout: float = 0.1
     copy: bool = True  # pointer-generator head (off for a real AutoUI checkpoint)
+    vocab_size: int = 0  # 0: the tokenizer's size (T5 checkpoints pad theirs: 32128 rows for 32100 tokens)
+    tie_word_embeddings: bool = True  # output layer = embeddings, outputs scaled (T5 1.0); flan-T5 / AutoUI: neither
+    image_encoder: str = "cnn"  # "cnn": ScreenEncoder, trained with the policy; "blip2": frozen BLIP-2 pooled feature
+    image_encoder_path: str = ""  # blip2: the local BLIP-2 folder that screenshots go through
+
+    def __post_init__(self) -> None:
+        if self.image_encoder not in ("cnn", "blip2"):
+            raise ValueError(f"image_encoder must be 'cnn' or 'blip2', got {self.image_encoder!r}")
 
 
 class ScreenEncoder(nn.Module):
@@ -83,20 +93,58 @@ class ScreenEncoder(nn.Module):
         return self.net(x).flatten(2).transpose(1, 2) + self.pos
 
 
+class PooledFeatureScreen(nn.Module):
+    """AutoUI's image input: one pooled BLIP-2 feature per screenshot; nothing here is trained.
+
+    ``prepare`` runs screenshots through the frozen tower once (training
+    preloads through it, as with the CNN) or passes precomputed features
+    through: the released data's ``image_features`` (REFERENCE.md). The tower
+    is loaded on first use from ``image_encoder_path`` and is never part of a
+    policy checkpoint: it is frozen and a gigabyte large.
+    """
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        super().__init__()
+        self.dim, self.path = cfg.image_dim, cfg.image_encoder_path
+        self.register_buffer("anchor", torch.empty(0), persistent=False)  # follows the policy's device
+        self.tower: Blip2ImageFeatures | None = None
+
+    def prepare(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """(B, H, W, 3) uint8 screenshots, or (B, dim) / (B, 1, dim) float features -> (B, 1, dim) float32."""
+        x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
+        if not x.is_floating_point():
+            if self.tower is None:
+                if not self.path:
+                    raise ValueError("this policy reads BLIP-2 features: set image_encoder_path to a local BLIP-2 "
+                                     "folder, or pass precomputed (B, dim) features")  # fmt: skip
+                self.tower = Blip2ImageFeatures.from_pretrained(self.path, device=str(self.anchor.device))
+            x = self.tower(x)
+        x = x.float().reshape(len(x), -1)
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"image features have width {x.shape[-1]}, the policy expects {self.dim}")
+        return x[:, None]
+
+    def forward(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return self.prepare(images).to(self.anchor.device)
+
+
 class GatedImageFusion(nn.Module):
-    """AutoUI's fusion: single-head attention from text states to image features, mixed in by a gate."""
+    """AutoUI's fusion: single-head attention from text states to image features, mixed in by a gate.
+
+    The modules carry Auto-UI-Base's own names (``image_dense``, ``mha_layer``,
+    ``gate_dense``) so the released weights load by name (:meth:`AutoUIPolicy.from_autoui`).
+    """
 
     def __init__(self, d_model: int, image_dim: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(image_dim, d_model)
-        self.q, self.k, self.v = (nn.Linear(d_model, d_model) for _ in range(3))
-        self.gate_text, self.gate_image = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.image_dense = nn.Linear(image_dim, d_model)
+        self.mha_layer = nn.MultiheadAttention(d_model, num_heads=1, batch_first=True)
+        self.gate_dense = nn.Linear(2 * d_model, d_model)
 
     def forward(self, text: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        img = self.proj(image)
-        att = torch.softmax(self.q(text) @ self.k(img).transpose(1, 2) / math.sqrt(text.shape[-1]), dim=-1)
-        image_att = att @ self.v(img)
-        gate = torch.sigmoid(self.gate_text(text) + self.gate_image(image_att))
+        img = self.image_dense(image)
+        image_att, _ = self.mha_layer(text, img, img, need_weights=False)
+        gate = torch.sigmoid(self.gate_dense(torch.cat([text, image_att], -1)))
         return (1 - gate) * text + gate * image_att
 
 
@@ -144,6 +192,14 @@ class CopyHead(nn.Module):
         return torch.log(mixed.clamp_min(1e-12))
 
 
+# What AutoUI's T5 (flan-alpaca-base) uses; other values would need options this class does not have.
+_AUTOUI_T5 = {"feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
+              "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6}  # fmt: skip
+# Copies of ``shared`` that T5 checkpoints also store, and a tensor AutoUI's own loader ignores.
+_AUTOUI_REDUNDANT = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                     "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"}  # fmt: skip
+
+
 class AutoUIPolicy(nn.Module):
     """T5 encoder-decoder + screen features; reads prompts and screenshots, writes AutoUI action strings."""
 
@@ -151,13 +207,15 @@ class AutoUIPolicy(nn.Module):
         super().__init__()
         self.cfg, self.tokenizer = cfg, tokenizer
         t5 = T5Config(
-            vocab_size=len(tokenizer), d_model=cfg.d_model, d_ff=cfg.d_ff, d_kv=cfg.d_kv, num_heads=cfg.num_heads,
+            vocab_size=cfg.vocab_size or len(tokenizer), d_model=cfg.d_model, d_ff=cfg.d_ff, d_kv=cfg.d_kv, num_heads=cfg.num_heads,
             num_layers=cfg.num_layers, num_decoder_layers=cfg.num_layers, pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-            feed_forward_proj="gated-gelu", tie_word_embeddings=True, dropout_rate=cfg.dropout,
+            feed_forward_proj="gated-gelu", tie_word_embeddings=cfg.tie_word_embeddings, dropout_rate=cfg.dropout,
         )  # fmt: skip
         self.t5 = T5ForConditionalGeneration(t5)
-        self.screen = ScreenEncoder(cfg)
+        if not cfg.tie_word_embeddings:  # transformers ties T5's output layer to the embeddings regardless
+            self.t5.lm_head.weight = nn.Parameter(self.t5.lm_head.weight.detach().clone())
+        self.screen = ScreenEncoder(cfg) if cfg.image_encoder == "cnn" else PooledFeatureScreen(cfg)
         self.fusion = GatedImageFusion(cfg.d_model, cfg.image_dim)
         self.copy = CopyHead(cfg.d_model) if cfg.copy else None
 
@@ -266,9 +324,58 @@ class AutoUIPolicy(nn.Module):
         save_checkpoint(folder, self, "policy", self.cfg, **meta)
 
     @classmethod
-    def load(cls, folder: Path | str, device: str = "cpu") -> "AutoUIPolicy":
+    def load(cls, folder: Path | str, device: str = "cpu", image_encoder_path: str | None = None) -> "AutoUIPolicy":
+        """A checkpoint written by :meth:`save`; ``image_encoder_path`` overrides where its BLIP-2 folder is."""
         pc = read_config(folder, "policy")
         pc["image_grid"] = tuple(pc["image_grid"])
+        if image_encoder_path is not None:
+            pc["image_encoder_path"] = str(image_encoder_path)
         model = cls(PolicyConfig(**pc), PreTrainedTokenizerFast.from_pretrained(Path(folder) / "tokenizer"))
         load_weights(folder, model)
+        return model.to(device).eval()
+
+    @classmethod
+    def from_autoui(
+        cls, folder: Path | str, image_encoder_path: Path | str = "", device: str = "cpu"
+    ) -> "AutoUIPolicy":
+        """Auto-UI-Base as released: a T5 ``config.json``, weights named as in AutoUI's code, and its tokenizer.
+
+        The weights are T5's (``shared``, ``encoder.*``, ``decoder.*``,
+        ``lm_head``) plus the fusion's ``image_dense``, ``mha_layer`` and
+        ``gate_dense``; the image input is BLIP-2's pooled feature, computed
+        by the tower in ``image_encoder_path`` or given precomputed.
+        """
+        folder = Path(folder)
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"no AutoUI checkpoint in {folder} (config.json missing)")
+        t5 = T5Config.from_pretrained(folder)
+        for key, supported in _AUTOUI_T5.items():
+            if getattr(t5, key) != supported:
+                raise ValueError(f"{folder}: T5 {key}={getattr(t5, key)!r} is not supported (AutoUI: {supported!r})")
+        if t5.num_decoder_layers != t5.num_layers:
+            raise ValueError(f"{folder}: {t5.num_layers} encoder but {t5.num_decoder_layers} decoder layers")
+        weights = read_released_weights(folder)
+        if "image_dense.weight" not in weights:
+            raise ValueError(f"{folder} has no image_dense weights: a plain T5, not an AutoUI checkpoint")
+        cfg = PolicyConfig(d_model=t5.d_model, d_ff=t5.d_ff, d_kv=t5.d_kv, num_heads=t5.num_heads,
+                           num_layers=t5.num_layers, image_dim=weights["image_dense.weight"].shape[1],
+                           max_input_tokens=512, max_action_tokens=128, dropout=t5.dropout_rate, copy=False,
+                           vocab_size=t5.vocab_size, tie_word_embeddings=t5.scale_decoder_outputs,
+                           image_encoder="blip2", image_encoder_path=str(image_encoder_path))  # fmt: skip
+        model = cls(cfg, AutoTokenizer.from_pretrained(folder))
+        fusion = {f"fusion.{k}" for k in model.fusion.state_dict()}
+        ours = {}
+        for k, v in weights.items():
+            if k in _AUTOUI_REDUNDANT:
+                continue
+            name = f"fusion.{k}" if f"fusion.{k}" in fusion else f"t5.{k}"
+            ours[name] = v
+        missing, unexpected = model.load_state_dict(ours, strict=False)
+        tied = {"t5.encoder.embed_tokens.weight", "t5.decoder.embed_tokens.weight"}
+        if t5.tie_word_embeddings:
+            tied.add("t5.lm_head.weight")
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ValueError(f"{folder} does not match the AutoUI layout: missing {missing[:8]}, "
+                             f"unexpected {[k.removeprefix('t5.') for k in unexpected[:8]]}")  # fmt: skip
         return model.to(device).eval()

@@ -29,9 +29,20 @@ from transformers import (
 from digiq.env.actions import Action, ActionType
 from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
-__all__ = ["VLMConfig", "ScreenVLM", "question", "state_question", "draw_marker", "effect_label", "ANSWERS"]
+__all__ = [
+    "VLMConfig",
+    "ScreenVLM",
+    "question",
+    "state_question",
+    "draw_marker",
+    "effect_label",
+    "ANSWERS",
+    "REPRESENTATION_PARTS",
+]
 
 ANSWERS = ("No", "Yes")
+# The equal parts of a representation (ScreenVLM.answer_logits), in order; the oracle reports on each.
+REPRESENTATION_PARTS = ("answer_slot", "pooled")
 _RED = np.array([230, 30, 60], np.uint8)
 
 

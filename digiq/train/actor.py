@@ -34,6 +34,7 @@ from digiq.env.tasks import parse_task
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
+from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import feature_probe, ranking_report, stored_state_values, within_state_share
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
@@ -46,8 +47,6 @@ from digiq.train.vlm_finetune import split_trajectories
 __all__ = ["run_actor", "best_of_n", "policy_names", "METHODS"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
-# The two equal halves of a VLM representation (ScreenVLM.answer_logits), for the oracle's variance split.
-REPRESENTATION_PARTS = ("answer_slot", "pooled")
 
 
 def best_of_n_variants(ablations: AblationsConfig) -> dict[str, tuple[str, int | None]]:
@@ -148,7 +147,8 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, gamma: f
                                         dynamics=env.dynamics(), width=env.width, rollouts=cfg.oracle_rollouts,
                                         noise=cfg.oracle_noise, gamma=gamma,
                                         branch_seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
-        shot = base.screen.prepare(store.load_image(r.image_path)[None]).expand(len(candidates), -1, -1, -1)
+        shot = base.screen.prepare(store.load_image(r.image_path)[None])
+        shot = shot.expand(len(candidates), *shot.shape[1:])
         with torch.no_grad():
             loglik[j] = base.action_logprobs([r.observation] * len(candidates), shot, candidates).numpy()
     return {"idx": idx, "oracle": oracle, "loglik": loglik, "valid": np.stack(cands.valid_list.to_numpy()[idx])}

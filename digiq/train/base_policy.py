@@ -7,6 +7,7 @@ only a limited number of tasks is demonstrated.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from digiq.config import BasePolicyConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.tasks import TASK_SETS
+from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
@@ -25,6 +27,9 @@ __all__ = ["run_base_policy"]
 
 
 def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
+    """SFT on demonstrations, or (``cfg.checkpoint``) the released Auto-UI-Base, saved as the base policy."""
+    if cfg.checkpoint:
+        return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
         torch.manual_seed(cfg.seed)
@@ -34,8 +39,11 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
                         dynamics=env.dynamics(), width=env.width, store=store, desc="demonstrations")  # fmt: skip
         # The tokenizer learns from train-split text only: test entities stay unseen.
         tokenizer = train_tokenizer(default_corpus(seed=cfg.seed) + [t.instruction for t in tasks], cfg.vocab_size)
+        image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
+            "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
+            "image_dim": Blip2ImageFeatures.from_pretrained(cfg.blip2).dim}  # fmt: skip
         model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
-                                          image_dim=cfg.d_model), tokenizer)  # fmt: skip
+                                          **image), tokenizer)  # fmt: skip
         rows = demo_rows(store)
         screens = load_screens(model, store, [r.image_path for r in rows])
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -53,5 +61,20 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         }
     )
     save_curve_plot(paths.plots / "base_policy_loss.png", {"SFT loss": losses}, "Stage 00: base policy SFT")
+    write_metrics(paths, "base_policy", metrics)
+    return metrics
+
+
+def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
+    """Auto-UI-Base from its local folder, written as our checkpoint; no demonstrations are made."""
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        model = AutoUIPolicy.from_autoui(cfg.checkpoint, image_encoder_path=cfg.blip2)
+        paths.demos.mkdir(parents=True, exist_ok=True)  # the stage's output, empty: AutoUI was trained on AitW
+        model.save(paths.base_policy, stage="base_policy", source=str(cfg.checkpoint))
+    metrics.update({"source": str(cfg.checkpoint), "parameters": sum(p.numel() for p in model.parameters())})
+    save_curve_plot(
+        paths.plots / "base_policy_loss.png", {}, f"Stage 00: no SFT, {Path(cfg.checkpoint).name} as released"
+    )
     write_metrics(paths, "base_policy", metrics)
     return metrics
