@@ -19,8 +19,14 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import Blip2VisionConfig, Blip2VisionModel, CLIPVisionConfig, LlamaConfig, LlavaConfig
-from transformers import LlavaForConditionalGeneration
+from transformers import (
+    Blip2VisionConfig,
+    Blip2VisionModel,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+)
 
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
@@ -60,23 +66,27 @@ def count(build: Callable[[], torch.nn.Module]) -> int:
         return sum(p.numel() for p in build().parameters())
 
 
-def timed_forward(name: str, batch: int, repeats: int = 5) -> tuple[float, float]:
-    """Items per second and peak GB of a bf16 forward pass on the GPU (random weights, real shapes)."""
+def forward_pass(name: str, batch: int) -> Callable[[], object]:
+    """One bf16 forward pass of ``name`` on the GPU with random weights and real-shaped inputs."""
     torch.manual_seed(0)
     model = MODELS[name]().to("cuda", torch.bfloat16).eval()
     if name == "Auto-UI-Base":
         prompts = ["Previous Actions: Goal: Search for a vegetarian restaurant near me on Google Maps"] * batch
         feats = torch.randn(batch, 1408)
-        labels = ["Action Decision: \"action_type\": \"DUAL_POINT\", \"touch_point\": \"[0.52, 0.31]\""] * batch
-        run = lambda: model.action_logprobs(prompts, feats, labels)  # noqa: E731
-    elif name.startswith("BLIP-2"):
+        labels = ['Action Decision: "action_type": "DUAL_POINT", "touch_point": "[0.52, 0.31]"'] * batch
+        return lambda: model.action_logprobs(prompts, feats, labels)
+    if name.startswith("BLIP-2"):
         x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
-        run = lambda: model(pixel_values=x)  # noqa: E731
-    else:
-        ids = torch.full((batch, 576 + 64), 1, device="cuda")
-        ids[:, 1 : 1 + 576] = 32000
-        x = torch.randn(batch, 3, 336, 336, device="cuda", dtype=torch.bfloat16)
-        run = lambda: model(input_ids=ids, pixel_values=x, attention_mask=torch.ones_like(ids))  # noqa: E731
+        return lambda: model(pixel_values=x)
+    ids = torch.full((batch, 576 + 64), 1, device="cuda")
+    ids[:, 1 : 1 + 576] = 32000  # LLaVA-1.5's 576 image tokens, then the prompt
+    x = torch.randn(batch, 3, 336, 336, device="cuda", dtype=torch.bfloat16)
+    return lambda: model(input_ids=ids, pixel_values=x, attention_mask=torch.ones_like(ids))
+
+
+def timed_forward(name: str, batch: int, repeats: int = 5) -> tuple[float, float]:
+    """Items per second and peak GB of a bf16 forward pass on the GPU."""
+    run = forward_pass(name, batch)
     with torch.no_grad():
         run()
         torch.cuda.synchronize()
@@ -87,7 +97,7 @@ def timed_forward(name: str, batch: int, repeats: int = 5) -> tuple[float, float
         torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / repeats
     peak = torch.cuda.max_memory_allocated() / GB
-    del model
+    del run
     torch.cuda.empty_cache()
     return batch / dt, peak
 
