@@ -6,6 +6,7 @@ as AutoUI ships it), and checks that our classes load it and compute what
 the original forward pass computes.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,21 @@ def test_stage_00_saves_the_released_autoui_as_the_base_policy(tok, tmp_path, bl
     acts = ["Action Decision: PRESS_HOME", "Action Decision: TYPE: Peru"]
     torch.testing.assert_close(base.action_logprobs(PROMPTS, shots, acts), direct.action_logprobs(PROMPTS, shots, acts))
     assert (paths.plots / "base_policy_loss.png").exists() and paths.demos.is_dir()
+
+
+def test_released_weights_are_read_from_sharded_folders_and_filtered(tmp_path):
+    from safetensors.torch import save_file
+
+    from digiq.models.checkpoint import read_released_weights
+
+    a, b = {"vision_model.w": torch.ones(2)}, {"language_model.w": torch.zeros(3), "vision_model.b": torch.ones(1)}
+    save_file(a, tmp_path / "model-00001-of-00002.safetensors")
+    save_file(b, tmp_path / "model-00002-of-00002.safetensors")
+    index = {"weight_map": {"vision_model.w": "model-00001-of-00002.safetensors",
+                            "language_model.w": "model-00002-of-00002.safetensors",
+                            "vision_model.b": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    got = read_released_weights(tmp_path, lambda k: k.startswith("vision_model."))
+    assert sorted(got) == ["vision_model.b", "vision_model.w"]
+    with pytest.raises(FileNotFoundError, match="no weights in"):
+        read_released_weights(tmp_path / "nothing")
