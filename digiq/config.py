@@ -276,6 +276,18 @@ class EmbedConfig:
 
 
 @dataclass(frozen=True)
+class ComputeConfig:
+    """How many processes train stages 00, 03, 05 and 06 (digiq.parallel); each takes a GPU when there are GPUs."""
+
+    processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
+    cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
+
+    def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise ValueError(f"processes must be >= 1, got {self.processes}")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Repeats of the learning stages (critic, actors, their evaluation)."""
 

@@ -23,6 +23,7 @@ SECTIONS = {
     "experiment": config.ExperimentConfig,
     "ablations": config.AblationsConfig,
     "devices": config.DeviceConfig,
+    "compute": config.ComputeConfig,
 }
 
 

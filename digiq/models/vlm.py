@@ -188,7 +188,7 @@ class ScreenVLM:
         with them, 0.29 without). A pretrained LLaVA keeps that in its answer
         slot; there the pooled half is redundant but harmless.
         """
-        inputs = self._inputs(images, prompts)
+        inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
         out = self.model(**inputs, output_hidden_states=True)
         mask = inputs["attention_mask"][:, :, None].to(out.hidden_states[-1].dtype)
         pooled = torch.stack([(h * mask).sum(1) / mask.sum(1) for h in out.hidden_states]).mean(0)
@@ -197,13 +197,13 @@ class ScreenVLM:
     def loss(self, images: list[np.ndarray], prompts: list[str], labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the Yes/No answer (labels: 1 = Yes)."""
         logits, _ = self.answer_logits(images, prompts)
-        return F.cross_entropy(logits, labels)
+        return F.cross_entropy(logits, labels.to(logits.device))
 
     @torch.no_grad()
     def embed(self, images: list[np.ndarray], prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Representations (B, 2 * hidden) float32 and P(Yes) (B,)."""
         logits, rep = self.answer_logits(images, prompts)
-        return rep.float().numpy(), torch.softmax(logits.float(), -1)[:, 1].numpy()
+        return rep.float().cpu().numpy(), torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
 
     def save(self, folder: Path | str, **meta: object) -> None:
         self.processor.tokenizer.save_pretrained(Path(folder) / "tokenizer")

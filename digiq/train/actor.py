@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from digiq import parallel
 from digiq.config import AblationsConfig, ActorConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.catalog import stable_int
@@ -171,7 +172,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
-        sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if cfg.oracle_states else None
+        # The oracle diagnostic only feeds metrics: the main process computes it, alone.
+        oracle_on = cfg.oracle_states > 0 and parallel.is_main()
+        sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
         if sample is not None:  # what the features allow, whatever the critic: once per VLM, not per seed
             for vlm, f in feats.items():
@@ -201,7 +204,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 model = AutoUIPolicy.load(paths.base_policy)
                 curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                                    seed=seed, desc=f"fit {name} (seed {s})") if rows else []  # fmt: skip
-                model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
+                if parallel.is_main():
+                    model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
                 if s == 0 and curve:
                     curves[name] = [p["loss"] for p in curve]
             if sample is not None:
@@ -219,11 +223,13 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
         write_metrics(paths, "oracle", oracle_metrics)
-    # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
-    # candidates are all invalid.
-    save_curve_plot(paths.plots / "actor_loss.png", curves,
-                    "Stage 06: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
-    write_metrics(paths, "actor", metrics)
+    if parallel.is_main():
+        # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
+        # candidates are all invalid.
+        save_curve_plot(paths.plots / "actor_loss.png", curves,
+                        "Stage 06: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
+        write_metrics(paths, "actor", metrics)
+    parallel.barrier()
     return {"actor": metrics, "oracle": oracle_metrics}
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerFast
 
+from digiq import parallel
 from digiq.config import BasePolicyConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.tasks import TASK_SETS
@@ -32,13 +34,18 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        torch.manual_seed(cfg.seed)
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
         store = TrajectoryStore(paths.demos)
-        demos = rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed,
-                        dynamics=env.dynamics(), width=env.width, store=store, desc="demonstrations")  # fmt: skip
-        # The tokenizer learns from train-split text only: test entities stay unseen.
-        tokenizer = train_tokenizer(default_corpus(seed=cfg.seed) + [t.instruction for t in tasks], cfg.vocab_size)
+        tokenizer_dir = paths.base_policy / "tokenizer"
+        if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
+            rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=env.dynamics(),
+                    width=env.width, store=store, desc="demonstrations")  # fmt: skip
+            # The tokenizer learns from train-split text only: test entities stay unseen.
+            corpus = default_corpus(seed=cfg.seed) + [t.instruction for t in tasks]
+            train_tokenizer(corpus, cfg.vocab_size).save_pretrained(tokenizer_dir)
+        parallel.barrier()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+        torch.manual_seed(cfg.seed)  # every process starts from the same weights
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
             "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
             "image_dim": Blip2ImageFeatures.from_pretrained(cfg.blip2).dim}  # fmt: skip
@@ -48,20 +55,26 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         screens = load_screens(model, store, [r.image_path for r in rows])
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip
-        model.save(paths.base_policy, stage="base_policy", steps=len(curve))
+        if parallel.is_main():
+            model.save(paths.base_policy, stage="base_policy", steps=len(curve))
+    demos = (
+        store.read().group_by("traj_id").aggregate([("trajectory_reward", "max")])["trajectory_reward_max"].to_pylist()
+    )
     losses = [p["loss"] for p in curve]
     metrics.update(
         {
             "demo_episodes": len(demos),
-            "demo_success_rate": round(sum(d.success for d in demos) / len(demos), 4),
+            "demo_success_rate": round(sum(d > 0 for d in demos) / len(demos), 4),
             "demo_steps": len(rows),
             "train_loss_first": round(losses[0], 4),
             "train_loss_last": round(sum(losses[-20:]) / len(losses[-20:]), 4),
             "parameters": sum(p.numel() for p in model.parameters()),
         }
     )
-    save_curve_plot(paths.plots / "base_policy_loss.png", {"SFT loss": losses}, "Stage 00: base policy SFT")
-    write_metrics(paths, "base_policy", metrics)
+    if parallel.is_main():
+        save_curve_plot(paths.plots / "base_policy_loss.png", {"SFT loss": losses}, "Stage 00: base policy SFT")
+        write_metrics(paths, "base_policy", metrics)
+    parallel.barrier()
     return metrics
 
 

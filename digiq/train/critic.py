@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from digiq import parallel
 from digiq.config import CriticConfig
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.models.critic import Critic, CriticNetConfig
@@ -52,24 +53,30 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
         "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
         "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
     }
-    critic = Critic(CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden))
+    dev = parallel.device()
+    critic = Critic(CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden)).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
     q_curve, v_curve = [], []
     rng = np.random.default_rng(seed)
-    for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False):
+    for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
         for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
-            idx = torch.from_numpy(train_idx[rng.integers(0, len(train_idx), cfg.batch_size)])
-            q_loss, v_loss = td_step(critic, target, {k: v[idx] for k, v in data.items()}, cfg.gamma)
+            mine, share = parallel.shard(train_idx[rng.integers(0, len(train_idx), cfg.batch_size)])
             opt.zero_grad()
-            (q_loss + v_loss).backward()
+            q, v = 0.0, 0.0
+            if mine:  # this process's share of the batch (digiq.parallel); all processes drew the same batch
+                idx = torch.as_tensor(np.asarray(mine))
+                q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
+                ((q_loss + v_loss) * share).backward()
+                q, v = float(q_loss.detach()) * share, float(v_loss.detach()) * share
+            parallel.average_gradients(critic.parameters())
             opt.step()
             target.soft_update(critic, cfg.tau)
-            q_curve.append(float(q_loss))
-            v_curve.append(float(v_loss))
+            q_curve.append(parallel.global_mean(q))
+            v_curve.append(parallel.global_mean(v))
     critic.eval()
     with torch.no_grad():
-        v_held = torch.minimum(*critic.v(data["state"][test_idx])).numpy()
+        v_held = torch.minimum(*critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
     mc = steps.mc_return.to_numpy()[test_idx]
     corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
     return {"critic": critic, "q_curve": q_curve, "v_curve": v_curve, "corr": corr, "train": len(train_idx),
@@ -93,8 +100,9 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
             corrs = []
             for seed in range(seeds):
                 fit = fit_critic(cfg, feats, steps, cfg.seed + seed)
-                fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
-                                   steps=len(fit["q_curve"]), gamma=cfg.gamma)  # fmt: skip
+                if parallel.is_main():
+                    fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
+                                       steps=len(fit["q_curve"]), gamma=cfg.gamma)  # fmt: skip
                 corrs.append(round(fit["corr"], 4))
                 if seed == 0:
                     curves[f"Q loss ({vlm})"], curves[f"V loss ({vlm})"] = fit["q_curve"], fit["v_curve"]
@@ -105,6 +113,8 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
             key = "v_mc_return_corr_heldout" + ("" if vlm == "finetuned" else "_untuned")
             metrics[key] = round(float(np.mean(corrs)), 4)
             metrics[key + "_per_seed"] = corrs
-    save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
-    write_metrics(paths, "critic", metrics)
+    if parallel.is_main():
+        save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
+        write_metrics(paths, "critic", metrics)
+    parallel.barrier()
     return metrics

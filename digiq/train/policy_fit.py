@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from digiq import parallel
 from digiq.data.trajectories import TrajectoryStore
 from digiq.models.policy import AutoUIPolicy
 from digiq.rollout import RolloutBatch
@@ -58,33 +59,45 @@ def fit_policy(
     seed: int,
     desc: str = "fit policy",
 ) -> list[dict[str, float]]:
-    """Train in place; returns the loss curve (one point per optimizer step)."""
+    """Train in place; returns the loss curve (one point per optimizer step).
+
+    Under ``accelerate launch`` each process takes its share of every batch
+    and the gradients are averaged (:mod:`digiq.parallel`): the same steps as
+    one process on the whole batch.
+    """
     if not rows:
         raise ValueError(f"{desc}: no training rows")
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    model.to(parallel.device())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     total = epochs * ((len(rows) + batch_size - 1) // batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.1)
     curve: list[dict[str, float]] = []
     model.train()
     order = list(range(len(rows)))
-    bar = tqdm(total=total, desc=desc, leave=False)
+    bar = tqdm(total=total, desc=desc, leave=False, disable=not parallel.is_main())
     for epoch in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
-            batch = [rows[i] for i in order[start : start + batch_size]]
-            images = torch.stack([screens[r.image_path] for r in batch])
-            weights = torch.tensor([r.weight for r in batch], dtype=torch.float32)
-            loss = model.loss([r.prompt for r in batch], images, [r.action for r in batch], weights)
+            whole = [rows[i] for i in order[start : start + batch_size]]
+            batch, share = parallel.shard(whole, [r.weight for r in whole])
             opt.zero_grad()
-            loss.backward()
+            loss = 0.0
+            if batch:  # a process can get no rows of a last, short batch; it still joins the gradient average
+                images = torch.stack([screens[r.image_path] for r in batch])
+                weights = torch.tensor([r.weight for r in batch], dtype=torch.float32, device=model.device)
+                local = model.loss([r.prompt for r in batch], images, [r.action for r in batch], weights) * share
+                local.backward()
+                loss = float(local.detach())
+            parallel.average_gradients(model.parameters())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            curve.append({"step": len(curve), "epoch": epoch, "loss": float(loss)})
+            loss = parallel.global_mean(loss)
+            curve.append({"step": len(curve), "epoch": epoch, "loss": loss})
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()
     model.eval()
     return curve

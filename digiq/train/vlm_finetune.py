@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from digiq import parallel
 from digiq.config import VLMFinetuneConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
@@ -56,7 +57,7 @@ def _accuracy(vlm: ScreenVLM, pairs: list[dict[str, Any]], batch: int = 128) -> 
     for i in range(0, len(pairs), batch):
         b = pairs[i : i + batch]
         logits, _ = vlm.answer_logits([p["image"] for p in b], [p["prompt"] for p in b])
-        hits += int((logits.argmax(-1) == torch.tensor([p["label"] for p in b])).sum())
+        hits += int((logits.argmax(-1).cpu() == torch.tensor([p["label"] for p in b])).sum())
     return hits / max(1, len(pairs))
 
 
@@ -74,23 +75,29 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         test = [p for p in pairs if p["traj_id"] in held]
         acc_before = _accuracy(vlm, test)
         rng = random.Random(cfg.seed)
+        vlm.model.to(parallel.device())
         opt = torch.optim.AdamW(vlm.model.parameters(), lr=cfg.lr)
         curve: list[float] = []
         for _ in range(cfg.epochs):
             vlm.model.train()
             rng.shuffle(train)
-            for i in tqdm(range(0, len(train), cfg.batch_size), desc="fine-tune VLM", leave=False):
-                b = train[i : i + cfg.batch_size]
-                loss = vlm.loss(
-                    [p["image"] for p in b], [p["prompt"] for p in b], torch.tensor([p["label"] for p in b])
-                )
+            steps = range(0, len(train), cfg.batch_size)
+            for i in tqdm(steps, desc="fine-tune VLM", leave=False, disable=not parallel.is_main()):
+                b, share = parallel.shard(train[i : i + cfg.batch_size])  # this process's rows (digiq.parallel)
                 opt.zero_grad()
-                loss.backward()
+                loss = 0.0
+                if b:
+                    labels = torch.tensor([p["label"] for p in b])
+                    local = vlm.loss([p["image"] for p in b], [p["prompt"] for p in b], labels) * share
+                    local.backward()
+                    loss = float(local.detach())
+                parallel.average_gradients(vlm.model.parameters())
                 opt.step()
-                curve.append(float(loss))
+                curve.append(parallel.global_mean(loss))
         vlm.model.eval()
         acc_after = _accuracy(vlm, test)
-        vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
+        if parallel.is_main():
+            vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
     yes = np.mean([p["label"] for p in test]) if test else 0.0
     metrics.update(
         {
@@ -103,6 +110,8 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
             "train_loss_last": round(float(np.mean(curve[-20:])), 4) if curve else None,
         }
     )
-    save_curve_plot(paths.plots / "vlm_finetune_loss.png", {"Yes/No loss": curve}, "Stage 03: VLM fine-tune")
-    write_metrics(paths, "vlm_finetune", metrics)
+    if parallel.is_main():
+        save_curve_plot(paths.plots / "vlm_finetune_loss.png", {"Yes/No loss": curve}, "Stage 03: VLM fine-tune")
+        write_metrics(paths, "vlm_finetune", metrics)
+    parallel.barrier()
     return metrics

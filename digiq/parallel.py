@@ -1,0 +1,95 @@
+"""Data parallelism over processes through ``accelerate``: several GPUs, or two CPU processes in the tests.
+
+A stage started by ``accelerate launch --num_processes N -m digiq.stage NAME``
+(what :func:`digiq.stage.run_stage` does when ``compute.processes > 1``) runs
+the same code in N processes. Each process takes every N-th row of a global
+batch (:func:`shard`), and after ``backward`` the processes average their
+gradients (:func:`average_gradients`), so every optimizer step sees the
+gradient of the whole batch and the replicas stay identical. Only the main
+process writes files (:func:`is_main`).
+
+Our losses come from model methods (``AutoUIPolicy.loss``, ``ScreenVLM.loss``,
+``td_step``), not from one ``forward``, so the loops average gradients
+themselves (one all-reduce of all gradients, flattened) instead of wrapping
+models in DDP. With one process every function here is a no-op, and a run is
+exactly the plain single-process loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import parse_flag_from_env
+
+__all__ = ["state", "device", "is_main", "barrier", "shard", "average_gradients", "global_mean"]
+
+T = TypeVar("T")
+
+
+def state() -> PartialState:
+    """The process group of this run (created on first use; one process unless launched by accelerate).
+
+    Processes use the CPU (gloo) where there is no GPU or ``ACCELERATE_USE_CPU``
+    is set (:func:`digiq.stage.run_stage` sets it for ``compute.cpu``).
+    """
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
+
+
+def device() -> torch.device:
+    """This process's device: its own GPU when there are GPUs, else the CPU."""
+    return state().device
+
+
+def is_main() -> bool:
+    return state().is_main_process
+
+
+def barrier() -> None:
+    """Wait until every process gets here (after the main process wrote what the others read)."""
+    state().wait_for_everyone()
+
+
+def shard(rows: Sequence[T], weights: Sequence[float] | None = None) -> tuple[list[T], float]:
+    """This process's rows of a global batch, and the factor for its mean loss.
+
+    Each process minimises its own rows' (weighted) mean loss times the
+    factor: its share of the batch's total weight, times the number of
+    processes. Averaged over processes, the gradients are then exactly the
+    gradient of the whole batch's mean loss, however unevenly it splits.
+    """
+    s = state()
+    if s.num_processes == 1:
+        return list(rows), 1.0
+    idx = range(s.process_index, len(rows), s.num_processes)
+    w = [1.0] * len(rows) if weights is None else [float(x) for x in weights]
+    total = sum(w)
+    return [rows[i] for i in idx], (sum(w[i] for i in idx) * s.num_processes / total if total else 0.0)
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
+    """Replace every process's gradients by their mean over processes (missing gradients count as zero)."""
+    s = state()
+    if s.num_processes == 1:
+        return
+    params = [p for p in params if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+    torch.distributed.all_reduce(flat)
+    flat /= s.num_processes
+    start = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[start : start + n].view_as(p).clone()
+        start += n
+
+
+def global_mean(value: float) -> float:
+    """The mean of a number over processes (a loss for the curves); the number itself with one process."""
+    s = state()
+    if s.num_processes == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=s.device)
+    torch.distributed.all_reduce(t)
+    return float(t) / s.num_processes

@@ -1,0 +1,83 @@
+"""Data parallelism through accelerate, checked with two CPU processes: the same training as one process."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from digiq import parallel
+from digiq.models.critic import Critic
+from digiq.paths import Paths
+from digiq.stage import run_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "parallel_fits.py"
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+
+
+def test_one_process_keeps_whole_batches():
+    rows, share = parallel.shard(list("abc"), [1.0, 2.0, 3.0])
+    assert rows == list("abc") and share == 1.0 and parallel.global_mean(2.5) == 2.5
+
+
+def test_two_processes_train_a_policy_and_a_vlm_as_one_process_does(tmp_path):
+    """Uneven weights and a last batch of 3 rows split 2 / 1: the shares must make the gradients exact."""
+    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one")], env=_env(), capture_output=True,
+                         text=True)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([*LAUNCH, str(SCRIPT), str(tmp_path / "two")], env=_env(), capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = torch.load(tmp_path / "one" / "weights.pt"), torch.load(tmp_path / "two" / "weights.pt")
+    for model in ("policy", "vlm"):
+        for name, w in a[model].items():
+            torch.testing.assert_close(b[model][name], w, atol=2e-4, rtol=1e-4, msg=f"{model} {name}")
+    la, lb = (
+        [float(x) for x in (tmp_path / run / "losses.txt").read_text().split()] for run in ("one", "two")
+    )  # fmt: skip
+    assert la == pytest.approx(lb, abs=1e-5)
+
+
+def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
+    shutil.copytree(values_root, dest)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["compute"] = {"processes": processes, "cpu": True}
+    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16})
+    params["experiment"]["seeds"] = 1
+    params["ablations"]["untuned_vlm"] = False
+    (dest / "params.yaml").write_text(yaml.safe_dump(params))
+    return dest
+
+
+def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    one = Paths(_critic_root(values_root, tmp_path / "one", 1))
+    two = Paths(_critic_root(values_root, tmp_path / "two", 2))
+    m1 = run_stage("critic", one, one.root / "params.yaml")
+    m2 = run_stage("critic", two, two.root / "params.yaml")  # accelerate launch, two CPU processes
+    assert m2["transitions_train"] == m1["transitions_train"]
+    assert m2["q_loss_last"] == pytest.approx(m1["q_loss_last"], rel=1e-3)
+    c1, c2 = Critic.load(one.critic(0)), Critic.load(two.critic(0))
+    for (name, w1), w2 in zip(c1.state_dict().items(), c2.state_dict().values(), strict=True):
+        torch.testing.assert_close(w2, w1, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_a_failing_launched_stage_reports_its_error(tmp_path):
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["compute"] = {"processes": 2, "cpu": True}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"):
+        run_stage("critic", Paths(tmp_path), tmp_path / "params.yaml")
+    with pytest.raises(ValueError, match="unknown stage 'collect'"):
+        run_stage("collect", Paths(tmp_path), tmp_path / "params.yaml")
