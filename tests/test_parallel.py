@@ -77,7 +77,9 @@ def test_a_failing_launched_stage_reports_its_error(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["compute"] = {"processes": 2, "cpu": True}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    with pytest.raises(RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"):
+    with pytest.raises(
+        RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"
+    ):
         run_stage("critic", Paths(tmp_path), tmp_path / "params.yaml")
     with pytest.raises(ValueError, match="unknown stage 'collect'"):
         run_stage("collect", Paths(tmp_path), tmp_path / "params.yaml")
