@@ -17,14 +17,14 @@ exactly the plain single-process loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 
-__all__ = ["state", "device", "is_main", "barrier", "shard", "average_gradients", "global_mean"]
+__all__ = ["state", "device", "is_main", "barrier", "shard", "average_gradients", "global_mean", "backward_share"]
 
 T = TypeVar("T")
 
@@ -93,3 +93,23 @@ def global_mean(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=s.device)
     torch.distributed.all_reduce(t)
     return float(t) / s.num_processes
+
+
+def backward_share(rows: Sequence[T], losses: Callable[[list[T]], dict[str, torch.Tensor]],
+                   params: Iterable[torch.nn.Parameter], names: Sequence[str] = ("loss",),
+                   weights: Sequence[float] | None = None) -> dict[str, float]:  # fmt: skip
+    """One batch's backward pass: this process's share of ``rows``, then gradients averaged over processes.
+
+    ``losses`` maps rows to their named mean losses (``names``), whose sum is
+    minimised; returns each loss over the whole batch. A process can get no
+    rows of a last, short batch; it still joins the average. With one
+    process this is ``sum(losses(rows).values()).backward()``.
+    """
+    mine, share = shard(rows, weights)
+    values = dict.fromkeys(names, 0.0)
+    if mine:
+        parts = losses(mine)
+        (sum(parts.values()) * share).backward()
+        values = {k: float(v.detach()) * share for k, v in parts.items()}
+    average_gradients(params)
+    return {k: global_mean(values[k]) for k in names}

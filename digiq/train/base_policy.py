@@ -79,15 +79,19 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
 
 
 def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
-    """Auto-UI-Base from its local folder, written as our checkpoint; no demonstrations are made."""
+    """Auto-UI-Base from its local folder, written as our checkpoint; no demonstrations are made.
+
+    Nothing is trained, so with several processes the main one does it all.
+    """
     metrics: dict[str, Any] = {}
-    with timed(metrics):
-        model = AutoUIPolicy.from_autoui(cfg.checkpoint, image_encoder_path=cfg.blip2)
-        paths.demos.mkdir(parents=True, exist_ok=True)  # the stage's output, empty: AutoUI was trained on AitW
-        model.save(paths.base_policy, stage="base_policy", source=str(cfg.checkpoint))
-    metrics.update({"source": str(cfg.checkpoint), "parameters": sum(p.numel() for p in model.parameters())})
-    save_curve_plot(
-        paths.plots / "base_policy_loss.png", {}, f"Stage 00: no SFT, {Path(cfg.checkpoint).name} as released"
-    )
-    write_metrics(paths, "base_policy", metrics)
+    if parallel.is_main():
+        with timed(metrics):
+            model = AutoUIPolicy.from_autoui(cfg.checkpoint, image_encoder_path=cfg.blip2)
+            paths.demos.mkdir(parents=True, exist_ok=True)  # the stage's output, empty: AutoUI was trained on AitW
+            model.save(paths.base_policy, stage="base_policy", source=str(cfg.checkpoint))
+        metrics.update({"source": str(cfg.checkpoint), "parameters": sum(p.numel() for p in model.parameters())})
+        title = f"Stage 00: no SFT, {Path(cfg.checkpoint).name} as released"
+        save_curve_plot(paths.plots / "base_policy_loss.png", {}, title)
+        write_metrics(paths, "base_policy", metrics)
+    parallel.barrier()
     return metrics

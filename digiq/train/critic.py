@@ -61,19 +61,19 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     rng = np.random.default_rng(seed)
     for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
         for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
-            mine, share = parallel.shard(train_idx[rng.integers(0, len(train_idx), cfg.batch_size)])
-            opt.zero_grad()
-            q, v = 0.0, 0.0
-            if mine:  # this process's share of the batch (digiq.parallel); all processes drew the same batch
+
+            def losses(mine: list[int]) -> dict[str, torch.Tensor]:
                 idx = torch.as_tensor(np.asarray(mine))
                 q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
-                ((q_loss + v_loss) * share).backward()
-                q, v = float(q_loss.detach()) * share, float(v_loss.detach()) * share
-            parallel.average_gradients(critic.parameters())
+                return {"q": q_loss, "v": v_loss}
+
+            opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
+            batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
+            loss = parallel.backward_share(batch, losses, critic.parameters(), names=("q", "v"))
             opt.step()
             target.soft_update(critic, cfg.tau)
-            q_curve.append(parallel.global_mean(q))
-            v_curve.append(parallel.global_mean(v))
+            q_curve.append(loss["q"])
+            v_curve.append(loss["v"])
     critic.eval()
     with torch.no_grad():
         v_held = torch.minimum(*critic.v(data["state"][test_idx].to(dev))).cpu().numpy()

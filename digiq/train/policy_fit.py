@@ -80,27 +80,26 @@ def fit_policy(
     for epoch in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
-            whole = [rows[i] for i in order[start : start + batch_size]]
-            batch, share = parallel.shard(whole, [r.weight for r in whole])
+            batch = [rows[i] for i in order[start : start + batch_size]]
             opt.zero_grad()
-            loss = 0.0
-            if batch:  # a process can get no rows of a last, short batch; it still joins the gradient average
-                images = torch.stack([screens[r.image_path] for r in batch])
-                weights = torch.tensor([r.weight for r in batch], dtype=torch.float32, device=model.device)
-                local = model.loss([r.prompt for r in batch], images, [r.action for r in batch], weights) * share
-                local.backward()
-                loss = float(local.detach())
-            parallel.average_gradients(model.parameters())
+            loss = parallel.backward_share(batch, lambda mine: {"loss": _loss(model, mine, screens)},
+                                           model.parameters(), weights=[r.weight for r in batch])["loss"]  # fmt: skip
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            loss = parallel.global_mean(loss)
             curve.append({"step": len(curve), "epoch": epoch, "loss": loss})
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()
     model.eval()
     return curve
+
+
+def _loss(model: AutoUIPolicy, rows: Sequence[FitRow], screens: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The weighted NLL of ``rows`` (preloaded screens)."""
+    images = torch.stack([screens[r.image_path] for r in rows])
+    weights = torch.tensor([r.weight for r in rows], dtype=torch.float32, device=model.device)
+    return model.loss([r.prompt for r in rows], images, [r.action for r in rows], weights)
 
 
 class ModelPolicy:

@@ -50,6 +50,12 @@ def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> 
     return out
 
 
+def _loss(vlm: ScreenVLM, pairs: list[dict[str, Any]]) -> torch.Tensor:
+    return vlm.loss(
+        [p["image"] for p in pairs], [p["prompt"] for p in pairs], torch.tensor([p["label"] for p in pairs])
+    )
+
+
 @torch.no_grad()
 def _accuracy(vlm: ScreenVLM, pairs: list[dict[str, Any]], batch: int = 128) -> float:
     vlm.model.eval()
@@ -83,17 +89,11 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
             rng.shuffle(train)
             steps = range(0, len(train), cfg.batch_size)
             for i in tqdm(steps, desc="fine-tune VLM", leave=False, disable=not parallel.is_main()):
-                b, share = parallel.shard(train[i : i + cfg.batch_size])  # this process's rows (digiq.parallel)
                 opt.zero_grad()
-                loss = 0.0
-                if b:
-                    labels = torch.tensor([p["label"] for p in b])
-                    local = vlm.loss([p["image"] for p in b], [p["prompt"] for p in b], labels) * share
-                    local.backward()
-                    loss = float(local.detach())
-                parallel.average_gradients(vlm.model.parameters())
+                loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
+                                               vlm.model.parameters())["loss"]  # fmt: skip
                 opt.step()
-                curve.append(parallel.global_mean(loss))
+                curve.append(loss)
         vlm.model.eval()
         acc_after = _accuracy(vlm, test)
         if parallel.is_main():

@@ -29,14 +29,15 @@ def main(out: Path) -> None:
     vlm.model.to(parallel.device())
     opt = torch.optim.AdamW(vlm.model.parameters(), lr=1e-3)
     images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(5)]
-    for step in range(3):  # the stage-03 step: this process's share of the batch, then averaged gradients
-        batch, share = parallel.shard(list(range(5)))
-        opt.zero_grad()
-        if batch:
+    for step in range(3):  # stage 03's step: this process's share of the batch, then averaged gradients
+
+        def loss(batch: list[int], step: int = step) -> dict[str, torch.Tensor]:
             prompts = [f"<image>\nTask: t{i}\nDoes tapping change the screen? Answer:" for i in batch]
             labels = torch.tensor([(i + step) % 2 for i in batch])
-            (vlm.loss([images[i] for i in batch], prompts, labels) * share).backward()
-        parallel.average_gradients(vlm.model.parameters())
+            return {"loss": vlm.loss([images[i] for i in batch], prompts, labels)}
+
+        opt.zero_grad()
+        parallel.backward_share(list(range(5)), loss, vlm.model.parameters())
         opt.step()
     if parallel.is_main():
         out.mkdir(parents=True, exist_ok=True)
