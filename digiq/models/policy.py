@@ -117,7 +117,8 @@ class PooledFeatureScreen(nn.Module):
                 if not self.path:
                     raise ValueError("this policy reads BLIP-2 features: set image_encoder_path to a local BLIP-2 "
                                      "folder, or pass precomputed (B, dim) features")  # fmt: skip
-                self.tower = Blip2ImageFeatures.from_pretrained(self.path, device=str(self.anchor.device))
+                self.tower = Blip2ImageFeatures.from_pretrained(self.path)
+            self.tower.vision.to(self.anchor.device)  # where the policy is now (a no-op when already there)
             x = self.tower(x)
         x = x.float().reshape(len(x), -1)
         if x.shape[-1] != self.dim:
