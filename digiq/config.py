@@ -120,6 +120,7 @@ class JudgeConfig:
     retries: int = _help("retries on rate limits (429), server errors and dropped connections", 5)
     backoff_s: float = _help("first wait before a retry, doubled each time (or the server's Retry-After)", 1.0)
     max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024)
+    on_adb_sim: bool = _help("judge adb-sim phones too, instead of the simulator's ground truth", False)
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0 or self.max_image_side < 1:
@@ -223,11 +224,14 @@ class BasePolicyConfig:
     epochs: int = _help("passes over the demonstrations", 12)
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
+    copy_augment: float = _help("P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5)
     seed: int = _help("seed of demonstrations, initialisation and batches", 0)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.copy_augment <= 1.0:
+            raise ValueError(f"copy_augment is a probability in [0, 1], got {self.copy_augment}")
         if self.checkpoint and not self.blip2:
             raise ValueError("checkpoint (Auto-UI-Base) reads BLIP-2 image features: set blip2 to a BLIP-2 folder")
 

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from digiq.config import DeviceConfig, EnvConfig, EvalConfig
+from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
 from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
+from digiq.judge import evaluator_for
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
@@ -50,12 +51,13 @@ def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             devices: DeviceConfig | None = None) -> dict[str, Any]:  # fmt: skip
+             devices: DeviceConfig | None = None, judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json) for every seed.
 
-    On ``devices`` (default: the in-process simulator); a real emulator needs
-    a success judge, which the evaluators of the real-models issue bring.
+    On ``devices`` (default: the in-process simulator); success on a real
+    emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
     """
+    devices = devices or DeviceConfig()
     policies = ["base", *main, *ablations]
     for s in range(seeds):
         for p in policies:
@@ -63,7 +65,8 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
     timing: dict[str, Any] = {}
-    with timed(timing), EnvFactory(devices or DeviceConfig(), env.dynamics(), env.width) as factory:
+    evaluator = evaluator_for(devices, judge or JudgeConfig())
+    with timed(timing), EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
         # One env per device, reused by every rollout below (a device backend has only so many).
         pool = itertools.cycle([factory() for _ in range(min(cfg.n_envs, cfg.n_tasks))])
         for s in range(seeds):

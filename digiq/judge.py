@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from digiq.config import JudgeConfig
+from digiq.config import DeviceConfig, JudgeConfig
 from digiq.env.tasks import Task
 
-__all__ = ["JudgeError", "JudgeAuthError", "VLMJudge", "SYSTEM_PROMPT"]
+__all__ = ["JudgeError", "JudgeAuthError", "VLMJudge", "SYSTEM_PROMPT", "evaluator_for"]
 
 SYSTEM_PROMPT = (
     "You check whether a phone agent finished its task. You see the task and the phone's current screen only. "
@@ -129,3 +129,16 @@ class VLMJudge:
             if attempt < self.cfg.retries:
                 time.sleep(wait)
         raise JudgeError(f"{url} gave no verdict after {self.cfg.retries + 1} tries; last: {last}")
+
+
+def evaluator_for(devices: DeviceConfig, judge: JudgeConfig) -> VLMJudge | None:
+    """The success judge that collect and eval hand to their devices: params decide, not code.
+
+    A real emulator has no ground truth, so it is always judged by the VLM.
+    Simulated phones keep the simulator's exact check unless ``judge.on_adb_sim``
+    asks for the VLM on ``adb-sim`` too, which measures a judge against ground
+    truth on the same screens.
+    """
+    if devices.backend == "emulator" or (devices.backend == "adb-sim" and judge.on_adb_sim):
+        return VLMJudge(judge)
+    return None

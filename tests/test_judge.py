@@ -8,11 +8,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
-from digiq.config import JudgeConfig
-from digiq.env import parse_task
-from digiq.judge import JudgeAuthError, JudgeError, VLMJudge
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
+from digiq.env import generate_tasks, parse_task
+from digiq.judge import JudgeAuthError, JudgeError, VLMJudge, evaluator_for
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.paths import Paths
+from digiq.train.collect import run_collect
 
 
 class ChatServer:
@@ -130,3 +135,36 @@ def test_unreachable_endpoint_is_named():
 def test_config_rejects_impossible_settings(bad):
     with pytest.raises(ValueError, match="need retries >= 0"):
         JudgeConfig(**bad)
+
+
+def test_params_choose_the_judge_per_backend(monkeypatch):
+    monkeypatch.setenv("DIGIQ_TEST_KEY", "k")
+    judge = JudgeConfig(api_key_env="DIGIQ_TEST_KEY")
+    assert isinstance(evaluator_for(DeviceConfig(backend="emulator"), judge), VLMJudge)
+    assert evaluator_for(DeviceConfig(backend="sim"), judge) is None
+    assert evaluator_for(DeviceConfig(backend="adb-sim", adb_port=0), judge) is None
+    on_sim = JudgeConfig(api_key_env="DIGIQ_TEST_KEY", on_adb_sim=True)
+    assert isinstance(evaluator_for(DeviceConfig(backend="adb-sim", adb_port=0), on_sim), VLMJudge)
+    monkeypatch.delenv("DIGIQ_TEST_KEY")
+    with pytest.raises(JudgeAuthError, match="DIGIQ_TEST_KEY"):  # the missing key stops the stage before any episode
+        evaluator_for(DeviceConfig(backend="emulator"), judge)
+    assert load_section(JudgeConfig, "judge") == JudgeConfig()  # params.yaml's group holds the defaults
+
+
+def test_collect_stage_asks_the_judge_from_params(serve, tmp_path):
+    """Stage 01 on adb-sim phones with ``judge.on_adb_sim``: the served VLM's verdicts are the rewards."""
+    paths = Paths(tmp_path)
+    for ts in ("general", "webshop"):
+        paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
+        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 2, seed=3)) + "\n")
+    tok = train_tokenizer(default_corpus(n_tasks=50), vocab_size=400)
+    torch.manual_seed(0)
+    AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
+    server = serve(*[(200, "success", {})] * 4)
+    devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=2)
+    judge = JudgeConfig(base_url=server.url, model="served-vlm", api_key_env="", on_adb_sim=True)
+    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths, devices, judge)
+    # An untrained policy finishes nothing; the judge said "success" after every first step.
+    assert metrics["transitions"] == metrics["trajectories"] == 4
+    assert metrics["success_rate_by_task_set"] == {"general": 1.0, "webshop": 1.0}
+    assert len(server.requests) == 4 and all(r[2]["model"] == "served-vlm" for r in server.requests)

@@ -1,13 +1,19 @@
+import random
+
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
+from digiq.env.actions import format_action, press_enter, tap, type_text
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
 from digiq.report import END, START, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
+from digiq.train.base_policy import randomize_copied_words
 from digiq.train.critic import td_step
+from digiq.train.policy_fit import FitRow
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -82,3 +88,30 @@ def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
     path = save_results_chart(results, tmp_path / "results.png", "test")
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size[0] > 300
+
+
+def _typed(action: str) -> str:
+    return action.split('"typed_text": "')[1].rstrip('"')
+
+
+def test_copied_words_are_renamed_alike_in_goal_typed_text_and_previous_action():
+    goal = 'Go to walmart.com, search for "Kindle paperwhite"'
+    typing = FitRow(f"Previous Actions: {format_action(tap(0.1, 0.5))} Goal: {goal}", "a.png",
+                    format_action(type_text("kindle paperwhite")))  # fmt: skip
+    after = FitRow(f"Previous Actions: {typing.action} Goal: {goal}", "b.png", format_action(press_enter()))
+    rng = random.Random(0)
+    for _ in range(20):
+        new = randomize_copied_words(typing, rng, p=1.0)
+        typed = _typed(new.action)
+        assert len(typed.split()) == 2 and "kindle" not in typed and "paperwhite" not in typed
+        assert new.prompt.endswith(f'search for "{typed.split()[0].capitalize()} {typed.split()[1]}"')
+        assert "walmart.com" in new.prompt and new.image_path == "a.png"  # words not typed stay
+        assert new.prompt.startswith(f"Previous Actions: {format_action(tap(0.1, 0.5))} Goal: Go to walmart.com")
+        nxt = randomize_copied_words(after, rng, p=1.0)
+        assert nxt.action == after.action
+        assert _typed(nxt.prompt.split(" Goal: ")[0]) in nxt.prompt.split(" Goal: ")[1].lower()
+    assert randomize_copied_words(typing, rng, p=0.0) == typing
+    no_typing = FitRow(f"Previous Actions:  Goal: {goal}", "c.png", format_action(tap(0.2, 0.3)))
+    assert randomize_copied_words(no_typing, rng, p=1.0) == no_typing
+    with pytest.raises(ValueError, match="without ' Goal: '"):
+        randomize_copied_words(FitRow("Goal missing", "d.png", typing.action), rng)

@@ -7,6 +7,10 @@ only a limited number of tasks is demonstrated.
 
 from __future__ import annotations
 
+import random
+import re
+import string
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +27,52 @@ from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
-from digiq.train.policy_fit import demo_rows, fit_policy, load_screens
+from digiq.train.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 
-__all__ = ["run_base_policy"]
+__all__ = ["run_base_policy", "randomize_copied_words"]
+
+_TYPED = re.compile(r'("typed_text": ")(.*?)(")')
+_WORD = re.compile(r"[A-Za-z0-9]{2,}")
+
+
+def randomize_copied_words(row: FitRow, rng: random.Random, p: float = 0.5) -> FitRow:
+    """The row with words that its typed text copies from the goal renamed to fresh pseudo-words.
+
+    AutoUI's T5 comes pretrained and copies any word of the goal into its
+    typed text; a tiny T5 trained from scratch on a few dozen train entities
+    (24 Web Shopping queries) memorises them instead and types garbage for the
+    unseen test entities, which then no offline method can repair. Renaming
+    the copied words (each with probability ``p``, consistently in the goal,
+    the typed text and the previous action's typed text) shows it thousands
+    of entities, so copying is what it learns. Only the goal and typed texts
+    change; the action's type and points, and the screenshot, stay.
+    """
+    goal_at = row.prompt.rfind(" Goal: ")
+    if goal_at < 0:
+        raise ValueError(f"demonstration prompt without ' Goal: ': {row.prompt[:80]!r}")
+    goal = row.prompt[goal_at:]
+    typed = {w.lower() for text in _TYPED.findall(row.prompt[:goal_at] + row.action) for w in _WORD.findall(text[1])}
+    copied = sorted(w for w in typed if re.search(rf"\b{w}\b", goal, re.IGNORECASE) and rng.random() < p)
+    if not copied:
+        return row
+    letters = string.ascii_lowercase + string.digits
+    fresh = {w: "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for w in copied}
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, copied)) + r")\b", re.IGNORECASE)
+
+    def rename(text: str) -> str:
+        return pattern.sub(lambda m: _same_case(fresh[m.group(0).lower()], m.group(0)), text)
+
+    def rename_typed(text: str) -> str:
+        return _TYPED.sub(lambda m: m.group(1) + rename(m.group(2)) + m.group(3), text)
+
+    return replace(row, prompt=rename_typed(row.prompt[:goal_at]) + rename(goal), action=rename_typed(row.action))
+
+
+def _same_case(word: str, like: str) -> str:
+    """``word`` capitalised as ``like`` is (all caps, first letter, or lower)."""
+    if like.isupper() and len(like) > 1:
+        return word.upper()
+    return word.capitalize() if like[:1].isupper() else word
 
 
 def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
@@ -52,6 +99,8 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
                                           **image), tokenizer)  # fmt: skip
         rows = demo_rows(store)
+        rng = random.Random(cfg.seed)
+        rows = [randomize_copied_words(r, rng, cfg.copy_augment) for r in rows]
         screens = load_screens(model, store, [r.image_path for r in rows])
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip

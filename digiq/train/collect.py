@@ -6,10 +6,11 @@ from typing import Any
 
 import torch
 
-from digiq.config import CollectConfig, DeviceConfig, EnvConfig
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
+from digiq.judge import evaluator_for
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
@@ -19,10 +20,13 @@ from digiq.train.policy_fit import ModelPolicy
 __all__ = ["run_collect"]
 
 
-def run_collect(
-    cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None
-) -> dict[str, Any]:
-    """Roll the base policy out on ``devices`` (default: the in-process simulator)."""
+def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
+                judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Roll the base policy out on ``devices`` (default: the in-process simulator).
+
+    Success on a real emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
+    """
+    devices = devices or DeviceConfig()
     require("collect", paths.base_policy / "config.json")
     metrics: dict[str, Any] = {}
     with timed(metrics):
@@ -30,7 +34,7 @@ def run_collect(
         model = AutoUIPolicy.load(paths.base_policy)
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")]
         store = TrajectoryStore(paths.offline)
-        with EnvFactory(devices or DeviceConfig(), env.dynamics(), env.width) as make_env:
+        with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
                     dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
                     env_factory=make_env)  # fmt: skip
