@@ -325,7 +325,14 @@ class CriticConfig:
     batch_size: int = _help("transitions per step", 256)
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
+    conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 1.0)
+    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 64)
     seed: int = _help("seed", 4)
+
+    def __post_init__(self) -> None:
+        if self.conservative < 0 or self.penalty_states < 1:
+            raise ValueError(f"need conservative >= 0 and penalty_states >= 1; got {self.conservative}, "
+                             f"{self.penalty_states}")  # fmt: skip
 
 
 @dataclass(frozen=True)

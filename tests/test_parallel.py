@@ -52,7 +52,7 @@ def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
     params["compute"] = {"processes": processes, "cpu": True}
-    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16})
+    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})  # 5 of 16: split 3/2
     params["experiment"]["seeds"] = 1
     params["ablations"]["untuned_vlm"] = False
     (dest / "params.yaml").write_text(yaml.safe_dump(params))

@@ -12,7 +12,7 @@ from digiq.report import END, START, results_markdown, save_results_chart, updat
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
 from digiq.train.base_policy import randomize_copied_words
-from digiq.train.critic import td_step
+from digiq.train.critic import conservative_penalty, td_step
 from digiq.train.policy_fit import FitRow
 
 
@@ -38,6 +38,41 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
         target.soft_update(critic, 0.1)
     v = torch.minimum(*critic.v(s[[0, 1]])).detach()
     assert torch.allclose(v, torch.tensor([0.9, 1.0]), atol=0.05)
+
+
+def test_conservative_term_keeps_untried_candidates_below_the_taken_action():
+    # Every state took action 0 (reward 0.5, end); candidate 1 was never tried, candidate 2 does not parse.
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    state, cands = torch.randn(64, 4, generator=gen), torch.randn(64, 3, 4, generator=gen)
+    valid = torch.tensor([[True, True, False]]).expand(64, -1)
+    batch = {"state": state, "next_state": state, "action": cands[:, 0], "reward": torch.full((64,), 0.5),
+             "done": torch.ones(64)}  # fmt: skip
+
+    def fit(conservative: float) -> torch.Tensor:
+        torch.manual_seed(0)
+        critic = Critic(CriticNetConfig(feature_dim=4, hidden=32))
+        target, opt = critic.target(), torch.optim.Adam(critic.parameters(), lr=3e-3)
+        for _ in range(400):
+            q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+            loss = q_loss + v_loss + conservative * conservative_penalty(critic, state, cands, valid).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            target.soft_update(critic, 0.1)
+        return critic.advantage(state, cands)[0]
+
+    plain, conservative = fit(0.0), fit(1.0)
+    assert (plain[:, 1] > plain[:, 0]).float().mean() > 0.2  # TD alone leaves untried actions anywhere
+    assert (conservative[:, 1] < conservative[:, 0]).all()
+    assert torch.allclose(conservative[:, 0], torch.tensor(0.5), atol=0.1)  # the taken action's value stays
+    # The invalid candidate is left out of the log-sum-exp: changing its features changes nothing.
+    critic = Critic(CriticNetConfig(feature_dim=4, hidden=8))
+    moved = cands.clone()
+    moved[:, 2] += 100
+    assert torch.equal(
+        conservative_penalty(critic, state, cands, valid), conservative_penalty(critic, state, moved, valid)
+    )
 
 
 def test_best_of_n_picks_the_highest_valid_advantage():
