@@ -212,9 +212,12 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 f = feats["finetuned"]
                 q, _, _ = critics["finetuned"].advantage(torch.from_numpy(np.asarray(f["state"][sample["idx"]])),
                                                          torch.from_numpy(np.asarray(f["candidates"][sample["idx"]])))  # fmt: skip
+                # "taken_action" trusts the data: the action the base policy took (a conservative critic leans on it).
+                taken = np.zeros_like(sample["oracle"])
+                taken[:, 0] = 1.0
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
-                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"], **probes},
-                                              cfg.oracle_tolerance))  # fmt: skip
+                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"],
+                                               "taken_action": taken, **probes}, cfg.oracle_tolerance))  # fmt: skip
     metrics["states"] = len(steps)
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
