@@ -111,3 +111,14 @@ def test_critic_advantage_and_soft_update(tmp_path):
         Critic.load(tmp_path / "critic").advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
         c.eval().advantage(torch.ones(1, 8), torch.ones(1, 2, 8))[2],
     )
+
+
+def test_critic_takes_action_representations_of_another_size(tmp_path):
+    # Released Digi-Q data: 1408-d BLIP-2 state features, 4096-d LLaVA action representations (here 6 and 10).
+    c = Critic(CriticNetConfig(feature_dim=6, hidden=16, action_dim=10))
+    q, v, _ = c.advantage(torch.randn(3, 6), torch.randn(3, 4, 10))
+    assert q.shape == (3, 4) and v.shape == (3,)
+    c.save(tmp_path / "critic")
+    assert Critic.load(tmp_path / "critic").cfg.action_dim == 10
+    with pytest.raises(RuntimeError):
+        c.advantage(torch.randn(3, 6), torch.randn(3, 4, 6))

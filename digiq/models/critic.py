@@ -1,7 +1,7 @@
 """Critic heads over frozen VLM features: double Q(s, a) and double V(s), with target copies.
 
-Q reads the state's features and the (state, action) representation; V reads
-the state's features. Both heads are small MLPs, so TD learning over tens of
+Q reads the state's features and the (state, action) representation (of
+the same size, or ``action_dim``); V reads the state's features. Both heads are small MLPs, so TD learning over tens of
 thousands of transitions takes seconds on a CPU.
 """
 
@@ -21,8 +21,11 @@ __all__ = ["CriticNetConfig", "Critic", "mlp"]
 
 @dataclass(frozen=True)
 class CriticNetConfig:
-    feature_dim: int
+    feature_dim: int  # the state's features
     hidden: int = 256
+    # The (state, action) representation's size; 0 = feature_dim. Released Digi-Q data pairs 1408-d BLIP-2
+    # state features with 4096-d LLaVA action representations.
+    action_dim: int = 0
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:
@@ -35,7 +38,8 @@ class Critic(nn.Module):
     def __init__(self, cfg: CriticNetConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q1, self.q2 = mlp(2 * cfg.feature_dim, cfg.hidden), mlp(2 * cfg.feature_dim, cfg.hidden)
+        q_in = cfg.feature_dim + (cfg.action_dim or cfg.feature_dim)
+        self.q1, self.q2 = mlp(q_in, cfg.hidden), mlp(q_in, cfg.hidden)
         self.v1, self.v2 = mlp(cfg.feature_dim, cfg.hidden), mlp(cfg.feature_dim, cfg.hidden)
 
     def q(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

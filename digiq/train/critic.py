@@ -91,7 +91,8 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     penalised = min(cfg.penalty_states, cfg.batch_size)
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
-    critic = Critic(CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden)).to(dev)
+    net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1])
+    critic = Critic(net).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
     curves: dict[str, list[float]] = {name: [] for name in names}
