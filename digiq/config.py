@@ -269,7 +269,15 @@ class VLMFinetuneConfig:
     lr: float = _help("learning rate", 0.001)
     image_size: int = _help("square input of the VLM's vision tower", 96)
     hidden: int = _help("language-model width (representation: twice this, answer slot + pooled states)", 128)
+    checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
+    dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
+    train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 0)
     seed: int = _help("seed", 3)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16") or self.train_last_layers < 0:
+            raise ValueError(f"dtype must be float32, bfloat16 or float16 and train_last_layers >= 0; got "
+                             f"{self.dtype!r}, {self.train_last_layers}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ tokenizer; a real llava-hf checkpoint slots in through the same wrapper.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,12 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
 
 from digiq.env.actions import Action, ActionType
+from digiq.io import atomic_path
 from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "effect_label",
     "ANSWERS",
     "REPRESENTATION_PARTS",
+    "LLAVA_TEMPLATE",
 ]
 
 ANSWERS = ("No", "Yes")
@@ -56,6 +60,14 @@ class VLMConfig:
     layers: int = 2
     heads: int = 4
     max_text_tokens: int = 96
+    # How a question is wrapped for the model: "{}" for the tiny VLM, LLaVA-1.5's chat turn for a released one.
+    prompt_template: str = "{}"
+    # The llava-hf folder the weights started from ("" = the tiny VLM built from this config).
+    source: str = ""
+
+
+# LLaVA-1.5's conversation format (llava-hf model cards): the answer slot is the position after "ASSISTANT:".
+LLAVA_TEMPLATE = "USER: {} ASSISTANT:"
 
 
 def question(action: Action, task: str) -> str:
@@ -116,10 +128,7 @@ class ScreenVLM:
 
     def __init__(self, model: LlavaForConditionalGeneration, processor: LlavaProcessor, cfg: VLMConfig) -> None:
         self.model, self.processor, self.cfg = model, processor, cfg
-        ids = [processor.tokenizer.convert_tokens_to_ids(" " + a) for a in ANSWERS]
-        if len(set(ids)) != 2 or processor.tokenizer.unk_token_id in ids:
-            raise ValueError(f"the tokenizer needs single tokens for the answers {ANSWERS}, got ids {ids}")
-        self.answer_ids = ids
+        self.answer_ids = _answer_ids(processor.tokenizer)
 
     @classmethod
     def tiny(cls, tokenizer: PreTrainedTokenizerFast, cfg: VLMConfig | None = None, seed: int = 0) -> "ScreenVLM":
@@ -144,6 +153,38 @@ class ScreenVLM:
                                    vision_feature_select_strategy="default", image_token="<image>",
                                    num_additional_image_tokens=1)  # fmt: skip
         return cls(LlavaForConditionalGeneration(llava), processor, cfg)
+
+    @classmethod
+    def from_pretrained(cls, folder: Path | str, dtype: str = "auto") -> "ScreenVLM":
+        """A released LLaVA-1.5 in the llava-hf layout (``llava-hf/llava-1.5-7b-hf`` as saved by ``transformers``).
+
+        Its processor's tokenizer and image statistics are used; screenshots
+        are resized whole to the tower's square input (no centre crop, which
+        would cut off a phone screen's top and bottom) and questions are asked
+        in LLaVA-1.5's chat turn.
+        """
+        folder = Path(folder)
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"no llava-hf checkpoint in {folder} (config.json missing)")
+        model = LlavaForConditionalGeneration.from_pretrained(
+            folder, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+        )
+        processor = LlavaProcessor.from_pretrained(folder)
+        ip, vision, text = processor.image_processor, model.config.vision_config, model.config.text_config
+        crop = getattr(ip, "crop_size", None) or {}
+        size = crop.get("height") or ip.size.get("height") or ip.size["shortest_edge"]
+        cfg = VLMConfig(image_size=int(size), patch_size=vision.patch_size, vision_hidden=vision.hidden_size,
+                        vision_layers=vision.num_hidden_layers, hidden=text.hidden_size, layers=text.num_hidden_layers,
+                        heads=text.num_attention_heads, prompt_template=LLAVA_TEMPLATE, source=str(folder))  # fmt: skip
+        return cls(model.eval(), processor, cfg)
+
+    def fresh(self) -> "ScreenVLM":
+        """The same VLM before any fine-tune: the released weights, or the tiny one's initialisation (seed 0)."""
+        if self.cfg.source:
+            return ScreenVLM.from_pretrained(self.cfg.source, dtype=str(self.model.dtype).removeprefix("torch."))
+        raw = ScreenVLM.tiny(self.processor.tokenizer, self.cfg, seed=0)
+        raw.model.eval()
+        return raw
 
     def small_image(self, screenshot: np.ndarray) -> np.ndarray:
         """The screenshot at the vision tower's square input size (uint8)."""
@@ -170,9 +211,11 @@ class ScreenVLM:
         mean, std = torch.tensor(ip.image_mean)[:, None, None], torch.tensor(ip.image_std)[:, None, None]
         n = self.model.config.image_seq_length
         tok.padding_side = "left"  # so the last position is every row's answer slot
-        enc = tok([p.replace("<image>", "<image>" * n) for p in prompts], return_tensors="pt", padding=True,
-                  add_special_tokens=False)  # fmt: skip
-        return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "pixel_values": (x - mean) / std}
+        image = self.processor.image_token
+        texts = [self.cfg.prompt_template.replace("{}", p, 1).replace(image, image * n) for p in prompts]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        pixels = ((x - mean) / std).to(self.model.dtype)
+        return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "pixel_values": pixels}
 
     def answer_logits(self, images: list[np.ndarray], prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(No, Yes) logits at the answer slot, and the representation (B, 2 * hidden).
@@ -206,13 +249,39 @@ class ScreenVLM:
         return rep.float().cpu().numpy(), torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        self.processor.tokenizer.save_pretrained(Path(folder) / "tokenizer")
-        save_checkpoint(folder, self.model, "vlm", self.cfg, **meta)
+        """Our config.json beside the weights: the tiny VLM's own files, a released one's llava-hf folder ``hf/``."""
+        folder = Path(folder)
+        if not self.cfg.source:
+            self.processor.tokenizer.save_pretrained(folder / "tokenizer")
+            save_checkpoint(folder, self.model, "vlm", self.cfg, **meta)
+            return
+        self.model.save_pretrained(folder / "hf")
+        self.processor.save_pretrained(folder / "hf")
+        with atomic_path(folder / "config.json") as tmp:  # last: a folder without it is no checkpoint
+            tmp.write_text(json.dumps({"vlm": asdict(self.cfg), "meta": meta}, indent=2))
 
     @classmethod
     def load(cls, folder: Path | str) -> "ScreenVLM":
+        folder = Path(folder)
         cfg = VLMConfig(**read_config(folder, "vlm"))
-        vlm = cls.tiny(PreTrainedTokenizerFast.from_pretrained(Path(folder) / "tokenizer"), cfg)
+        if cfg.source:
+            released = cls.from_pretrained(folder / "hf", dtype="auto")  # as fine-tuned
+            return cls(released.model, released.processor, cfg)
+        vlm = cls.tiny(PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer"), cfg)
         load_weights(folder, vlm.model)
         vlm.model.eval()
         return vlm
+
+
+def _answer_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The one token each answer is after "Answer:": " Yes" in the offline BPE, "▁Yes" in LLaVA's SentencePiece."""
+    prefix = tokenizer("Answer:", add_special_tokens=False).input_ids
+    ids = []
+    for answer in ANSWERS:
+        full = tokenizer(f"Answer: {answer}", add_special_tokens=False).input_ids
+        if full[: len(prefix)] != prefix or len(full) != len(prefix) + 1:
+            raise ValueError(f"the tokenizer must make {answer!r} one token after 'Answer:'; it gives {full}")
+        ids.append(full[-1])
+    if len(set(ids)) != len(ANSWERS) or tokenizer.unk_token_id in ids:
+        raise ValueError(f"the tokenizer needs distinct known tokens for the answers {ANSWERS}, got ids {ids}")
+    return ids

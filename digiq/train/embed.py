@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from digiq import parallel
 from digiq.config import EmbedConfig
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
@@ -94,6 +95,7 @@ def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False) -> dict[str
     metrics: dict[str, Any] = {}
     with timed(metrics):
         vlm = ScreenVLM.load(paths.vlm)
+        vlm.model.to(parallel.device())  # a GPU when there is one
         store = TrajectoryStore(paths.offline)
         steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
         cands = read_candidates(paths).to_pylist()
@@ -103,10 +105,10 @@ def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False) -> dict[str
             )
         metrics["pairs_per_s"] = round(_embed_features(vlm, store, steps, cands, cfg.batch_size, paths.features()), 1)
         if untuned:
-            # The same architecture before the Yes/No fine-tune. The tiny VLM has no pretraining,
-            # so "untuned" means freshly initialised here (a real LLaVA would be the pretrained one).
-            raw = ScreenVLM.tiny(vlm.processor.tokenizer, vlm.cfg, seed=0)
-            raw.model.eval()
+            # The same VLM before the Yes/No fine-tune: the released LLaVA as published, or, for the
+            # tiny VLM, which has no pretraining, its fresh initialisation.
+            raw = vlm.fresh()
+            raw.model.to(parallel.device())
             _embed_features(raw, store, steps, cands, cfg.batch_size, paths.features("untuned"))
     feats = load_features(paths)
     metrics.update({"states": int(feats["candidates"].shape[0]), "candidates_per_state": int(feats["candidates"].shape[1]),

@@ -24,7 +24,7 @@ from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, qu
 from digiq.paths import Paths
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 
-__all__ = ["run_vlm_finetune", "split_trajectories", "labelled_pairs"]
+__all__ = ["run_vlm_finetune", "split_trajectories", "labelled_pairs", "trainable"]
 
 
 def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:
@@ -67,14 +67,38 @@ def _accuracy(vlm: ScreenVLM, pairs: list[dict[str, Any]], batch: int = 128) -> 
     return hits / max(1, len(pairs))
 
 
+def trainable(vlm: ScreenVLM, last_layers: int) -> list[torch.nn.Parameter]:
+    """Every weight (``last_layers`` 0), or only the projector and the language model's last layers and norm.
+
+    A full fine-tune of LLaVA-1.5-7B needs about 105 GB for weights, gradients
+    and AdamW state; with the last 4 of 32 layers trained, about 25 GB.
+    """
+    params = dict(vlm.model.named_parameters())
+    if last_layers == 0:
+        return list(params.values())
+    n = vlm.model.config.text_config.num_hidden_layers
+    keep = ("multi_modal_projector.", "language_model.norm.",
+            *(f"language_model.layers.{i}." for i in range(max(0, n - last_layers), n)))  # fmt: skip
+    chosen = []
+    for name, p in params.items():
+        p.requires_grad_(any(k in name for k in keep))
+        if p.requires_grad:
+            chosen.append(p)
+    return chosen
+
+
 def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
-    require("vlm_finetune", paths.base_policy / "tokenizer", paths.offline)
+    """Fine-tune the tiny VLM (on the policy's offline tokenizer) or, with ``cfg.checkpoint``, a released LLaVA."""
+    require("vlm_finetune", paths.offline, *(() if cfg.checkpoint else (paths.base_policy / "tokenizer",)))
     metrics: dict[str, Any] = {}
     with timed(metrics):
         from transformers import PreTrainedTokenizerFast
 
-        tok = PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer")
-        vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden), seed=cfg.seed)
+        if cfg.checkpoint:
+            vlm = ScreenVLM.from_pretrained(cfg.checkpoint, cfg.dtype)
+        else:
+            tok = PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer")
+            vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden), seed=cfg.seed)
         pairs = labelled_pairs(TrajectoryStore(paths.offline), vlm, cfg.threshold)
         held = split_trajectories([p["traj_id"] for p in pairs], cfg.holdout, cfg.seed)
         train = [p for p in pairs if p["traj_id"] not in held]
@@ -82,7 +106,8 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         acc_before = _accuracy(vlm, test)
         rng = random.Random(cfg.seed)
         vlm.model.to(parallel.device())
-        opt = torch.optim.AdamW(vlm.model.parameters(), lr=cfg.lr)
+        params = trainable(vlm, cfg.train_last_layers)
+        opt = torch.optim.AdamW(params, lr=cfg.lr)
         curve: list[float] = []
         for _ in range(cfg.epochs):
             vlm.model.train()
@@ -91,7 +116,7 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
             for i in tqdm(steps, desc="fine-tune VLM", leave=False, disable=not parallel.is_main()):
                 opt.zero_grad()
                 loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
-                                               vlm.model.parameters())["loss"]  # fmt: skip
+                                               params)["loss"]  # fmt: skip
                 opt.step()
                 curve.append(loss)
         vlm.model.eval()

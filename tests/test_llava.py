@@ -1,0 +1,116 @@
+"""A released LLaVA-1.5 in the llava-hf layout, at tiny size: loaded, asked in its chat format, fine-tuned, reloaded.
+
+The test writes the folder itself (``save_pretrained`` of a tiny
+``LlavaForConditionalGeneration`` and a ``LlavaProcessor`` whose tokenizer
+is SentencePiece-style, as llava-hf's is: answers are "▁Yes" / "▁No").
+"""
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
+from digiq.env.actions import tap
+from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, question
+from digiq.paths import Paths
+from digiq.train.embed import load_features, run_embed
+from digiq.train.vlm_finetune import run_vlm_finetune, trainable
+
+SIZE, PATCH = 32, 8
+
+
+def _sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    corpus = ["USER: <image> Task: search Does tapping at the red circle change the screen? Answer: Yes ASSISTANT:",
+              "Answer: No", "Answer: Yes", "What is on the screen? Answer:"] * 50  # fmt: skip
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>",
+                                                                                         "<image>"]))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llava_hf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llava-1.5-7b-hf")
+    tok = _sentencepiece_tokenizer()
+    n = (SIZE // PATCH) ** 2
+    torch.manual_seed(0)
+    cfg = LlavaConfig(
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=SIZE, patch_size=PATCH),
+        text_config=LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                                pad_token_id=tok.pad_token_id),
+        image_token_index=tok.convert_tokens_to_ids("<image>"), image_seq_length=n,
+        vision_feature_select_strategy="default", vision_feature_layer=-2)  # fmt: skip
+    LlavaForConditionalGeneration(cfg).save_pretrained(folder)
+    images = CLIPImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE})
+    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="default",
+                   image_token="<image>", num_additional_image_tokens=1).save_pretrained(folder)  # fmt: skip
+    return folder
+
+
+def test_released_llava_is_asked_in_its_chat_format(llava_hf):
+    vlm = ScreenVLM.from_pretrained(llava_hf)
+    tok = vlm.processor.tokenizer
+    assert tok.convert_ids_to_tokens(vlm.answer_ids) == ["▁No", "▁Yes"]
+    assert vlm.cfg.image_size == SIZE and vlm.cfg.prompt_template == LLAVA_TEMPLATE and vlm.cfg.source == str(llava_hf)
+    image = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), np.uint8)
+    prompt = question(tap(0.5, 0.5), "search")
+    logits, rep = vlm.answer_logits([image], [prompt])
+    # The same question through transformers' own processor and forward pass.
+    ref = vlm.processor(text=[LLAVA_TEMPLATE.format(prompt)], images=[image], return_tensors="pt",
+                        add_special_tokens=False)  # fmt: skip
+    with torch.no_grad():
+        out = vlm.model(**ref)
+    torch.testing.assert_close(logits, out.logits[:, -1, vlm.answer_ids], atol=1e-4, rtol=1e-4)
+    assert rep.shape == (1, 2 * 32)
+
+
+def test_llava_stage_03_trains_the_chosen_layers_and_stage_04_reloads_it(llava_hf, values_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    paths = Paths(root)
+    cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
+                  checkpoint=str(llava_hf), epochs=1, batch_size=8, train_last_layers=1)  # fmt: skip
+    before = {k: v.clone() for k, v in ScreenVLM.from_pretrained(llava_hf).model.state_dict().items()}
+    run_vlm_finetune(cfg, paths)
+    assert json.loads((paths.vlm / "config.json").read_text())["vlm"]["source"] == str(llava_hf)
+    tuned = ScreenVLM.load(paths.vlm)
+    after = tuned.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("multi_modal_projector" in k or "layers.2." in k or "language_model.norm" in k
+                           for k in changed)  # fmt: skip
+    assert any("layers.2." in k for k in changed) and not any("vision_tower" in k for k in changed)
+    run_embed(EmbedConfig(batch_size=16), paths, untuned=True)
+    tuned_f, raw_f = load_features(paths), load_features(paths, "untuned")
+    assert tuned_f["state"].shape[1] == raw_f["state"].shape[1] == 64
+    assert not np.allclose(tuned_f["candidates"], raw_f["candidates"])  # untuned = the released weights
+    raw = ScreenVLM.from_pretrained(llava_hf).fresh()
+    image = np.zeros((SIZE, SIZE, 3), np.uint8)
+    np.testing.assert_allclose(raw.embed([image], ["<image>\nx"])[0], ScreenVLM.from_pretrained(llava_hf).embed(
+        [image], ["<image>\nx"])[0], atol=1e-6)  # fmt: skip
+
+
+def test_trainable_selects_every_weight_by_default(llava_hf):
+    vlm = ScreenVLM.from_pretrained(llava_hf)
+    assert len(trainable(vlm, 0)) == len(list(vlm.model.parameters()))
+    with pytest.raises(ValueError, match="train_last_layers >= 0"):
+        VLMFinetuneConfig(train_last_layers=-1)
