@@ -334,7 +334,7 @@ class CriticConfig:
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
     conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 1.0)
-    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 64)
+    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:
