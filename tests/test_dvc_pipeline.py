@@ -24,6 +24,7 @@ SECTIONS = {
     "ablations": config.AblationsConfig,
     "devices": config.DeviceConfig,
     "compute": config.ComputeConfig,
+    "judge": config.JudgeConfig,
 }
 
 
