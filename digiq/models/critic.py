@@ -1,8 +1,9 @@
 """Critic heads over frozen VLM features: double Q(s, a) and double V(s), with target copies.
 
 Q reads the state's features and the (state, action) representation (of
-the same size, or ``action_dim``); V reads the state's features. Both heads are small MLPs, so TD learning over tens of
-thousands of transitions takes seconds on a CPU.
+the same size, or ``action_dim``); V reads the state's features. Both heads
+are small MLPs, so TD learning over tens of thousands of transitions takes
+seconds on a CPU.
 """
 
 from __future__ import annotations
