@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch goes first and pinned: the CPU build; an unpinned torch pulls CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test repro venv lint clean-venv
+.PHONY: test repro repro-from venv lint clean-venv
 
 venv: $(VENV)/.installed
 
@@ -22,6 +22,13 @@ test: venv
 # dvc runs stage commands through the shell: put .venv first on PATH so `python` is ours.
 repro: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+# Start from imported data (README "Released Digi-Q / DigiRL data"):
+#   make repro-from STAGE=critic DATA="data/imported/general data/imported/webshop"
+repro-from: venv
+	$(BIN)/python -m digiq.data start-at $(STAGE) $(DATA)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro base_policy
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro --downstream $(STAGE)
 
 lint: venv
 	$(BIN)/ruff check digiq tests benchmarks

@@ -272,12 +272,17 @@ class VLMFinetuneConfig:
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
     train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 0)
+    lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
+    lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
     seed: int = _help("seed", 3)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16") or self.train_last_layers < 0:
-            raise ValueError(f"dtype must be float32, bfloat16 or float16 and train_last_layers >= 0; got "
-                             f"{self.dtype!r}, {self.train_last_layers}")  # fmt: skip
+        if self.dtype not in ("float32", "bfloat16", "float16") or self.train_last_layers < 0 or self.lora_rank < 0:
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, train_last_layers >= 0 and lora_rank >= 0; "
+                             f"got {self.dtype!r}, {self.train_last_layers}, {self.lora_rank}")  # fmt: skip
+        if self.lora_rank and self.train_last_layers:
+            raise ValueError(f"vlm_finetune: lora_rank ({self.lora_rank}) and train_last_layers "
+                             f"({self.train_last_layers}) are two ways to cut the trained weights; set one to 0")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_text"]
+__all__ = ["atomic_path", "atomic_folder", "atomic_write_text"]
 
 
 @contextmanager
@@ -25,3 +26,25 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_write_text(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+@contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; swap it in for ``path`` only if the block succeeds.
+
+    The folder it replaces is removed only once the new one is in place, so
+    an interrupted run leaves either the old folder or the new one, whole.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -86,6 +86,8 @@ def _targets(ev: dict[str, Any]) -> list[str]:
 
 
 def _oracle_table(oracle: dict[str, Any]) -> list[str]:
+    if not oracle.get("states"):
+        return ["Oracle diagnostic off (`actor.oracle_states: 0`)."]
     if "top1_hit_rate" not in oracle:
         return [f"Oracle diagnostic: no informative states among {oracle.get('states', 0)} sampled."]
     out = ["| ranking | top-1 is truly best (%) | true value of its pick |", "|---|---|---|"]

@@ -7,56 +7,18 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
-from PIL import Image
+from released import released, save_released
 
 from digiq.data import DataError, TrajectoryStore, mc_returns
 from digiq.data.candidates import SPLIT
 from digiq.data.legacy import IMAGE_PREFIX, import_legacy
-from digiq.env.actions import format_action, press_back, press_enter, tap, type_text
-
-TASKS = ("Search for hotels in Paris", "Open the settings", "Play some jazz on the moon")  # the last: unsupported
-
-
-def _released(tmp_path, digiq: bool, mc: bool = True) -> tuple[list, object]:
-    """Trajectories with the released keys, their images under ``imgs/`` referenced through the prefix."""
-    imgs = tmp_path / "imgs"
-    imgs.mkdir()
-    rng = np.random.default_rng(0)
-    actions = [format_action(a) for a in (tap(0.2, 0.5), type_text("hotels in Paris"), press_enter(), press_back())]
-    data = []
-    for t, (task, n) in enumerate(zip(TASKS, (3, 2, 4), strict=True)):
-        names = [f"ep{t}_{s}.png" for s in range(n + 1)]
-        for name in names:
-            Image.fromarray(rng.integers(0, 255, (24, 12, 3), dtype=np.uint8)).save(imgs / name)
-        rewards = [0.0] * (n - 1) + [float(t != 2)]
-        traj = []
-        for s in range(n):
-            step = {"observation": f"Previous Actions: Goal: {task}", "next_observation": f"Previous Actions: x Goal: {task}",
-                    "image_features": torch.randn(1408), "next_image_features": torch.randn(1408),
-                    "image_path": f"{IMAGE_PREFIX}/{names[s]}", "task": task, "reward": rewards[s],
-                    "done": s == n - 1, "action": actions[s % 4], "trajectory_reward": max(rewards)}  # fmt: skip
-            if mc:
-                step["mc_return"] = mc_returns(rewards, 0.95)[s]
-            if digiq:
-                cands = [actions[s % 4], actions[(s + 1) % 4], 'Action Decision: "action_type": "DUAL_POINT", garbled']
-                step.update({"traj_id": 10 + t, "step_id": s, "next_image_path": f"{IMAGE_PREFIX}/{names[s + 1]}",
-                             "action_list": SPLIT.join(cands), "q_rep_out_list": torch.randn(3, 8),
-                             "q_response_list": ["Yes", "No", "No"]})  # fmt: skip
-            traj.append(step)
-        data.append(traj)
-    return data, imgs
-
-
-def _save(tmp_path, data) -> object:
-    path = tmp_path / "released.pt"
-    torch.save(data, path)
-    return path
 
 
 def test_digiq_file_round_trips(tmp_path):
-    data, imgs = _released(tmp_path, digiq=True)
-    summary = import_legacy(_save(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True)
+    data, imgs = released(tmp_path, digiq=True)
+    summary = import_legacy(
+        save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True
+    )
     assert summary == {"trajectories": 3, "steps": 9, "format": "digiq", "candidates": 3,
                        "arrays": ["image_features", "next_image_features", "q_rep_out_list"]}  # fmt: skip
     store = TrajectoryStore(tmp_path / "out")
@@ -80,8 +42,8 @@ def test_digiq_file_round_trips(tmp_path):
 
 
 def test_digirl_file_gets_next_images_and_returns_from_its_steps(tmp_path):
-    data, imgs = _released(tmp_path, digiq=False, mc=False)
-    summary = import_legacy(_save(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True,
+    data, imgs = released(tmp_path, digiq=False, mc=False)
+    summary = import_legacy(save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True,
                             gamma=0.9)  # fmt: skip
     assert summary["format"] == "digirl" and summary["candidates"] == 0
     table = TrajectoryStore(tmp_path / "out").read().to_pandas()
@@ -92,9 +54,9 @@ def test_digirl_file_gets_next_images_and_returns_from_its_steps(tmp_path):
 
 
 def test_refuses_to_unpickle_without_trust(tmp_path):
-    data, imgs = _released(tmp_path, digiq=True)
+    data, imgs = released(tmp_path, digiq=True)
     with pytest.raises(DataError, match="--trust-pickle"):
-        import_legacy(_save(tmp_path, data), tmp_path / "out", imgs, task_set="general")
+        import_legacy(save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general")
 
 
 @pytest.mark.parametrize(
@@ -109,16 +71,16 @@ def test_refuses_to_unpickle_without_trust(tmp_path):
     ],
 )
 def test_broken_files_are_rejected_naming_key_and_step(tmp_path, breakage, message):
-    data, imgs = _released(tmp_path, digiq=True)
+    data, imgs = released(tmp_path, digiq=True)
     breakage(data)
     with pytest.raises(DataError, match=message):
-        import_legacy(_save(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True)
+        import_legacy(save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True)
     assert not list((tmp_path / "out").glob("steps-*.parquet"))  # nothing half-written to trust
 
 
 def test_command_line(tmp_path):
-    data, imgs = _released(tmp_path, digiq=True)
-    src = _save(tmp_path, data)
+    data, imgs = released(tmp_path, digiq=True)
+    src = save_released(tmp_path, data)
     cmd = [sys.executable, "-m", "digiq.data", "import-legacy", str(src), str(tmp_path / "out"), "--images", str(imgs),
            "--task-set", "general"]  # fmt: skip
     refused = subprocess.run(cmd, capture_output=True, text=True)

@@ -114,3 +114,34 @@ def test_trainable_selects_every_weight_by_default(llava_hf):
     assert len(trainable(vlm, 0)) == len(list(vlm.model.parameters()))
     with pytest.raises(ValueError, match="train_last_layers >= 0"):
         VLMFinetuneConfig(train_last_layers=-1)
+
+
+def test_llava_lora_trains_adapters_and_projector_and_saves_a_plain_checkpoint(llava_hf, values_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    paths = Paths(root)
+    cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
+                  checkpoint=str(llava_hf), epochs=1, batch_size=8, lora_rank=4)  # fmt: skip
+    before = ScreenVLM.from_pretrained(llava_hf).model.state_dict()
+    metrics = run_vlm_finetune(cfg, paths)
+    # Rank 4 on 7 linear layers of each of 3 LM layers (width 32, MLP 64), plus the 2-layer projector (32 -> 32).
+    adapters = 3 * (4 * 4 * (32 + 32) + 3 * 4 * (32 + 64))
+    assert metrics["trained_weights"] == adapters + 2 * (32 * 32 + 32)
+    # Merged: the saved folder is a plain llava-hf checkpoint, loadable without peft, with no adapter keys.
+    after = LlavaForConditionalGeneration.from_pretrained(paths.vlm / "hf").state_dict()
+    assert set(after) == set(before)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert any("language_model.layers.0.self_attn.q_proj" in k for k in changed)
+    assert any("language_model.layers.2.mlp.down_proj" in k for k in changed)
+    assert any("multi_modal_projector" in k for k in changed)
+    assert not any("vision_tower" in k or "embed_tokens" in k or "lm_head" in k or "norm" in k for k in changed)
+    np.testing.assert_allclose(ScreenVLM.load(paths.vlm).embed([np.zeros((SIZE, SIZE, 3), np.uint8)], ["<image>\nx"])[0],
+                               ScreenVLM.from_pretrained(paths.vlm / "hf").embed([np.zeros((SIZE, SIZE, 3), np.uint8)],
+                                                                                 ["<image>\nx"])[0], atol=1e-6)  # fmt: skip
+
+
+def test_lora_and_last_layers_are_exclusive():
+    with pytest.raises(ValueError, match="lora_rank .4. and train_last_layers .2."):
+        VLMFinetuneConfig(lora_rank=4, train_last_layers=2)
+    with pytest.raises(ValueError, match="lora_rank >= 0"):
+        VLMFinetuneConfig(lora_rank=-1)

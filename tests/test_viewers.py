@@ -1,5 +1,7 @@
 """The Q/V viewers on a small real dataset: expert rollouts, candidates, feature files, a critic checkpoint."""
 
+import shutil
+
 import numpy as np
 import pytest
 from conftest import TAP  # candidate 1 of every state taps here
@@ -63,3 +65,12 @@ def test_action_viewer_sorts_by_q_and_marks_best_of_n(data):
     assert tuple(np.asarray(v.image)[int(y * h), int(x * w) + r - 1]) == (30, 120, 230)  # candidate #1's colour
     v.step.value = 1
     assert v.table is not t and len(v.figure().axes) == 2
+
+
+def test_action_viewer_says_unknown_for_imported_features_without_p_yes(values_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    p_yes = root / "data" / "features" / "finetuned" / "p_yes.npy"
+    np.save(p_yes, np.full(np.load(p_yes).shape, np.nan, np.float32))  # as `digiq.data start-at critic` writes
+    t = ActionViewer(load_values(root), oracle=False).table
+    assert set(t["VLM: changes screen?"]) == {"?"} and t["P(Yes)"].isna().all()

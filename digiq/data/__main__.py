@@ -1,4 +1,4 @@
-"""Command line: ``python -m digiq.data import-legacy IN.pt OUT_DIR --images DIR --task-set general``."""
+"""Command line: ``import-legacy IN.pt OUT_DIR --images DIR --task-set general``, ``start-at STAGE DIR...``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import argparse
 import json
 import sys
 
+import yaml
+
 from digiq.data.legacy import IMAGE_PREFIX, import_legacy
+from digiq.data.start import START_STAGES, place_imported
 from digiq.data.trajectories import DataError
+from digiq.paths import Paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,12 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--trust-pickle", action="store_true",
                      help="allow unpickling the file (it can run code: only for files from a trusted source)")  # fmt: skip
     imp.add_argument("--gamma", type=float, default=0.95, help="discount for MC returns a file lacks (0.95)")
+    start = sub.add_parser("start-at", help="place imported folders as the outputs of the stages before STAGE")
+    start.add_argument("stage", choices=sorted(START_STAGES), help="the first stage to run on the imported data")
+    start.add_argument("folders", nargs="+", help="folders written by import-legacy (merged when several)")
+    start.add_argument("--root", default=".", help="the pipeline root holding params.yaml and data/ (.)")
     args = parser.parse_args(argv)
     try:
-        summary = import_legacy(args.src, args.out, args.images, task_set=args.task_set,
-                                trust_pickle=args.trust_pickle, gamma=args.gamma)  # fmt: skip
+        if args.command == "import-legacy":
+            summary = import_legacy(args.src, args.out, args.images, task_set=args.task_set,
+                                    trust_pickle=args.trust_pickle, gamma=args.gamma)  # fmt: skip
+        else:
+            paths = Paths(args.root)
+            params = yaml.safe_load((paths.root / "params.yaml").read_text())
+            summary = place_imported(args.folders, paths, args.stage, params)
+            summary["next"] = ["dvc repro base_policy", f"dvc repro --downstream {args.stage}"]
     except DataError as e:
-        print(f"import-legacy: {e}", file=sys.stderr)
+        print(f"{args.command}: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0

@@ -225,8 +225,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     if reports:
         oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
-        write_metrics(paths, "oracle", oracle_metrics)
     if parallel.is_main():
+        # A declared output even when the diagnostic is off (oracle_states 0, as with imported data).
+        write_metrics(paths, "oracle", oracle_metrics or {"states": 0})
         # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
         # candidates are all invalid.
         save_curve_plot(paths.plots / "actor_loss.png", curves,

@@ -207,7 +207,8 @@ class ActionViewer:
             "valid": cands.valid.to_numpy(),
             "Q": cands.q.to_numpy(),
             "Q-V": cands.advantage.to_numpy(),
-            "VLM: changes screen?": np.where(cands.p_yes.to_numpy() > 0.5, "Yes", "No"),
+            # NaN: features imported from a released file, which keeps no P(Yes).
+            "VLM: changes screen?": np.where(cands.p_yes.isna(), "?", np.where(cands.p_yes > 0.5, "Yes", "No")),
             "P(Yes)": cands.p_yes.to_numpy(),
             "Best-of-N": np.where(cands.kept, "chosen, kept", np.where(cands.chosen, "chosen, below threshold", "")),
         })  # fmt: skip

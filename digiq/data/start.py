@@ -1,0 +1,143 @@
+"""Start the pipeline from imported data: at stage 02, 03 or 05 instead of collecting on the simulator.
+
+``import-legacy`` turns a released file into a dataset folder (steps,
+screenshots, and for Digi-Q files the candidates and features). This module
+places one or more such folders where the skipped stages would have written
+their outputs:
+
+- ``augment_actions`` (02): the steps into ``data/offline`` (stage 01's output);
+- ``vlm_finetune`` (03): also the candidates into ``data/candidates`` (stage 02's);
+- ``critic`` (05): also the features into ``data/features/finetuned`` (stage 04's):
+  ``image_features`` as the state, ``next_image_features`` as the next
+  state, ``q_rep_out_list`` as the candidates' representations.
+
+Then ``dvc repro base_policy`` (the policy the actors start from: set
+``base_policy.checkpoint`` for the released AutoUI) and ``dvc repro
+--downstream STAGE`` run the rest (``make repro-from`` does all three).
+
+Several folders (General and Web Shopping are released as separate files)
+are merged; each keeps its screenshots in its own subfolder, and trajectory
+ids are shifted so that they stay distinct.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from digiq.data.candidates import CANDIDATE_FIELDS
+from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.io import atomic_folder
+from digiq.paths import Paths
+
+__all__ = ["START_STAGES", "place_imported"]
+
+# Stage -> what the imported folders must hold for the pipeline to start there.
+START_STAGES = {
+    "augment_actions": (),
+    "vlm_finetune": ("candidates.parquet",),
+    "critic": ("candidates.parquet", "image_features.npy", "next_image_features.npy", "q_rep_out_list.npy"),
+}
+
+
+def _check_params(stage: str, params: dict[str, Any]) -> None:
+    """Refuse settings that need what imported data cannot give, naming the key to change."""
+    if params.get("actor", {}).get("oracle_states", 0) > 0:
+        raise DataError("actor.oracle_states must be 0 with imported data: the oracle replays each episode in the "
+                        "simulator, and imported episodes did not happen there")  # fmt: skip
+    if stage == "critic" and params.get("ablations", {}).get("untuned_vlm", False):
+        raise DataError("ablations.untuned_vlm must be false when starting at the critic: the released files hold "
+                        "only the fine-tuned VLM's features (start at vlm_finetune to compute both)")  # fmt: skip
+
+
+def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str, np.ndarray]]:
+    """One imported folder's steps, candidates and feature arrays, each sorted by (traj_id, step_id)."""
+    for name in START_STAGES[stage]:
+        if not (folder / name).exists():
+            raise DataError(f"{folder} lacks {name}, which starting at {stage} needs (a DigiRL file has no "
+                            f"candidates or features: start it at augment_actions)")  # fmt: skip
+    steps = TrajectoryStore(folder).read()
+    # The importer wrote the side files in the released file's order; the step table reads back sorted.
+    written = pa.concat_tables(
+        [pq.read_table(p, columns=["traj_id", "step_id"]) for p in TrajectoryStore(folder).parts()]
+    )
+    order = np.lexsort((written.column("step_id").to_numpy(), written.column("traj_id").to_numpy()))
+    cands = None
+    if "candidates.parquet" in START_STAGES[stage]:
+        cands = pq.read_table(folder / "candidates.parquet")
+        missing = set(CANDIDATE_FIELDS) - set(cands.column_names)
+        if missing:
+            raise DataError(f"{folder / 'candidates.parquet'} lacks field(s) {sorted(missing)}")
+        cands = cands.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
+        if any(
+            not np.array_equal(cands.column(c).to_numpy(), steps.column(c).to_numpy()) for c in ("traj_id", "step_id")
+        ):
+            raise DataError(f"{folder / 'candidates.parquet'} does not list the same steps as {folder}'s step table")
+    arrays = {}
+    for name in START_STAGES[stage]:
+        if name.endswith(".npy"):
+            arr = np.load(folder / name)
+            if arr.shape[0] != len(order):
+                raise DataError(f"{folder / name} has {arr.shape[0]} rows for {len(order)} steps")
+            arrays[name.removesuffix(".npy")] = arr[order]
+    return steps, cands, arrays
+
+
+def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Write the imported ``folders`` as the outputs of the stages before ``stage``; returns what was placed.
+
+    Everything is read and checked first; each output folder is then swapped
+    in whole, so an interrupted run leaves the previous outputs or the new ones.
+    """
+    if stage not in START_STAGES:
+        raise DataError(f"the pipeline can start from imported data at {sorted(START_STAGES)}, not {stage!r}")
+    if not folders:
+        raise DataError("name at least one imported folder (python -m digiq.data import-legacy writes them)")
+    _check_params(stage, params)
+    read = [(Path(f), *_read(Path(f), stage)) for f in folders]
+    offset, steps_out, cands_out, arrays_out = 0, [], [], []
+    for k, (_, steps, cands, arrays) in enumerate(read):
+        shift = pa.array(np.full(len(steps), offset, np.int64)).cast(steps.schema.field("traj_id").type)
+        ids = pc.add(steps.column("traj_id"), shift)
+        steps = steps.set_column(steps.schema.get_field_index("traj_id"), "traj_id", ids)
+        for col in ("image_path", "next_image_path"):  # each folder's screenshots live under part<k>/
+            prefixed = pc.binary_join_element_wise(f"part{k}", steps.column(col), "/")
+            steps = steps.set_column(steps.schema.get_field_index(col), col, prefixed)
+        steps_out.append(steps)
+        if cands is not None:
+            cands_out.append(cands.set_column(cands.schema.get_field_index("traj_id"), "traj_id",
+                                              pc.add(cands.column("traj_id"), shift.cast(cands.schema.field("traj_id").type))))  # fmt: skip
+        arrays_out.append(arrays)
+        offset = int(pc.max(ids).as_py()) + 1
+    features = {}
+    for name in arrays_out[0]:
+        dims = {a[name].shape[1:] for a in arrays_out}
+        if len(dims) > 1:
+            raise DataError(f"the imported folders' {name} differ in shape {sorted(dims)}; they cannot be merged")
+        features[name] = np.concatenate([a[name] for a in arrays_out])
+    with atomic_folder(paths.offline) as tmp:
+        for k, (folder, *_rest) in enumerate(read):
+            shutil.copytree(folder / "images", tmp / f"part{k}" / "images")
+        for k, steps in enumerate(steps_out):
+            pq.write_table(steps, tmp / f"steps-{k:05d}.parquet")
+    placed = {"stage": stage, "folders": [str(f) for f, *_ in read], "steps": sum(len(s) for s in steps_out),
+              "offline": str(paths.offline)}  # fmt: skip
+    if cands_out:
+        with atomic_folder(paths.candidates.parent) as tmp:
+            pq.write_table(pa.concat_tables(cands_out), tmp / paths.candidates.name)
+        placed["candidates"] = str(paths.candidates)
+    if features:
+        with atomic_folder(paths.features()) as tmp:
+            for ours, theirs in (("state", "image_features"), ("next_state", "next_image_features"),
+                                 ("candidates", "q_rep_out_list")):  # fmt: skip
+                np.save(tmp / f"{ours}.npy", features[theirs].astype(np.float32))
+            # The released files keep no P(Yes) of the VLM's answer: NaN says "unknown" to the viewers.
+            np.save(tmp / "p_yes.npy", np.full(features["q_rep_out_list"].shape[:2], np.nan, np.float32))
+        placed["features"] = str(paths.features())
+    return placed
