@@ -89,6 +89,16 @@ def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str
     return steps, cands, arrays
 
 
+def _with_column(table: pa.Table, name: str, values: pa.ChunkedArray) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def _shift_ids(table: pa.Table, offset: int) -> pa.Table:
+    """``table`` with ``offset`` added to its trajectory ids (merged folders keep distinct ids)."""
+    ids = table.column("traj_id")
+    return _with_column(table, "traj_id", pc.add(ids, pa.scalar(offset, ids.type)))
+
+
 def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: dict[str, Any]) -> dict[str, Any]:
     """Write the imported ``folders`` as the outputs of the stages before ``stage``; returns what was placed.
 
@@ -103,18 +113,14 @@ def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: 
     read = [(Path(f), *_read(Path(f), stage)) for f in folders]
     offset, steps_out, cands_out, arrays_out = 0, [], [], []
     for k, (_, steps, cands, arrays) in enumerate(read):
-        shift = pa.array(np.full(len(steps), offset, np.int64)).cast(steps.schema.field("traj_id").type)
-        ids = pc.add(steps.column("traj_id"), shift)
-        steps = steps.set_column(steps.schema.get_field_index("traj_id"), "traj_id", ids)
+        steps = _shift_ids(steps, offset)
         for col in ("image_path", "next_image_path"):  # each folder's screenshots live under part<k>/
-            prefixed = pc.binary_join_element_wise(f"part{k}", steps.column(col), "/")
-            steps = steps.set_column(steps.schema.get_field_index(col), col, prefixed)
+            steps = _with_column(steps, col, pc.binary_join_element_wise(f"part{k}", steps.column(col), "/"))
         steps_out.append(steps)
         if cands is not None:
-            cands_out.append(cands.set_column(cands.schema.get_field_index("traj_id"), "traj_id",
-                                              pc.add(cands.column("traj_id"), shift.cast(cands.schema.field("traj_id").type))))  # fmt: skip
+            cands_out.append(_shift_ids(cands, offset))
         arrays_out.append(arrays)
-        offset = int(pc.max(ids).as_py()) + 1
+        offset = int(pc.max(steps.column("traj_id")).as_py()) + 1
     features = {}
     for name in arrays_out[0]:
         dims = {a[name].shape[1:] for a in arrays_out}
