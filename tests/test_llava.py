@@ -84,12 +84,17 @@ def test_released_llava_is_asked_in_its_chat_format(llava_hf):
     assert rep.shape == (1, 2 * 32)
 
 
-def test_llava_stage_03_trains_the_chosen_layers_and_stage_04_reloads_it(llava_hf, values_root, tmp_path):
+def _stage_03(llava_hf, values_root, tmp_path, **changes) -> tuple[Paths, VLMFinetuneConfig]:
+    """A copy of the small pipeline root and stage 03's params for one quick epoch on the llava-hf folder."""
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
-    paths = Paths(root)
     cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
-                  checkpoint=str(llava_hf), epochs=1, batch_size=8, train_last_layers=1)  # fmt: skip
+                  checkpoint=str(llava_hf), epochs=1, batch_size=8, **changes)  # fmt: skip
+    return Paths(root), cfg
+
+
+def test_llava_stage_03_trains_the_chosen_layers_and_stage_04_reloads_it(llava_hf, values_root, tmp_path):
+    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, train_last_layers=1)
     before = {k: v.clone() for k, v in ScreenVLM.from_pretrained(llava_hf).model.state_dict().items()}
     run_vlm_finetune(cfg, paths)
     assert json.loads((paths.vlm / "config.json").read_text())["vlm"]["source"] == str(llava_hf)
@@ -117,11 +122,7 @@ def test_trainable_selects_every_weight_by_default(llava_hf):
 
 
 def test_llava_lora_trains_adapters_and_projector_and_saves_a_plain_checkpoint(llava_hf, values_root, tmp_path):
-    root = tmp_path / "root"
-    shutil.copytree(values_root, root)
-    paths = Paths(root)
-    cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
-                  checkpoint=str(llava_hf), epochs=1, batch_size=8, lora_rank=4)  # fmt: skip
+    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, lora_rank=4)
     before = ScreenVLM.from_pretrained(llava_hf).model.state_dict()
     metrics = run_vlm_finetune(cfg, paths)
     # Rank 4 on 7 linear layers of each of 3 LM layers (width 32, MLP 64), plus the 2-layer projector (32 -> 32).

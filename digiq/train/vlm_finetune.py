@@ -96,9 +96,10 @@ def add_lora(vlm: ScreenVLM, rank: int, alpha: float) -> list[torch.nn.Parameter
 
     As in LLaVA's own LoRA recipe, the projector from image features to the
     language model trains whole (it is small and task-specific). For
-    LLaVA-1.5-7B at rank 16 that is 40 M adapter and 21 M projector weights beside 7 B frozen ones in
-    bf16: about 14 GB before activations. ``merge_lora`` folds the adapters
-    back, so the saved checkpoint is a plain llava-hf folder.
+    LLaVA-1.5-7B at rank 16 that is 40 M adapter and 21 M projector weights
+    beside 7 B frozen ones in bf16: about 14 GB before activations.
+    ``merge_lora`` folds the adapters back, so the saved checkpoint is a
+    plain llava-hf folder.
     """
     from peft import LoraConfig, get_peft_model
 
