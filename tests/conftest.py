@@ -13,6 +13,8 @@ from digiq.env import parse_task
 from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
 from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 
@@ -31,12 +33,14 @@ def aitw_dir() -> Path:
 
 H = 8  # feature width
 TAP = (0.25, 0.75)  # candidate 1 of every state taps here
+TEXT_D = 16  # the tiny base policy's d_model: the width of each text feature
 
 
 @pytest.fixture(scope="session")
 def values_root(tmp_path_factory) -> Path:
     """A small pipeline root the Q/V viewers can load: expert rollouts as the offline data, three
-    candidates per state (the action taken, a tap at TAP, an invalid Back), feature files, a critic."""
+    candidates per state (the action taken, a tap at TAP, an invalid Back), feature files, a critic
+    on the features alone, and an untrained tiny base policy (the critic's text encoder)."""
     root = tmp_path_factory.mktemp("values")
     shutil.copy(ROOT / "params.yaml", root / "params.yaml")
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -60,4 +64,7 @@ def values_root(tmp_path_factory) -> Path:
     np.save(feats / "p_yes.npy", rng.uniform(size=(S, N)).astype(np.float32))
     torch.manual_seed(0)
     Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(paths.critic(0), stage="critic", gamma=0.9)
+    policy = AutoUIPolicy(PolicyConfig(d_model=TEXT_D, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),
+                          train_tokenizer(default_corpus(n_tasks=50)))  # fmt: skip
+    policy.save(paths.base_policy, stage="base_policy")
     return root

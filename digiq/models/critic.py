@@ -1,7 +1,8 @@
 """Critic heads over frozen VLM features: double Q(s, a) and double V(s), with target copies.
 
 Q reads the state's features and the (state, action) representation (of
-the same size, or ``action_dim``); V reads the state's features. Both heads
+the same size, or ``action_dim``); V reads the state's features. Both may
+end with text features (``text``; :mod:`digiq.train.critic_inputs`). Both heads
 are small MLPs, so TD learning over tens of thousands of transitions takes
 seconds on a CPU.
 """
@@ -27,6 +28,9 @@ class CriticNetConfig:
     # The (state, action) representation's size; 0 = feature_dim. Released Digi-Q data pairs 1408-d BLIP-2
     # state features with 4096-d LLaVA action representations.
     action_dim: int = 0
+    # Whether the inputs end with text features of the goal and the actions (digiq.train.critic_inputs): whoever
+    # scores with this critic must build its inputs the same way.
+    text: bool = False
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:

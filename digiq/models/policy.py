@@ -238,6 +238,18 @@ class AutoUIPolicy(nn.Module):
         return {"states": self.fusion(text, self.screen(screenshots)), "mask": enc["attention_mask"],
                 "input_ids": enc["input_ids"]}  # fmt: skip
 
+    @torch.no_grad()
+    def text_features(self, texts: list[str]) -> torch.Tensor:
+        """The T5 encoder's states averaged over each text's tokens, without the screen: (B, d_model).
+
+        The critic reads goals and actions through it, as Digi-Q's critic reads
+        them through a language model of its own (RoBERTa in the release).
+        """
+        enc = self._prompts(texts)
+        states = self.t5.encoder(**enc).last_hidden_state
+        mask = enc["attention_mask"][..., None].to(states.dtype)
+        return (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+
     def _labels(self, actions: list[str]) -> torch.Tensor:
         lab = self.tokenizer(actions, padding=True, truncation=True, max_length=self.cfg.max_action_tokens,
                              return_tensors="pt").input_ids.to(self.device)  # fmt: skip

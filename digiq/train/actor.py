@@ -41,6 +41,7 @@ from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
+from digiq.train.critic_inputs import critic_inputs
 from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
@@ -166,9 +167,10 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         store = TrajectoryStore(paths.offline)
         steps = store.read().to_pandas()
         cands = read_candidates(paths).to_pandas()
-        feats = {"finetuned": load_features(paths)}
-        if ablations.untuned_vlm:
-            feats["untuned"] = load_features(paths, "untuned")
+        vlms = ("finetuned", "untuned") if ablations.untuned_vlm else ("finetuned",)
+        # What the critics were trained on (stage 05's text_features, recorded in each critic's config).
+        text = Critic.load(paths.critic(0)).cfg.text
+        feats = {vlm: critic_inputs(paths, vlm, text=text) for vlm in vlms}
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
@@ -176,14 +178,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         oracle_on = cfg.oracle_states > 0 and parallel.is_main()
         sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
-        if sample is not None:  # what the features allow, whatever the critic: once per VLM, not per seed
+        if sample is not None:  # what the critic's inputs allow, whatever the critic: once per VLM, not per seed
             for vlm, f in feats.items():
                 s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
                 probes[f"feature_probe_{vlm}"] = feature_probe(
                     s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed
                 )
                 oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
-                    c_f, REPRESENTATION_PARTS
+                    load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}

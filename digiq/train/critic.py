@@ -3,6 +3,8 @@
 Q target: r + gamma * (1 - done) * V_target(s');  V target: Q_target(s, a_data)
 (pessimistic minima of the twin heads), target networks soft-updated with tau.
 This is Digi-Q's critic; the features stay frozen, so it trains in seconds.
+Its inputs are the VLM's features and, as in Digi-Q, text features of the
+goal and the actions (``text_features``; :mod:`digiq.train.critic_inputs`).
 
 One addition, ``conservative`` (a CQL term, Kumar et al. 2020): TD fits Q on
 the taken action only, yet stage 06 takes the argmax over 16 candidates, so
@@ -30,7 +32,7 @@ from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
-from digiq.train.embed import load_features
+from digiq.train.critic_inputs import critic_inputs
 from digiq.train.vlm_finetune import split_trajectories
 
 __all__ = ["run_critic", "fit_critic", "td_step"]
@@ -91,7 +93,8 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     penalised = min(cfg.penalty_states, cfg.batch_size)
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
-    net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1])
+    net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1],
+                          text=cfg.text_features)  # fmt: skip
     critic = Critic(net).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
@@ -138,7 +141,7 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
         valid = np.stack(read_candidates(paths).column("valid_list").to_numpy(zero_copy_only=False))
         curves: dict[str, list[float]] = {}
         for vlm in vlms:
-            feats = load_features(paths, vlm)
+            feats = critic_inputs(paths, vlm, text=cfg.text_features)
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip

@@ -27,6 +27,7 @@ from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require
 from digiq.train.augment import read_candidates
+from digiq.train.critic_inputs import critic_inputs
 from digiq.train.embed import load_features
 
 __all__ = ["ValueData", "load_values"]
@@ -85,8 +86,8 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
     store = TrajectoryStore(paths.offline)
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
-    feats = load_features(paths, vlm)
     critic = Critic.load(paths.critic(seed, vlm))
+    feats = critic_inputs(paths, vlm, text=critic.cfg.text)
     q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
                                  torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
     q, v, adv = q.numpy(), v.numpy(), adv.numpy()
@@ -103,7 +104,7 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
         "valid": valid.ravel(),
         "q": q.ravel(),
         "advantage": adv.ravel(),
-        "p_yes": np.asarray(feats["p_yes"]).ravel(),
+        "p_yes": np.asarray(load_features(paths, vlm)["p_yes"]).ravel(),
         "chosen": (np.arange(N)[None, :] == chosen[:, None]).ravel(),
         "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
     })  # fmt: skip
