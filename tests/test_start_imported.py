@@ -138,7 +138,11 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     critic = json.loads((metrics / "critic.json").read_text())
     assert critic["wall_time_s"] >= 0
     net = json.loads((repo / "data" / "models" / "critic" / "seed0" / "finetuned" / "config.json").read_text())
-    assert net["critic"]["feature_dim"] == 1408 and net["critic"]["action_dim"] == 8  # the released shapes
+    # The released shapes, then the text features the base policy's encoder adds (goal and previous action to
+    # the state, type and typed text to each candidate).
+    d = json.loads((repo / "data" / "models" / "base_policy" / "config.json").read_text())["policy"]["d_model"]
+    assert net["critic"]["feature_dim"] == 1408 + 3 * d and net["critic"]["action_dim"] == 8 + 2 * d
+    assert net["critic"]["text"]
     actor = json.loads((metrics / "actor.json").read_text())
     assert actor["states"] == 9
     report = json.loads((metrics / "eval.json").read_text())
