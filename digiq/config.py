@@ -321,6 +321,10 @@ class AblationsConfig:
 
     untuned_vlm: bool = _help("also run Best-of-N on the features of the VLM without the stage-03 fine-tune", True)
     n_candidates: list[int] = _help("also run Best-of-N over only this many candidates per state (each < N)", [1, 4])
+    perfect_critic: bool = _help(
+        "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
+        True,
+    )
 
     def __post_init__(self) -> None:
         if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
@@ -334,7 +338,7 @@ class CriticConfig:
     gamma: float = _help("discount (Digi-Q: 0.95)", 0.95)
     tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1)
     hidden: int = _help("MLP width", 256)
-    epochs: int = _help("passes over the transitions (TD needs many to carry values back from the goal)", 150)
+    epochs: int = _help("passes over the transitions (TD needs many to carry values back from the goal)", 75)
     batch_size: int = _help("transitions per step", 256)
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)

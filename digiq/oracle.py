@@ -20,16 +20,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from digiq.env.actions import ActionType, parse_action
+from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.device import SimDevice
-from digiq.env.expert import Expert
+from digiq.env.expert import Expert, next_action
 from digiq.env.gym_env import AndroidSimEnv
-from digiq.env.state import Dynamics
+from digiq.env.state import DeviceState, Dynamics
 from digiq.env.tasks import Task
 from digiq.models.critic import mlp
 
-__all__ = ["replay", "candidate_values", "stored_state_values", "ranking_report", "within_state_share", "feature_probe"]
+__all__ = [
+    "replay",
+    "candidate_values",
+    "stored_state_values",
+    "expert_equivalent",
+    "ranking_report",
+    "within_state_share",
+    "feature_probe",
+]
 
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
 
@@ -102,6 +110,31 @@ def stored_state_values(
     device = replay(task, seed, earlier, dynamics, width)
     return candidate_values(device, task, task.max_steps - len(earlier), candidates, rollouts=rollouts, noise=noise,
                             gamma=gamma, seed=branch_seed)  # fmt: skip
+
+
+def expert_equivalent(device: SimDevice, task: Task, candidates: Sequence[str]) -> np.ndarray:
+    """Which candidates do what the noiseless expert would do here (a perfect critic's picks).
+
+    A candidate counts when it leaves the device in the very state the
+    expert's action leaves it in, both taken on calm copies with the same
+    random stream: tapping anywhere inside the right widget counts, typing a
+    word with a typo does not. Ending the episode counts only when the expert
+    ends it too (a no-op tap and "task complete" leave the same state, but not
+    the same episode).
+    """
+    expert = next_action(device, task)
+
+    def after(action: Action) -> DeviceState:
+        branch = device.clone(Dynamics.calm(), seed=0)
+        branch.step(action)
+        return branch.state
+
+    target, ends = after(expert), expert.type in _ENDING
+    out = np.zeros(len(candidates), bool)
+    for i, text in enumerate(candidates):
+        action = parse_action(text)
+        out[i] = action.is_valid and (action.type in _ENDING) == ends and after(action) == target
+    return out
 
 
 def ranking_report(

@@ -115,6 +115,11 @@ def results_markdown(paths: Paths) -> str:
         out.append("No `metrics/eval.json` yet: run `make repro`.")
     if ab:
         out += ["", "Ablations (success rate %, mean ± std over seeds):", ""] + _success_table(ab)
+        perfect = (_load(paths, "actor") or {}).get("perfect_critic")
+        if perfect and "digiq_perfect_critic" in ab:
+            out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
+                    f"the simulator's expert would; {_pct(perfect['states_with_expert_candidate'])}% of states have "
+                    f"one, and the data's own action is it in {_pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
     if oracle:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
             oracle

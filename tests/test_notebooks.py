@@ -71,7 +71,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline"}
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
-    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned"}
+    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_perfect_critic"}
     for sets in [*report.values(), *ablations.values()]:
         assert set(sets) == {"general", "webshop"}
         for r in sets.values():
@@ -79,6 +79,12 @@ def test_pipeline_notebooks_run_in_order(workspace):
             assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
     for seed in (0, 1):
         assert (workspace / "data" / "models" / "critic" / f"seed{seed}" / "untuned" / "config.json").exists()
+    actor = json.loads((workspace / "metrics" / "actor.json").read_text())
+    perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
+    assert actor["kept_rows"]["digiq_perfect_critic"] == round(
+        perfect["states_with_expert_candidate"] * actor["states"]
+    )
+    assert 0.0 <= perfect["taken_action_is_expert"] <= perfect["states_with_expert_candidate"] <= 1.0
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}

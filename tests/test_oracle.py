@@ -2,10 +2,17 @@ import numpy as np
 
 from digiq.data import TrajectoryStore
 from digiq.env import Dynamics, parse_task
-from digiq.env.actions import format_action, press_home, task_complete
+from digiq.env.actions import format_action, press_home, tap, task_complete, type_text
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
-from digiq.oracle import candidate_values, feature_probe, ranking_report, replay, within_state_share
+from digiq.oracle import (
+    candidate_values,
+    expert_equivalent,
+    feature_probe,
+    ranking_report,
+    replay,
+    within_state_share,
+)
 from digiq.rollout import ExpertPolicy, episode_seed, rollout
 
 
@@ -30,6 +37,23 @@ def test_the_right_action_is_worth_more_than_giving_up_or_going_home():
     assert values[1] == 0.0  # declaring success on the home screen ends the episode, failed
     # Tap the box, type, Enter: success on the third step (worth gamma^2); Home first wastes one step.
     assert np.allclose(values[[0, 2]], [0.9**2, 0.9**3])
+
+
+def test_expert_equivalent_candidates_reach_the_experts_next_state():
+    task = parse_task("Search for hotels in Paris")
+    dev = replay(task, 3, [], Dynamics(), 108)
+    box = next_action(dev, task)  # from the home screen: tap the search box
+    assert box.is_tap
+    y, x = box.touch
+    near, far = format_action(tap(y + 0.004, x + 0.004)), format_action(tap(0.97, 0.5))
+    picks = expert_equivalent(dev, task, [format_action(box), near, far, format_action(task_complete()),
+                                          format_action(press_home()), "not an action"])  # fmt: skip
+    assert picks.tolist() == [True, True, False, False, False, False]
+    dev.step(box)
+    typing = next_action(dev, task)
+    assert typing.text == "hotels in Paris"
+    picks = expert_equivalent(dev, task, [format_action(type_text("hotels in Pari")), format_action(typing)])
+    assert picks.tolist() == [False, True]
 
 
 def test_ranking_report_counts_hits_only_where_candidates_differ():

@@ -19,7 +19,7 @@ from digiq.paths import ROOT, Paths
 from digiq.train.augment import read_candidates
 from digiq.train.embed import load_features
 
-OFF = {"actor": {"oracle_states": 0}, "ablations": {"untuned_vlm": False}}
+OFF = {"actor": {"oracle_states": 0}, "ablations": {"untuned_vlm": False, "perfect_critic": False}}
 
 
 def _imported(tmp_path, name: str, task_set: str, digiq: bool = True, reverse: bool = False):
@@ -69,6 +69,8 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
         place_imported([digirl], paths, "augment_actions", {"actor": {"oracle_states": 200}})
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
+    with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "ablations": {"perfect_critic": True}})
     with pytest.raises(DataError, match="not 'embed'"):
         place_imported([digirl], paths, "embed", OFF)
     assert not paths.offline.exists()  # nothing written by a refused call
@@ -101,7 +103,7 @@ TINY = {
     },  # fmt: skip
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
-    "ablations": {"untuned_vlm": False, "n_candidates": [1]},
+    "ablations": {"untuned_vlm": False, "n_candidates": [1], "perfect_critic": False},
 }
 
 

@@ -101,6 +101,12 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
         "base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
         "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
     })  # fmt: skip
+    write_metrics(paths, "ablations", {
+        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
+        "digiq_perfect_critic": {"general": _result([0.7, 0.7], "search"), "webshop": _result([0.6, 0.6], "go_to_site")},
+    })  # fmt: skip
+    write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
+                                                      "taken_action_is_expert": 0.395}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
@@ -110,6 +116,8 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
+    assert "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
+    assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     update_readme(readme, paths)

@@ -51,6 +51,9 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
     if params.get("actor", {}).get("oracle_states", 0) > 0:
         raise DataError("actor.oracle_states must be 0 with imported data: the oracle replays each episode in the "
                         "simulator, and imported episodes did not happen there")  # fmt: skip
+    if params.get("ablations", {}).get("perfect_critic", False):
+        raise DataError("ablations.perfect_critic must be false with imported data: the simulator's expert picks "
+                        "the perfect critic's candidates, and imported episodes did not happen there")  # fmt: skip
     if stage == "critic" and params.get("ablations", {}).get("untuned_vlm", False):
         raise DataError("ablations.untuned_vlm must be false when starting at the critic: the released files hold "
                         "only the fine-tuned VLM's features (start at vlm_finetune to compute both)")  # fmt: skip

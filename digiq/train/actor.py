@@ -30,13 +30,21 @@ from tqdm.auto import tqdm
 from digiq import parallel
 from digiq.config import AblationsConfig, ActorConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
+from digiq.env.actions import parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.tasks import parse_task
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
-from digiq.oracle import feature_probe, ranking_report, stored_state_values, within_state_share
+from digiq.oracle import (
+    expert_equivalent,
+    feature_probe,
+    ranking_report,
+    replay,
+    stored_state_values,
+    within_state_share,
+)
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
@@ -65,7 +73,8 @@ def best_of_n_variants(ablations: AblationsConfig) -> dict[str, tuple[str, int |
 
 def policy_names(ablations: AblationsConfig) -> tuple[list[str], list[str]]:
     """The main policies and the ablation variants stage 06 trains (and stage 07 evaluates)."""
-    return list(METHODS), [n for n in best_of_n_variants(ablations) if n != "digiq"]
+    extra = [n for n in best_of_n_variants(ablations) if n != "digiq"]
+    return list(METHODS), extra + (["digiq_perfect_critic"] if ablations.perfect_critic else [])
 
 
 def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
@@ -96,6 +105,34 @@ def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarra
     rows = _rows(steps, keep, [cands.action_list.iat[i][best[i]] for i in keep])
     stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0}
     return rows, stats
+
+
+def _perfect_critic_rows(env: EnvConfig, collect_seed: int, steps: pd.DataFrame,
+                         cands: pd.DataFrame) -> tuple[list[FitRow], float]:  # fmt: skip
+    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
+
+    States where no candidate does are left out, as a critic could not pick
+    what was never sampled. Trained like Digi-Q's actor, this policy bounds
+    what any critic could give Digi-Q on these data: a target it misses is
+    out of reach of the actor, not of the critic. Returns the rows and the
+    fraction of states whose taken action was already the expert's.
+    """
+    picks: list[int] = []
+    actions: list[str] = []
+    taken_right = 0
+    for _, traj in steps.groupby("traj_id", sort=True):
+        traj = traj.sort_values("step_id")
+        task = parse_task(traj.task.iat[0], traj.task_set.iat[0])
+        device = replay(task, episode_seed(collect_seed, int(traj.traj_id.iat[0])), [], env.dynamics(), env.width)
+        for i, action in zip(traj.index, traj.action, strict=True):
+            candidates = list(cands.action_list.iat[i])
+            right = expert_equivalent(device, task, candidates)
+            taken_right += bool(right[0])
+            if right.any():
+                picks.append(i)
+                actions.append(candidates[int(np.argmax(right))])
+            device.step(parse_action(action))
+    return _rows(steps, np.array(picks, int), actions), taken_right / max(1, len(steps))
 
 
 def _filtered_bc_rows(steps: pd.DataFrame) -> list[FitRow]:
@@ -187,6 +224,11 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
                     load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
+        perfect: list[FitRow] = []
+        if ablations.perfect_critic:
+            perfect, taken_right = _perfect_critic_rows(env, collect_seed, steps, cands)
+            metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect) / len(steps), 4),
+                                         "taken_action_is_expert": round(taken_right, 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
         curves: dict[str, list[float]] = {}
@@ -199,6 +241,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 k = cfg.k_candidates if k is None else k
                 plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
                 not_taken.setdefault(name, []).append(stats["kept_not_taken_fraction"])
+            if ablations.perfect_critic:
+                plans["digiq_perfect_critic"] = perfect
             plans["filtered_bc"] = _filtered_bc_rows(steps)
             plans["digirl_offline"] = _digirl_rows(cfg, feats["finetuned"]["state"], steps, seed)
             for name, rows in plans.items():
