@@ -25,6 +25,7 @@ from digiq.config import (
     CollectConfig,
     ComputeConfig,
     CriticConfig,
+    DeviceConfig,
     EnvConfig,
     ExperimentConfig,
     VLMFinetuneConfig,
@@ -59,9 +60,15 @@ def _critic(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
 def _actor(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
     from digiq.train.actor import run_actor
 
-    return run_actor(load_section(ActorConfig, "actor", p), paths,
-                     seeds=load_section(ExperimentConfig, "experiment", p).seeds,
-                     ablations=load_section(AblationsConfig, "ablations", p), env=load_section(EnvConfig, "env", p),
+    actor, ablations = load_section(ActorConfig, "actor", p), load_section(AblationsConfig, "ablations", p)
+    if load_section(DeviceConfig, "devices", p).backend == "emulator" and (
+        actor.oracle_states or ablations.perfect_critic
+    ):
+        raise ValueError("actor.oracle_states must be 0 and ablations.perfect_critic false with devices.backend "
+                         "emulator: both replay the collected episodes in the simulator, and these happened on "
+                         "real devices")  # fmt: skip
+    return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", p).seeds, ablations=ablations,
+                     env=load_section(EnvConfig, "env", p),
                      collect_seed=load_section(CollectConfig, "collect", p).seed)  # fmt: skip
 
 

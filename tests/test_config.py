@@ -43,3 +43,19 @@ def test_missing_or_broken_params_file(tmp_path):
 def test_help_text_lists_every_field():
     text = help_text(EnvConfig)
     assert all(name in text for name in ("width", "popup_rate", "delay_rate", "jitter_px", "ad_rate"))
+
+
+def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
+    """Emulator episodes cannot be replayed in the simulator: the actor stage says which keys to change."""
+    import yaml
+
+    from digiq.paths import Paths
+    from digiq.stage import run_stage
+
+    params = load_params()
+    params["devices"]["backend"] = "emulator"
+    for change in ({}, {"ablations": {"perfect_critic": False}}, {"actor": {"oracle_states": 0}}):
+        p = {k: {**v, **change.get(k, {})} if isinstance(v, dict) else v for k, v in params.items()}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
+        with pytest.raises(ValueError, match="actor.oracle_states must be 0 and ablations.perfect_critic false"):
+            run_stage("actor", Paths(tmp_path), tmp_path / "params.yaml")
