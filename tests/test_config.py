@@ -1,6 +1,9 @@
 import pytest
+import yaml
 
 from digiq.config import PARAMS, ConfigError, EnvConfig, TasksConfig, help_text, load_params, load_section
+from digiq.paths import Paths
+from digiq.stage import run_stage
 
 
 def test_repository_params_load():
@@ -47,11 +50,6 @@ def test_help_text_lists_every_field():
 
 def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
     """Emulator episodes cannot be replayed in the simulator: the actor stage says which keys to change."""
-    import yaml
-
-    from digiq.paths import Paths
-    from digiq.stage import run_stage
-
     params = load_params()
     params["devices"]["backend"] = "emulator"
     for change in ({}, {"ablations": {"perfect_critic": False}}, {"actor": {"oracle_states": 0}}):
