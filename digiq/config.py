@@ -274,6 +274,7 @@ class VLMFinetuneConfig:
     train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 0)
     lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
     lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
+    gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
     seed: int = _help("seed", 3)
 
     def __post_init__(self) -> None:

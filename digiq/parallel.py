@@ -48,8 +48,18 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
-    """Wait until every process gets here (after the main process wrote what the others read)."""
-    state().wait_for_everyone()
+    """Wait until every process gets here (after the main process wrote what the others read).
+
+    CPU processes on a machine with GPUs (``compute.cpu``) use the plain gloo
+    barrier: accelerate's ``wait_for_everyone`` names the process's GPU
+    (``device_ids=[local rank]``) whatever the backend, and on a one-GPU
+    machine the second process failed with "invalid device ordinal".
+    """
+    s = state()
+    if s.device.type == "cpu" and s.num_processes > 1:
+        torch.distributed.barrier()
+    else:
+        s.wait_for_everyone()
 
 
 def shard(rows: Sequence[T], weights: Sequence[float] | None = None) -> tuple[list[T], float]:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     CLIPImageProcessor,
     CLIPVisionConfig,
@@ -21,35 +20,25 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
-    PreTrainedTokenizerFast,
 )
 
 from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
 from digiq.env.actions import tap
+from digiq.models.tokenizer import llava_style_tokenizer
 from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, question
 from digiq.paths import Paths
 from digiq.train.embed import load_features, run_embed
-from digiq.train.vlm_finetune import run_vlm_finetune, trainable
+from digiq.train.vlm_finetune import checkpoint_layers, run_vlm_finetune, trainable
 
 SIZE, PATCH = 32, 8
-
-
-def _sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    corpus = ["USER: <image> Task: search Does tapping at the red circle change the screen? Answer: Yes ASSISTANT:",
-              "Answer: No", "Answer: Yes", "What is on the screen? Answer:"] * 50  # fmt: skip
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>",
-                                                                                         "<image>"]))  # fmt: skip
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def llava_hf(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llava-1.5-7b-hf")
-    tok = _sentencepiece_tokenizer()
+    corpus = ["USER: <image> Task: search Does tapping at the red circle change the screen? Answer: Yes ASSISTANT:",
+              "Answer: No", "Answer: Yes", "What is on the screen? Answer:"] * 50  # fmt: skip
+    tok = llava_style_tokenizer(corpus)
     n = (SIZE // PATCH) ** 2
     torch.manual_seed(0)
     cfg = LlavaConfig(
@@ -139,6 +128,40 @@ def test_llava_lora_trains_adapters_and_projector_and_saves_a_plain_checkpoint(l
     np.testing.assert_allclose(ScreenVLM.load(paths.vlm).embed([np.zeros((SIZE, SIZE, 3), np.uint8)], ["<image>\nx"])[0],
                                ScreenVLM.from_pretrained(paths.vlm / "hf").embed([np.zeros((SIZE, SIZE, 3), np.uint8)],
                                                                                  ["<image>\nx"])[0], atol=1e-6)  # fmt: skip
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_and_the_same_gradients(llava_hf):
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (SIZE, SIZE, 3), np.uint8) for _ in range(3)]
+    prompts, labels = [question(tap(0.5, 0.5), "search")] * 3, torch.tensor([1, 0, 1])
+    grads, kept = [], []
+    for on in (False, True):
+        vlm = ScreenVLM.from_pretrained(llava_hf)
+        vlm.model.train()
+        if on:
+            checkpoint_layers(vlm)
+        saved: list[int] = []  # the elements autograd keeps for backward
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t, saved=saved: (saved.append(t.numel()), t)[1], lambda t: t
+        ):
+            loss = vlm.loss(images, prompts, labels)
+        loss.backward()
+        kept.append(sum(saved))
+        grads.append({n: p.grad for n, p in vlm.model.named_parameters() if p.grad is not None})
+    assert kept[1] < 0.5 * kept[0]
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
+
+
+def test_stage_03_with_lora_and_checkpointing_trains_as_without(llava_hf, values_root, tmp_path):
+    weights = []
+    for on in (False, True):
+        paths, cfg = _stage_03(llava_hf, values_root, tmp_path / str(on), lora_rank=4, gradient_checkpointing=on)
+        run_vlm_finetune(cfg, paths)
+        weights.append(LlavaForConditionalGeneration.from_pretrained(paths.vlm / "hf").state_dict())
+    for name, w in weights[0].items():
+        torch.testing.assert_close(weights[1][name], w, atol=1e-5, rtol=1e-4)
 
 
 def test_lora_and_last_layers_are_exclusive():

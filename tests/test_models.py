@@ -62,6 +62,22 @@ def test_policy_learns_a_mapping_and_checkpoints_rebuild_it(tok, tmp_path):
         AutoUIPolicy.load(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("encoder", ["cnn", "blip2"])
+def test_policy_runs_in_bfloat16_on_float32_inputs(tok, encoder):
+    """On a GPU the policy runs in bf16 while screenshots and preloaded BLIP-2 features stay uint8 / float32."""
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, image_encoder=encoder, dropout=0.0), tok).eval()
+    shots = np.random.default_rng(0).integers(0, 256, (2, 228, 108, 3), np.uint8) if encoder == "cnn" else (
+        np.random.default_rng(0).normal(size=(2, 32)).astype(np.float32))  # fmt: skip
+    prompts, acts = ["Previous Actions: Goal: Open the clock"] * 2, [format_action(press_home())] * 2
+    want = m.action_logprobs(prompts, shots, acts)
+    half = m.to(torch.bfloat16)
+    got = half.action_logprobs(prompts, shots, acts)
+    assert next(half.parameters()).dtype == torch.bfloat16 and got.dtype == torch.float32  # log-probs kept in fp32
+    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.5)
+    assert len(half.sample(prompts, shots, n=3)[0]) == 3
+
+
 def test_screen_encoder_resamples_any_screenshot_size(tok):
     m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok)
     for h, w in ((456, 216), (114, 54), (228, 108)):

@@ -90,7 +90,7 @@ class ScreenEncoder(nn.Module):
     def forward(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, regions, image_dim)."""
         x = self.prepare(images).to(self.pos.device).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        return self.net(x).flatten(2).transpose(1, 2) + self.pos
+        return self.net(x.to(self.pos.dtype)).flatten(2).transpose(1, 2) + self.pos
 
 
 class PooledFeatureScreen(nn.Module):
@@ -143,7 +143,7 @@ class GatedImageFusion(nn.Module):
         self.gate_dense = nn.Linear(2 * d_model, d_model)
 
     def forward(self, text: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        img = self.image_dense(image)
+        img = self.image_dense(image.to(text.dtype))  # features arrive float32 (preloaded, released); bf16 on a GPU
         image_att, _ = self.mha_layer(text, img, img, need_weights=False)
         gate = torch.sigmoid(self.gate_dense(torch.cat([text, image_att], -1)))
         return (1 - gate) * text + gate * image_att

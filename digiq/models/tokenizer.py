@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from digiq.env.actions import ActionType, format_action, press_enter, swipe, tap, type_text
 from digiq.env.taskgen import generate_tasks
 
-__all__ = ["SPECIAL_TOKENS", "ACTION_PIECES", "train_tokenizer", "default_corpus"]
+__all__ = ["SPECIAL_TOKENS", "ACTION_PIECES", "train_tokenizer", "default_corpus", "llava_style_tokenizer"]
 
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<image>"]
 
@@ -75,3 +75,21 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
     )
+
+
+def llava_style_tokenizer(corpus: Iterable[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:
+    """A SentencePiece-style BPE like llava-hf's (words start with "▁"; <s>, </s>, <pad>, <image>), built offline.
+
+    It stands in for LLaVA-1.5's own tokenizer where no checkpoint can be
+    downloaded: the tests' tiny llava-hf folder and the real-size benchmark.
+    What matters is the convention the code relies on: an answer is one
+    "▁Yes" / "▁No" token after "Answer:", and "<image>" is one token.
+    """
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        show_progress=False))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")  # fmt: skip

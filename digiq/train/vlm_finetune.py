@@ -114,6 +114,19 @@ def add_lora(vlm: ScreenVLM, rank: int, alpha: float) -> list[torch.nn.Parameter
     return chosen
 
 
+def checkpoint_layers(vlm: ScreenVLM) -> None:
+    """Keep only each layer's input in the forward pass and recompute the rest in backward.
+
+    The projector trains in every mode, so the gradient runs back through all
+    32 language-model layers and their activations are kept whatever trains.
+    Measured on an H100 (README, "Memory and size of the real models"), a
+    LoRA step on 8 pairs peaked at 58 GB without this and 17 GB with it, 30%
+    slower; a step on 16 pairs without it ran out of the 80 GB. The
+    gradients are the same.
+    """
+    vlm.model.activation_checkpointing_enable({"use_reentrant": False})
+
+
 def merge_lora(vlm: ScreenVLM) -> None:
     """Fold the LoRA adapters into the weights they adapt and drop peft's wrapper."""
     vlm.model = vlm.model.merge_and_unload()
@@ -138,7 +151,10 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         acc_before = _accuracy(vlm, test)
         rng = random.Random(cfg.seed)
         vlm.model.to(parallel.device())
+        if cfg.gradient_checkpointing:
+            checkpoint_layers(vlm)
         if cfg.lora_rank:
+            torch.manual_seed(cfg.seed)  # the adapters' initialisation: the same run gives the same weights
             params = add_lora(vlm, cfg.lora_rank, cfg.lora_alpha)
         else:
             params = trainable(vlm, cfg.train_last_layers)
