@@ -108,6 +108,7 @@ def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False) -> dict[str
             # The same VLM before the Yes/No fine-tune: the released LLaVA as published, or, for the
             # tiny VLM, which has no pretraining, its fresh initialisation.
             raw = vlm.fresh()
+            del vlm  # one VLM on the GPU at a time: with both, LLaVA-7B's stage peaked at 34 GB on an H100
             raw.model.to(parallel.device())
             _embed_features(raw, store, steps, cands, cfg.batch_size, paths.features("untuned"))
     feats = load_features(paths)
