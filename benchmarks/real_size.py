@@ -11,9 +11,10 @@ fine-tuning, 16 bytes per parameter; activations come on top). With
 in bf16 and timed on a batch of real-shaped inputs; the peak memory of that
 forward pass is measured too. With ``--stages`` and a CUDA GPU, the pipeline's
 own code runs at real size: stage 04's ``ScreenVLM.embed`` and stage 03's
-fine-tune step (last 4 layers, and LoRA rank 16) on LLaVA-1.5-7B, and the
-Auto-UI-Base sampling loop of stages 01, 02 and 07; each is timed with its
-peak memory.
+fine-tune step (last 4 layers, and LoRA rank 16; each with and without
+gradient checkpointing) on LLaVA-1.5-7B, and the Auto-UI-Base sampling loop
+of stages 01, 02 and 07; each is timed with its peak memory.
+``real_stages.py`` runs the stage functions around them.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def llava_7b(image_token_index: int = 32000) -> LlavaForConditionalGeneration:
                               image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu")  # fmt: skip
     text = LlamaConfig(vocab_size=32064, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)  # fmt: skip
-    return LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_index,
-                                                     vision_feature_layer=-2, image_seq_length=576))  # fmt: skip
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_index,
+                      vision_feature_layer=-2, image_seq_length=576)  # fmt: skip
+    return LlavaForConditionalGeneration(cfg)
 
 
 MODELS: dict[str, Callable[[], torch.nn.Module]] = {
@@ -83,12 +85,13 @@ def count(build: Callable[[], torch.nn.Module]) -> int:
 def on_gpu(build: Callable[[], M]) -> M:
     """``build()`` with random weights made straight on the GPU in bf16: no 28 GB fp32 copy on the CPU first."""
     torch.manual_seed(0)
+    before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
             return build().eval()
     finally:
-        torch.set_default_dtype(torch.float32)
+        torch.set_default_dtype(before)
 
 
 def forward_pass(name: str, batch: int) -> Callable[[], object]:

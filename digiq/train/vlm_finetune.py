@@ -118,11 +118,11 @@ def checkpoint_layers(vlm: ScreenVLM) -> None:
     """Keep only each layer's input in the forward pass and recompute the rest in backward.
 
     The projector trains in every mode, so the gradient runs back through all
-    32 language-model layers and their activations are kept whatever trains.
-    Measured on an H100 (README, "Memory and size of the real models"), a
-    LoRA step on 8 pairs peaked at 58 GB without this and 17 GB with it, at
-    30% fewer pairs per second; a step on 16 pairs without it ran out of the
-    80 GB. The gradients are the same.
+    32 language-model layers and their activations are kept whatever trains:
+    with LLaVA-1.5-7B that is most of a step's memory, and a LoRA step on 16
+    pairs ran out of an 80 GB GPU without this (README, "Memory and size of
+    the real models", for the measured peaks and cost). The gradients are
+    the same up to float rounding.
     """
     vlm.model.activation_checkpointing_enable({"use_reentrant": False})
 
