@@ -29,19 +29,17 @@ import torch
 from transformers import (
     Blip2VisionConfig,
     Blip2VisionModel,
-    CLIPImageProcessor,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
-    LlavaProcessor,
 )
 
 from digiq.env.actions import tap
 from digiq.env.taskgen import generate_tasks
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, llava_style_tokenizer, train_tokenizer
-from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, VLMConfig, question
+from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, VLMConfig, llava_processor, question
 from digiq.train.vlm_finetune import add_lora, checkpoint_layers, trainable
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -139,13 +137,9 @@ def screen_vlm_7b() -> ScreenVLM:
     corpus = [LLAVA_TEMPLATE.format(question(tap(0.5, 0.5), t)) + a for t in tasks for a in (" Yes", " No")]
     tok = llava_style_tokenizer(corpus, vocab_size=4000)
     model = on_gpu(lambda: llava_7b(tok.convert_tokens_to_ids("<image>")))
-    images = CLIPImageProcessor(size={"height": 336, "width": 336}, do_center_crop=False,
-                                crop_size={"height": 336, "width": 336})  # fmt: skip
-    processor = LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=14, image_token="<image>",
-                               vision_feature_select_strategy="default", num_additional_image_tokens=1)  # fmt: skip
     cfg = VLMConfig(image_size=336, patch_size=14, vision_hidden=1024, vision_layers=24, hidden=4096, layers=32,
                     heads=32, prompt_template=LLAVA_TEMPLATE)  # fmt: skip
-    return ScreenVLM(model, processor, cfg)
+    return ScreenVLM(model, llava_processor(tok, 336, 14), cfg)
 
 
 def _train_step(vlm: ScreenVLM, params: list[torch.nn.Parameter], images: list[np.ndarray], prompts: list[str],

@@ -25,12 +25,10 @@ import torch
 import yaml
 from real_size import GB, llava_7b, on_gpu
 from transformers import (
-    CLIPImageProcessor,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
-    LlavaProcessor,
 )
 
 from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
@@ -39,7 +37,7 @@ from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.models.tokenizer import llava_style_tokenizer
-from digiq.models.vlm import LLAVA_TEMPLATE, question
+from digiq.models.vlm import LLAVA_TEMPLATE, llava_processor, question
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.train.embed import run_embed
@@ -82,10 +80,7 @@ def llava_folder(folder: Path, tiny: bool) -> None:
     else:
         model = on_gpu(lambda: llava_7b(image))
     model.save_pretrained(folder)
-    LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 336},
-                                                      crop_size={"height": 336, "width": 336}),
-                   tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", image_token="<image>",
-                   num_additional_image_tokens=1).save_pretrained(folder)  # fmt: skip
+    llava_processor(tok, 336, 14).save_pretrained(folder)
 
 
 def peak_gb() -> float:

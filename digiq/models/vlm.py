@@ -42,6 +42,7 @@ __all__ = [
     "ANSWERS",
     "REPRESENTATION_PARTS",
     "LLAVA_TEMPLATE",
+    "llava_processor",
 ]
 
 ANSWERS = ("No", "Yes")
@@ -147,12 +148,9 @@ class ScreenVLM:
                             image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
                             vision_feature_select_strategy="default", vision_feature_layer=-1,
                             image_seq_length=n_patches)  # fmt: skip
-        image_proc = CLIPImageProcessor(size={"height": cfg.image_size, "width": cfg.image_size}, do_center_crop=False,
-                                        crop_size={"height": cfg.image_size, "width": cfg.image_size})  # fmt: skip
-        processor = LlavaProcessor(image_processor=image_proc, tokenizer=tokenizer, patch_size=cfg.patch_size,
-                                   vision_feature_select_strategy="default", image_token="<image>",
-                                   num_additional_image_tokens=1)  # fmt: skip
-        return cls(LlavaForConditionalGeneration(llava), processor, cfg)
+        return cls(
+            LlavaForConditionalGeneration(llava), llava_processor(tokenizer, cfg.image_size, cfg.patch_size), cfg
+        )
 
     @classmethod
     def from_pretrained(cls, folder: Path | str, dtype: str = "auto") -> "ScreenVLM":
@@ -271,6 +269,19 @@ class ScreenVLM:
         load_weights(folder, vlm.model)
         vlm.model.eval()
         return vlm
+
+
+def llava_processor(tokenizer: PreTrainedTokenizerBase, image_size: int, patch_size: int) -> LlavaProcessor:
+    """LLaVA-1.5's processor around ``tokenizer``: square ``image_size`` input resized whole (no centre crop).
+
+    For VLMs built here rather than loaded: the tiny one and the real-size
+    benchmarks; a released checkpoint brings its own processor.
+    """
+    square = {"height": image_size, "width": image_size}
+    images = CLIPImageProcessor(size=square, do_center_crop=False, crop_size=square)
+    return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=patch_size,
+                          vision_feature_select_strategy="default", image_token="<image>",
+                          num_additional_image_tokens=1)  # fmt: skip
 
 
 def _answer_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
