@@ -378,6 +378,10 @@ class ActorConfig:
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
+# What stage 07's diagnostic can take from the simulator's expert (digiq.oracle.ExpertSkill).
+EXPERT_SKILLS = ("type", "tap", "action_type")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Stage 07: roll every policy out on held-out test tasks."""
@@ -386,3 +390,13 @@ class EvalConfig:
     temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8)
     n_envs: int = _help("devices stepped together", 48)
     seed: int = _help("seed of the devices", 7)
+    expert_skills: list[str] = _help(
+        "sim: also run the base policy (first seed) with each of these skills taken "
+        "from the expert: type | tap | action_type; [] = off",
+        list(EXPERT_SKILLS),
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]
+        if unknown:
+            raise ValueError(f"expert_skills: unknown {unknown}; known: {list(EXPERT_SKILLS)}")

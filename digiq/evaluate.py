@@ -9,6 +9,11 @@ Writes ``metrics/eval.json`` for the four policies of the paper's comparison
 and ``metrics/ablations.json`` for Digi-Q's variants, both as
 ``{policy: {task_set: {"success_rate", "success_rate_std", "per_seed",
 "n_episodes", "by_family"}}}`` (rates are means over seeds; ``n_episodes`` per seed).
+
+On the simulator it also writes ``metrics/skills.json``: the base policy of
+the first seed again, with one skill at a time taken from the expert
+(:class:`digiq.oracle.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
+"n_episodes", "by_family"}}}`` beside ``none``, the base alone on the same devices.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
 from digiq.judge import evaluator_for
 from digiq.models.policy import AutoUIPolicy
+from digiq.oracle import ExpertSkill
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
@@ -69,23 +75,40 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     with timed(timing), EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
         # One env per device, reused by every rollout below (a device backend has only so many).
         pool = itertools.cycle([factory() for _ in range(min(cfg.n_envs, cfg.n_tasks))])
+
+        def run(agent: Any, policy: str, seed: int) -> dict[str, dict[str, Any]]:
+            """One seed's episodes of ``agent`` on every task set."""
+            out = {}
+            for ts in TASK_SETS:
+                results = rollout(agent, tasks[ts], n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=env.dynamics(),
+                                  width=env.width, desc=f"eval {policy} {ts} (seed {seed})",
+                                  env_factory=lambda: next(pool))  # fmt: skip
+                out[ts] = {
+                    "success_rate": round(sum(r.success for r in results) / len(results), 4),
+                    "n_episodes": len(results),
+                    "by_family": success_by(results, "family"),
+                }
+            return out
+
+        def agent(policy: str, seed: int) -> ModelPolicy:
+            """The checkpoint as a sampling policy, with the seed's own sampling stream."""
+            torch.manual_seed(cfg.seed + seed)
+            model = AutoUIPolicy.load(_checkpoint(paths, policy, seed))
+            return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
+
         for s in range(seeds):
             for policy in policies:
-                torch.manual_seed(cfg.seed + s)
-                model = AutoUIPolicy.load(_checkpoint(paths, policy, s))
-                agent = ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
-                for ts in TASK_SETS:
-                    results = rollout(agent, tasks[ts], n_envs=cfg.n_envs, seed=cfg.seed + s, dynamics=env.dynamics(),
-                                      width=env.width, desc=f"eval {policy} {ts} (seed {s})",
-                                      env_factory=lambda: next(pool))  # fmt: skip
-                    runs[policy][ts].append({
-                        "success_rate": round(sum(r.success for r in results) / len(results), 4),
-                        "n_episodes": len(results),
-                        "by_family": success_by(results, "family"),
-                    })  # fmt: skip
+                for ts, r in run(agent(policy, s), policy, s).items():
+                    runs[policy][ts].append(r)
+        skills: dict[str, Any] = {"policy": "base", "seed": 0, "none": {ts: runs["base"][ts][0] for ts in TASK_SETS}}
+        if cfg.expert_skills and devices.backend != "sim":
+            skills = {"off": "the expert reads the device's state: needs devices.backend sim"}
+        for skill in cfg.expert_skills if devices.backend == "sim" else []:
+            skills[skill] = run(ExpertSkill(agent("base", 0), skill), f"base + expert {skill}", 0)
     summary = {p: {ts: _summary(runs[p][ts]) for ts in TASK_SETS} for p in policies}
     report = {p: summary[p] for p in ["base", *main]}
     write_metrics(paths, "eval", report)
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
+    write_metrics(paths, "skills", skills)
     write_metrics(paths, "eval_timing", timing)
     return summary

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from digiq.env.actions import Action, ActionType, parse_action
+from digiq.config import EXPERT_SKILLS
+from digiq.env.actions import Action, ActionType, format_action, parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.device import SimDevice
 from digiq.env.expert import Expert, next_action
@@ -28,6 +29,7 @@ from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import DeviceState, Dynamics
 from digiq.env.tasks import Task
 from digiq.models.critic import mlp
+from digiq.rollout import Policy, RolloutBatch
 
 __all__ = [
     "replay",
@@ -37,9 +39,42 @@ __all__ = [
     "ranking_report",
     "within_state_share",
     "feature_probe",
+    "ExpertSkill",
 ]
 
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
+
+
+class ExpertSkill:
+    """A policy with one skill taken from the simulator's noiseless expert: where does its success go?
+
+    - ``type``: when both type, the expert's text replaces the policy's.
+    - ``tap``: when both touch the screen, the expert's points replace the policy's.
+    - ``action_type``: when the kinds differ, the expert's action replaces the policy's.
+
+    Everything else stays the policy's own. The rise in success over the
+    policy alone bounds what mending that one skill could give; for the base
+    policy it says which skill the offline methods have to teach. Simulator
+    only: the expert reads the device's state.
+    """
+
+    def __init__(self, policy: Policy, skill: str) -> None:
+        if skill not in EXPERT_SKILLS:
+            raise ValueError(f"skill must be one of {EXPERT_SKILLS}, got {skill!r}")
+        self.policy, self.skill = policy, skill
+
+    def act(self, batch: RolloutBatch) -> list[str]:
+        out = []
+        for env, text in zip(batch.envs, self.policy.act(batch), strict=True):
+            if not isinstance(env, AndroidSimEnv) or env.task is None:
+                raise TypeError(f"ExpertSkill needs in-process simulated phones, got {type(env).__name__}")
+            own, expert = parse_action(text), next_action(env.device, env.task)
+            same_kind = own.type == expert.type
+            lend = {"type": same_kind and own.type == ActionType.TYPE,
+                    "tap": same_kind and own.type == ActionType.DUAL_POINT,
+                    "action_type": not same_kind}[self.skill]  # fmt: skip
+            out.append(format_action(expert) if lend else text)
+        return out
 
 
 def replay(task: Task, seed: int, actions: Sequence[str], dynamics: Dynamics | None, width: int) -> SimDevice:

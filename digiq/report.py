@@ -105,8 +105,21 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     return out
 
 
+def _skills_table(skills: dict[str, Any]) -> list[str]:
+    """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
+    if "off" in skills:
+        return [f"Expert-skill diagnostic off: {skills['off']}."]
+    out = ["| base policy | General test | Web Shopping test |", "|---|---|---|"]
+    for skill, res in sorted(skills.items(), key=lambda kv: kv[0] != "none"):  # the base alone first
+        if isinstance(res, dict):
+            name = "alone" if skill == "none" else f"+ the expert's {skill}"
+            out.append(f"| {name} | {_pct(res['general']['success_rate'])} | {_pct(res['webshop']['success_rate'])} |")
+    return out
+
+
 def results_markdown(paths: Paths) -> str:
     ev, ab, oracle = _load(paths, "eval"), _load(paths, "ablations"), _load(paths, "oracle")
+    skills = _load(paths, "skills")
     out = []
     if ev:
         out += _success_table(ev) + ["", "![results](plots/results.png)", ""] + _targets(ev)
@@ -124,6 +137,9 @@ def results_markdown(paths: Paths) -> str:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
             oracle
         )
+    if skills:
+        out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
+                "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]
     timing = _load(paths, "eval_timing") or {}
     for stage in STAGES:

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from digiq.config import PARAMS, ConfigError, EnvConfig, TasksConfig, help_text, load_params, load_section
+from digiq.config import PARAMS, ConfigError, EnvConfig, EvalConfig, TasksConfig, help_text, load_params, load_section
 from digiq.paths import Paths
 from digiq.stage import run_stage
 
@@ -57,3 +57,8 @@ def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
         with pytest.raises(ValueError, match="actor.oracle_states must be 0 and ablations.perfect_critic false"):
             run_stage("actor", Paths(tmp_path), tmp_path / "params.yaml")
+
+
+def test_an_unknown_expert_skill_is_named():
+    with pytest.raises(ConfigError, match=r"eval: expert_skills: unknown \['swipe'\]"):
+        load_section(EvalConfig, "eval", {"eval": {"expert_skills": ["type", "swipe"]}})

@@ -77,6 +77,11 @@ def test_pipeline_notebooks_run_in_order(workspace):
         for r in sets.values():
             assert r["n_episodes"] == 6 and len(r["per_seed"]) == 2 and r["by_family"]
             assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
+    skills = json.loads((workspace / "metrics" / "skills.json").read_text())
+    assert set(skills) == {"policy", "seed", "none", "type", "tap", "action_type"}
+    for ts in ("general", "webshop"):  # "none" is the base policy's own first-seed run
+        assert skills["none"][ts]["success_rate"] == report["base"][ts]["per_seed"][0]
+        assert all(skills[s][ts]["n_episodes"] == 6 for s in ("type", "tap", "action_type"))
     for seed in (0, 1):
         assert (workspace / "data" / "models" / "critic" / f"seed{seed}" / "untuned" / "config.json").exists()
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from digiq.data import TrajectoryStore
 from digiq.env import Dynamics, parse_task
@@ -6,6 +7,7 @@ from digiq.env.actions import format_action, press_home, tap, task_complete, typ
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
 from digiq.oracle import (
+    ExpertSkill,
     candidate_values,
     expert_equivalent,
     feature_probe,
@@ -13,7 +15,7 @@ from digiq.oracle import (
     replay,
     within_state_share,
 )
-from digiq.rollout import ExpertPolicy, episode_seed, rollout
+from digiq.rollout import ExpertPolicy, RolloutBatch, episode_seed, rollout
 
 
 def test_replay_rebuilds_the_stored_state_exactly(tmp_path):
@@ -97,3 +99,33 @@ def test_feature_probe_ranks_by_what_the_features_carry():
         "blind": feature_probe(state, blind, oracle, valid, seed=0)}, tolerance=0.05)  # fmt: skip
     assert report["top1_hit_rate"]["informative"] > 0.6
     assert report["top1_hit_rate"]["blind"] < 0.35  # a constant score picks one candidate blindly (random ~0.19)
+
+
+class _TypesGarbage(ExpertPolicy):
+    """The expert, except that it types "zzz" wherever it should type."""
+
+    def act(self, batch: RolloutBatch) -> list[str]:
+        return [format_action(type_text("zzz")) if '"TYPE"' in a else a for a in super().act(batch)]
+
+
+class _AlwaysHome:
+    def act(self, batch: RolloutBatch) -> list[str]:
+        return [format_action(press_home())] * len(batch.envs)
+
+
+@pytest.mark.parametrize(
+    ("policy", "skill", "solves"),
+    [(_TypesGarbage(), "type", True), (_TypesGarbage(), "tap", False), (_TypesGarbage(), "action_type", False),
+     (_AlwaysHome(), "action_type", True), (_AlwaysHome(), "type", False)],
+)  # fmt: skip
+def test_expert_skill_lends_exactly_the_one_skill(policy, skill, solves):
+    tasks = [parse_task(t) for t in ("Search for hotels in Paris", 'Go to ebay.com, search for "logitech g pro"')]
+    alone = rollout(policy, tasks, n_envs=2, seed=3, width=108, dynamics=Dynamics.calm())
+    lent = rollout(ExpertSkill(policy, skill), tasks, n_envs=2, seed=3, width=108, dynamics=Dynamics.calm())
+    assert not any(r.success for r in alone)
+    assert all(r.success for r in lent) == solves and (any(r.success for r in lent) == solves)
+
+
+def test_expert_skill_names_an_unknown_skill():
+    with pytest.raises(ValueError, match="'swipe'"):
+        ExpertSkill(_AlwaysHome(), "swipe")

@@ -111,7 +111,11 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
                                     "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8}})  # fmt: skip
+    write_metrics(paths, "skills", {"policy": "base", "seed": 0,
+                                    "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
+                                    "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
     md = results_markdown(paths)
+    assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
     assert "| base | 25.0 ± 5.0 | 10.0 ± 0.0 |" in md and "over 2 seed(s), 96 test tasks" in md
     assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
