@@ -100,11 +100,11 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
             for policy in policies:
                 for ts, r in run(agent(policy, s), policy, s).items():
                     runs[policy][ts].append(r)
-        skills: dict[str, Any] = {"policy": "base", "seed": 0, "none": {ts: runs["base"][ts][0] for ts in TASK_SETS}}
-        if cfg.expert_skills and devices.backend != "sim":
-            skills = {"off": "the expert reads the device's state: needs devices.backend sim"}
-        for skill in cfg.expert_skills if devices.backend == "sim" else []:
-            skills[skill] = run(ExpertSkill(agent("base", 0), skill), f"base + expert {skill}", 0)
+        skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
+        if devices.backend == "sim":
+            skills = {"policy": "base", "seed": 0, "none": {ts: runs["base"][ts][0] for ts in TASK_SETS}}
+            for skill in cfg.expert_skills:
+                skills[skill] = run(ExpertSkill(agent("base", 0), skill), f"base + expert {skill}", 0)
     summary = {p: {ts: _summary(runs[p][ts]) for ts in TASK_SETS} for p in policies}
     report = {p: summary[p] for p in ["base", *main]}
     write_metrics(paths, "eval", report)
