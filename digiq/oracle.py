@@ -37,6 +37,7 @@ __all__ = [
     "stored_state_values",
     "expert_equivalent",
     "ranking_report",
+    "expert_pick_report",
     "within_state_share",
     "feature_probe",
     "ExpertSkill",
@@ -202,6 +203,36 @@ def ranking_report(
         pick = np.where(ok, s[informative], -np.inf).argmax(1)
         report["top1_hit_rate"][name] = round(float(tb[rows, pick].mean()), 4)
         report["oracle_value_of_pick"][name] = round(float(orc[rows, pick].mean()), 4)
+    return report
+
+
+def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray],
+                       groups: np.ndarray) -> dict[str, Any]:  # fmt: skip
+    """How often each ranking's top valid candidate does what the simulator's expert would, per group of states.
+
+    ``right`` (S, N) marks the expert-equivalent candidates
+    (:func:`expert_equivalent`), ``valid`` (S, N) the ones that parse, and
+    ``groups`` (S,) names each state's group (its task set). Only states whose
+    valid candidates include both right and wrong ones count: elsewhere every
+    pick is alike. Unlike :func:`ranking_report` it needs no rollouts, so it
+    covers every stored state rather than a sample of a few hundred, at the
+    price of judging by the expert's next action instead of the true value.
+    ``random`` is the expected rate of a uniform pick among the valid ones.
+    """
+    ok = np.asarray(valid, bool)
+    hit = np.asarray(right, bool) & ok
+    informative = hit.any(1) & (ok & ~hit).any(1)
+    report: dict[str, Any] = {"states": int(len(hit)), "informative_states": int(informative.sum())}
+    rates = {"random": hit.sum(1) / np.maximum(ok.sum(1), 1)}
+    for name, s in scores.items():
+        rates[name] = hit[np.arange(len(hit)), np.where(ok, s, -np.inf).argmax(1)].astype(float)
+    groups = np.asarray(groups)
+    for group in ["all", *sorted(set(groups.tolist()))]:
+        mask = informative & (np.ones(len(hit), bool) if group == "all" else groups == group)
+        if mask.any():
+            report["hit_rate" + ("" if group == "all" else f"_{group}")] = {
+                name: round(float(r[mask].mean()), 4) for name, r in rates.items()
+            }
     return report
 
 

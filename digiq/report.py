@@ -105,6 +105,19 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     return out
 
 
+def _expert_pick_table(pick: dict[str, Any]) -> list[str]:
+    """How often each ranking picks the expert's action, over every stored state (stage 06)."""
+    if "hit_rate" not in pick:
+        return ["Expert picks: no stored state has both expert and other valid candidates."]
+    groups = [k.removeprefix("hit_rate_") for k in pick if k.startswith("hit_rate_")]
+    out = ["| ranking | all | " + " | ".join(groups) + " |", "|---|---|" + "---|" * len(groups)]
+    for name, rate in pick["hit_rate"].items():
+        out.append(f"| {name} | {_pct(rate)} | " + " | ".join(_pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
+    return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
+                  f"of {pick['states']} stored states whose valid candidates include both such and other actions "
+                  "(mean over seeds; critic_*: the argmax of Q of each VLM's critic)."]  # fmt: skip
+
+
 def _skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
     if "off" in skills:
@@ -137,6 +150,8 @@ def results_markdown(paths: Paths) -> str:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
             oracle
         )
+    if oracle and "expert_pick" in oracle:
+        out += ["", "Expert picks over all stored states (stage 06):", ""] + _expert_pick_table(oracle["expert_pick"])
     if skills:
         out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
                 "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip

@@ -10,6 +10,7 @@ from digiq.oracle import (
     ExpertSkill,
     candidate_values,
     expert_equivalent,
+    expert_pick_report,
     feature_probe,
     ranking_report,
     replay,
@@ -76,6 +77,18 @@ def test_identical_candidates_share_one_value():
     values = candidate_values(dev, task, task.max_steps, [right, format_action(press_home()), right, right],
                               rollouts=2, noise=0.5, gamma=0.9, seed=1)  # fmt: skip
     assert values[0] == values[2] == values[3]
+
+
+def test_expert_pick_report_counts_states_with_right_and_wrong_valid_candidates_per_group():
+    right = np.array([[True, False, False], [True, True, True], [False, False, True], [False, True, False]])
+    valid = np.array([[True, True, True], [True, True, True], [True, True, False], [True, True, True]])
+    critic = np.array([[0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 9.0], [1.0, 0.0, 0.0]])
+    groups = np.array(["general", "general", "webshop", "webshop"])
+    report = expert_pick_report(right, valid, {"critic": critic}, groups)
+    # state 1: every candidate right; state 2: its only right candidate is invalid (and the critic's top score)
+    assert report["states"] == 4 and report["informative_states"] == 2
+    assert report["hit_rate"] == {"random": round((1 / 3 + 1 / 3) / 2, 4), "critic": 0.5}
+    assert report["hit_rate_general"]["critic"] == 1.0 and report["hit_rate_webshop"]["critic"] == 0.0
 
 
 def test_within_state_share_separates_action_features_from_state_features():

@@ -110,7 +110,11 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
-                                    "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8}})  # fmt: skip
+                                    "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8},
+                                    "expert_pick": {"states": 50, "informative_states": 30,
+                                                    "hit_rate": {"random": 0.4, "critic_finetuned": 0.55},
+                                                    "hit_rate_general": {"random": 0.3, "critic_finetuned": 0.35},
+                                                    "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}}})  # fmt: skip
     write_metrics(paths, "skills", {"policy": "base", "seed": 0,
                                     "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
                                     "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
@@ -122,6 +126,8 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     assert "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
+    assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
+    assert "over the 30 of 50 stored states" in md
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     update_readme(readme, paths)

@@ -39,6 +39,7 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
     expert_equivalent,
+    expert_pick_report,
     feature_probe,
     ranking_report,
     replay,
@@ -107,32 +108,35 @@ def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarra
     return rows, stats
 
 
-def _perfect_critic_rows(env: EnvConfig, collect_seed: int, steps: pd.DataFrame,
-                         cands: pd.DataFrame) -> tuple[list[FitRow], float]:  # fmt: skip
-    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
+def _expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands: pd.DataFrame) -> np.ndarray:
+    """(S, N): which candidates of each stored state do what the simulator's expert would there.
 
-    States where no candidate does are left out, as a critic could not pick
-    what was never sampled. Trained like Digi-Q's actor, this policy bounds
-    what any critic could give Digi-Q on these data: a target it misses is
-    out of reach of the actor, not of the critic. Returns the rows and the
-    fraction of states whose taken action was already the expert's.
+    Each collected episode is replayed once, and every state's candidates are
+    checked on copies of it (:func:`~digiq.oracle.expert_equivalent`). It
+    feeds both the perfect critic's rows and the expert-pick diagnostic.
     """
-    picks: list[int] = []
-    actions: list[str] = []
-    taken_right = 0
+    right = np.zeros((len(steps), len(cands.action_list.iat[0])), bool)
     for _, traj in steps.groupby("traj_id", sort=True):
         traj = traj.sort_values("step_id")
         task = parse_task(traj.task.iat[0], traj.task_set.iat[0])
         device = replay(task, episode_seed(collect_seed, int(traj.traj_id.iat[0])), [], env.dynamics(), env.width)
         for i, action in zip(traj.index, traj.action, strict=True):
-            candidates = list(cands.action_list.iat[i])
-            right = expert_equivalent(device, task, candidates)
-            taken_right += bool(right[0])
-            if right.any():
-                picks.append(i)
-                actions.append(candidates[int(np.argmax(right))])
+            right[i] = expert_equivalent(device, task, list(cands.action_list.iat[i]))
             device.step(parse_action(action))
-    return _rows(steps, np.array(picks, int), actions), taken_right / max(1, len(steps))
+    return right
+
+
+def _perfect_critic_rows(right: np.ndarray, steps: pd.DataFrame, cands: pd.DataFrame) -> list[FitRow]:
+    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
+
+    ``right`` is :func:`_expert_matrix`. States where no candidate does are
+    left out, as a critic could not pick what was never sampled. Trained like
+    Digi-Q's actor, this policy bounds what any critic could give Digi-Q on
+    these data: a target it misses is out of reach of the actor, not of the
+    critic.
+    """
+    picks = np.flatnonzero(right.any(1))
+    return _rows(steps, picks, [cands.action_list.iat[i][int(np.argmax(right[i]))] for i in picks])
 
 
 def _filtered_bc_rows(steps: pd.DataFrame) -> list[FitRow]:
@@ -225,14 +229,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                     load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
         perfect: list[FitRow] = []
+        right = _expert_matrix(env, collect_seed, steps, cands) if ablations.perfect_critic or oracle_on else None
         if ablations.perfect_critic:
-            perfect, taken_right = _perfect_critic_rows(env, collect_seed, steps, cands)
+            perfect = _perfect_critic_rows(right, steps, cands)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect) / len(steps), 4),
-                                         "taken_action_is_expert": round(taken_right, 4)}  # fmt: skip
+                                         "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
         curves: dict[str, list[float]] = {}
-        reports = []
+        reports, expert_reports = [], []
+        valid = np.stack(cands.valid_list.to_numpy())
         for s in range(seeds):
             seed = cfg.seed + s
             critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats}
@@ -254,16 +260,18 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                     model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
                 if s == 0 and curve:
                     curves[name] = [p["loss"] for p in curve]
+            if oracle_on:  # every stored state: does each critic's argmax do what the expert would?
+                picks = {f"critic_{vlm}": _all_q(critics[vlm], f) for vlm, f in feats.items()}
+                expert_reports.append(expert_pick_report(right, valid, {**picks, "taken_action": _taken(valid)},
+                                                         steps.task_set.to_numpy()))  # fmt: skip
             if sample is not None:
                 f = feats["finetuned"]
                 q, _, _ = critics["finetuned"].advantage(torch.from_numpy(np.asarray(f["state"][sample["idx"]])),
                                                          torch.from_numpy(np.asarray(f["candidates"][sample["idx"]])))  # fmt: skip
-                # "taken_action" trusts the data: the action the base policy took (a conservative critic leans on it).
-                taken = np.zeros_like(sample["oracle"])
-                taken[:, 0] = 1.0
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
                                               {"critic": q.numpy(), "base_likelihood": sample["loglik"],
-                                               "taken_action": taken, **probes}, cfg.oracle_tolerance))  # fmt: skip
+                                               "taken_action": _taken(sample["valid"]), **probes},
+                                              cfg.oracle_tolerance))  # fmt: skip
     metrics["states"] = len(steps)
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
@@ -271,6 +279,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     if reports:
         oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
+    if expert_reports:
+        oracle_metrics["expert_pick"] = {**_mean_report(expert_reports), "per_seed": expert_reports}
     if parallel.is_main():
         # A declared output even when the diagnostic is off (oracle_states 0, as with imported data).
         write_metrics(paths, "oracle", oracle_metrics or {"states": 0})
@@ -281,6 +291,23 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         write_metrics(paths, "actor", metrics)
     parallel.barrier()
     return {"actor": metrics, "oracle": oracle_metrics}
+
+
+def _taken(valid: np.ndarray) -> np.ndarray:
+    """Scores that rank the data's own action (column 0) first: a ranking that trusts the data.
+
+    A conservative critic leans on it, so the diagnostics set the critic against it.
+    """
+    scores = np.zeros(valid.shape)
+    scores[:, 0] = 1.0
+    return scores
+
+
+def _all_q(critic: Critic, feats: dict[str, np.ndarray]) -> np.ndarray:
+    """Q (S, N) of every stored state's candidates."""
+    q, _, _ = critic.advantage(torch.from_numpy(np.asarray(feats["state"])),
+                               torch.from_numpy(np.asarray(feats["candidates"])))  # fmt: skip
+    return q.numpy()
 
 
 def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
