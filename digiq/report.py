@@ -22,7 +22,7 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "update_readme", "save_results_chart"]
+__all__ = ["results_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -105,8 +105,10 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     return out
 
 
-def _expert_pick_table(pick: dict[str, Any]) -> list[str]:
-    """How often each ranking picks the expert's action, over every stored state (stage 06)."""
+def expert_pick_table(pick: dict[str, Any]) -> list[str]:
+    """How often each ranking picks the expert's action, over every stored state (stage 06; notebooks 06 and 07)."""
+    if not pick:
+        return ["Expert picks off (`actor.oracle_states: 0`)."]
     if "hit_rate" not in pick:
         return ["Expert picks: no stored state has both expert and other valid candidates."]
     groups = [k.removeprefix("hit_rate_") for k in pick if k.startswith("hit_rate_")]
@@ -151,7 +153,7 @@ def results_markdown(paths: Paths) -> str:
             oracle
         )
     if oracle and "expert_pick" in oracle:
-        out += ["", "Expert picks over all stored states (stage 06):", ""] + _expert_pick_table(oracle["expert_pick"])
+        out += ["", "Expert picks over all stored states (stage 06):", ""] + expert_pick_table(oracle["expert_pick"])
     if skills:
         out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
                 "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip

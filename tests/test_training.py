@@ -8,7 +8,7 @@ from PIL import Image
 from digiq.env.actions import format_action, press_enter, tap, type_text
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
-from digiq.report import END, START, results_markdown, save_results_chart, update_readme
+from digiq.report import END, START, expert_pick_table, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
 from digiq.train.base_policy import randomize_copied_words
@@ -128,6 +128,7 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md
+    assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     update_readme(readme, paths)

@@ -260,18 +260,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                     model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
                 if s == 0 and curve:
                     curves[name] = [p["loss"] for p in curve]
-            if oracle_on:  # every stored state: does each critic's argmax do what the expert would?
-                picks = {f"critic_{vlm}": _all_q(critics[vlm], f) for vlm, f in feats.items()}
-                expert_reports.append(expert_pick_report(right, valid, {**picks, "taken_action": _taken(valid)},
-                                                         steps.task_set.to_numpy()))  # fmt: skip
-            if sample is not None:
-                f = feats["finetuned"]
-                q, _, _ = critics["finetuned"].advantage(torch.from_numpy(np.asarray(f["state"][sample["idx"]])),
-                                                         torch.from_numpy(np.asarray(f["candidates"][sample["idx"]])))  # fmt: skip
+            if sample is not None:  # Q of every stored state's candidates, from each VLM's critic
+                q = {vlm: _all_q(critics[vlm], f) for vlm, f in feats.items()}
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
-                                              {"critic": q.numpy(), "base_likelihood": sample["loglik"],
+                                              {"critic": q["finetuned"][sample["idx"]], "base_likelihood": sample["loglik"],
                                                "taken_action": _taken(sample["valid"]), **probes},
                                               cfg.oracle_tolerance))  # fmt: skip
+                # every stored state: does each critic's argmax do what the expert would?
+                picks = {f"critic_{vlm}": scores for vlm, scores in q.items()}
+                expert_reports.append(expert_pick_report(right, valid, {**picks, "taken_action": _taken(valid)},
+                                                         steps.task_set.to_numpy()))  # fmt: skip
     metrics["states"] = len(steps)
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
