@@ -241,7 +241,7 @@ class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
     tasks_per_set: int = _help("train tasks rolled out per task set", 200)
-    # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5: at 1.0 it solved 9%
+    # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5: at 1.0 it solved 6-9%
     # of General train tasks where AutoUI solves about 28%; at 0.8 it solves 28% (README, results).
     temperature: float = _help("sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8)
     n_envs: int = _help("devices stepped together", 32)
