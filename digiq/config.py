@@ -228,10 +228,14 @@ class BasePolicyConfig:
     seed: int = _help("seed of demonstrations, initialisation and batches", 0)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
+    screen_text: bool = _help("the prompt also lists the screen's tappable elements and their positions "
+                              "(uiautomator's hierarchy; not AutoUI's input, README)", False)  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.copy_augment <= 1.0:
             raise ValueError(f"copy_augment is a probability in [0, 1], got {self.copy_augment}")
+        if self.checkpoint and self.screen_text:
+            raise ValueError("screen_text: the released Auto-UI-Base was trained on prompts without the screen's text")
         if self.checkpoint and not self.blip2:
             raise ValueError("checkpoint (Auto-UI-Base) reads BLIP-2 image features: set blip2 to a BLIP-2 folder")
 

@@ -29,6 +29,7 @@ from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
 from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS
 from digiq.judge import evaluator_for
+from digiq.models.checkpoint import read_config
 from digiq.models.policy import AutoUIPolicy
 from digiq.oracle import ExpertSkill
 from digiq.paths import Paths
@@ -72,6 +73,8 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
     timing: dict[str, Any] = {}
     evaluator = evaluator_for(devices, judge or JudgeConfig())
+    # Every policy here descends from the base: its prompts read the screen when the base's did.
+    screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
     with timed(timing), EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
         # One env per device, reused by every rollout below (a device backend has only so many).
         pool = itertools.cycle([factory() for _ in range(min(cfg.n_envs, cfg.n_tasks))])
@@ -82,7 +85,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
             for ts in TASK_SETS:
                 results = rollout(agent, tasks[ts], n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=env.dynamics(),
                                   width=env.width, desc=f"eval {policy} {ts} (seed {seed})",
-                                  env_factory=lambda: next(pool))  # fmt: skip
+                                  env_factory=lambda: next(pool), screen_text=screen_text)  # fmt: skip
                 out[ts] = {
                     "success_rate": round(sum(r.success for r in results) / len(results), 4),
                     "n_episodes": len(results),

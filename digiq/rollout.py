@@ -115,6 +115,7 @@ def rollout(
     desc: str = "rollout",
     env_factory: Callable[[], PhoneEnv] | None = None,
     max_faults: int = 3,
+    screen_text: bool = False,
 ) -> list[EpisodeResult]:
     """Run one episode per task, ``n_envs`` at a time.
 
@@ -126,6 +127,8 @@ def rollout(
     :class:`digiq.env.backends.EnvFactory`); by default in-process simulated
     phones with ``dynamics`` and ``width``. An episode is restarted after a
     device fault up to ``max_faults - 1`` times, then given up (and logged).
+    With ``screen_text``, prompts end with the screen's elements as text
+    (:meth:`~digiq.env.gym_env.PhoneEnv.screen_text`), for a policy that reads them.
 
     Raises:
         RuntimeError: every device failed while episodes remained (those finished are stored).
@@ -142,6 +145,9 @@ def rollout(
     faults: Counter[int] = Counter()
     bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
     threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None
+
+    def prompt(env: PhoneEnv, actions: list[str], task: Task) -> str:
+        return observation_text(actions, task.instruction, screen=env.screen_text() if screen_text else None)
 
     def take() -> int | None:
         nonlocal next_index
@@ -178,6 +184,7 @@ def rollout(
         task = tasks[index]
         try:
             obs, _ = envs[i].reset(seed=episode_seed(seed, index), options={"task": task})
+            first = prompt(envs[i], [], task)
         except DeviceFault as e:
             fault(i, index, 0, str(e))
             retire(i)  # a device that cannot even start an episode is out of the pool
@@ -189,7 +196,7 @@ def rollout(
             "actions": [],
             "rewards": [],
             "valid": [],
-            "prompts": [observation_text([], task.instruction)],
+            "prompts": [first],
         }
 
     def finish(slot: dict, success: bool) -> None:
@@ -238,11 +245,17 @@ def rollout(
                     else:
                         begin(i)
                     continue
+                try:
+                    text = prompt(envs[i], [*slot["actions"], action], slot["task"])
+                except DeviceFault as e:  # the step happened, but the screen cannot be read: start the episode again
+                    fault(i, slot["index"], len(slot["actions"]) + 1, str(e))
+                    begin(i)
+                    continue
                 slot["actions"].append(action)
                 slot["rewards"].append(reward)
                 slot["valid"].append(info["valid"])
                 slot["shots"].append(obs["screenshot"])
-                slot["prompts"].append(observation_text(slot["actions"], slot["task"].instruction))
+                slot["prompts"].append(text)
                 if term or trunc:
                     finish(slot, bool(reward))
                     begin(i)

@@ -115,6 +115,17 @@ def test_rollout_through_a_device_pool_equals_the_in_process_rollout(tmp_path):
     assert not (pool.root / FAULTS_FILE).exists()
 
 
+def test_the_screen_read_through_uiautomator_is_the_simulators(tmp_path):
+    """A policy that reads the screen gets the same prompts from a device's view hierarchy as in process."""
+    ref, pool = TrajectoryStore(tmp_path / "sim"), TrajectoryStore(tmp_path / "adb")
+    rollout(ExpertPolicy(0.2, seed=3), TASKS[:3], n_envs=3, width=WIDTH, store=ref, seed=9, screen_text=True)
+    with EnvFactory(adb_sim(sim_devices=3), None, WIDTH) as factory:
+        rollout(ExpertPolicy(0.2, seed=3), TASKS[:3], n_envs=3, width=WIDTH, store=pool, seed=9, env_factory=factory,
+                screen_text=True)  # fmt: skip
+    ta, tb = ref.read().to_pandas(), pool.read().to_pandas()
+    assert ta.equals(tb) and ta.observation.str.contains(" Screen: ").all()
+
+
 def test_a_vanished_device_is_survived_and_nothing_is_lost(tmp_path):
     ref, pool = TrajectoryStore(tmp_path / "sim"), TrajectoryStore(tmp_path / "adb")
     tasks = TASKS * 2

@@ -13,6 +13,7 @@ from digiq.env import Dynamics
 from digiq.env.adb_env import console_command
 from digiq.env.adb_server import SERVER_VERSION, AdbSimServer, Fault
 from digiq.env.android import TYPEABLE, decode_input_text, input_text_args
+from digiq.env.hierarchy import DUMP_TRAILER, hierarchy_xml
 from digiq.env.state import HOME
 
 PRINTABLE = st.text(alphabet=sorted(TYPEABLE), max_size=40)
@@ -63,6 +64,13 @@ def test_screencap_is_the_device_screen_as_png(phone):
     png = d.shell("screencap -p", encoding=None)
     assert png.startswith(b"\x89PNG")
     assert np.array_equal(np.asarray(d.screenshot()), p.device.screenshot())
+
+
+def test_uiautomator_dump_is_the_screens_hierarchy(phone):
+    p, d = phone
+    out = d.shell("uiautomator dump /dev/tty")
+    assert out == hierarchy_xml(p.device.screen().widgets) + DUMP_TRAILER
+    assert "uiautomator dump /dev/tty" in d.shell("uiautomator dump /sdcard/x.xml")
 
 
 def test_adbutils_input_helpers_drive_the_device(phone):

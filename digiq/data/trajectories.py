@@ -70,11 +70,16 @@ def mc_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out
 
 
-def observation_text(previous_actions: Sequence[str], task: str, history: int = 1) -> str:
-    """AutoUI's input text: the last ``history`` actions (their decision part), then the goal."""
+def observation_text(previous_actions: Sequence[str], task: str, history: int = 1, screen: str | None = None) -> str:
+    """AutoUI's input text: the last ``history`` actions (their decision part), then the goal.
+
+    ``screen``, the screen's elements as text (:func:`digiq.env.hierarchy.describe`),
+    follows as `` Screen: ...`` for a policy that reads it; AutoUI's own prompt has none.
+    """
     recent = previous_actions[-history:] if history else []
     prev = " ".join(a.split("Action Decision: ")[-1] for a in recent)
-    return f"Previous Actions: {prev} Goal: {task}".replace("  ", " ")
+    text = f"Previous Actions: {prev} Goal: {task}".replace("  ", " ")
+    return text if screen is None else f"{text} Screen: {screen}".rstrip()
 
 
 class TrajectoryStore:

@@ -38,6 +38,7 @@ from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.android import KEYCODES, SIM_COMMAND, TYPEABLE, input_text_args
 from digiq.env.device import SimDevice
 from digiq.env.gym_env import PhoneEnv
+from digiq.env.hierarchy import describe, strip_dump_trailer
 from digiq.env.tasks import Task
 
 __all__ = [
@@ -278,6 +279,10 @@ class AdbLink:
     def screenshot(self) -> Image.Image:
         """The screen as a PIL image, from ``screencap -p``."""
         return self.shell(["screencap", "-p"], parse=_decode_png)
+
+    def view_hierarchy(self) -> str:
+        """The screen's accessibility hierarchy (XML), from ``uiautomator dump``."""
+        return self.shell(["uiautomator", "dump", "/dev/tty"], parse=lambda out: strip_dump_trailer(out.decode()))
 
 
 def _parse_wm_size(out: bytes) -> tuple[int, int]:
@@ -533,6 +538,9 @@ class AdbEnv(PhoneEnv):
 
     def render(self) -> np.ndarray:
         return self._frame
+
+    def screen_text(self) -> str:
+        return describe(self.link.view_hierarchy(), self.link.screen_size())
 
     def _info(self, action: Action, success: bool, changed: bool) -> dict[str, Any]:
         return {**super()._info(action, success, changed), "fault": "", "untyped": self._untyped}

@@ -5,7 +5,7 @@ to an adb server (``host:version``, ``host:devices[-l]``, transport selection
 by serial, ``shell:``/``shell,v2:``/``exec:`` services, a few ``host-serial:``
 queries) and runs the shell commands the emulator backend and common adb
 tools use (``screencap -p``, ``input tap|swipe|text|keyevent``, ``wm size``,
-``dumpsys display``, ``getprop``, ``echo``) on :class:`~digiq.env.device.SimDevice` s. Each phone
+``dumpsys display``, ``getprop``, ``echo``, ``uiautomator dump /dev/tty``) on :class:`~digiq.env.device.SimDevice` s. Each phone
 also has an emulator console on its own port (its serial is
 ``emulator-<console port>``, as for real emulators), which loads and saves
 snapshots. So the emulator backend, unchanged, drives simulated phones, and
@@ -46,6 +46,7 @@ from digiq.env import actions as A
 from digiq.env.actions import Action, ActionType
 from digiq.env.android import DENSITY, KEYCODES, SIM_COMMAND, decode_input_text
 from digiq.env.device import SimDevice
+from digiq.env.hierarchy import DUMP_TRAILER, hierarchy_xml
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
 from digiq.env.ui import SCREEN_H, SCREEN_W
@@ -495,6 +496,7 @@ class _Shell:
             "getprop": self._getprop,
             "dumpsys": self._dumpsys,
             "echo": self._echo,
+            "uiautomator": self._uiautomator,
             SIM_COMMAND: self._sim,
         }.get(name)
         if handler is None:
@@ -536,6 +538,12 @@ class _Shell:
                 self._step(A.Action(_KEYS_BY_CODE[code]) if code in _KEYS_BY_CODE else _IDLE)
             return b"", b"", 0
         raise _Usage("usage: input tap X Y | swipe X1 Y1 X2 Y2 [MS] | text TEXT | keyevent KEY...")
+
+    def _uiautomator(self, args: list[str]) -> tuple[bytes, bytes, int]:
+        if args != ["dump", "/dev/tty"]:
+            raise _Usage("the digiq simulator supports only `uiautomator dump /dev/tty` (the hierarchy to stdout)")
+        xml = hierarchy_xml(self.phone.device.screen().widgets)
+        return f"{xml}{DUMP_TRAILER}\n".encode(), b"", 0
 
     def _wm(self, args: list[str]) -> tuple[bytes, bytes, int]:
         if args == ["size"]:

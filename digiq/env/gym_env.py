@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.device import SimDevice
+from digiq.env.hierarchy import describe, hierarchy_xml
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task, parse_task
 from digiq.env.ui import SCREEN_H, SCREEN_W
@@ -83,6 +84,10 @@ class PhoneEnv(gym.Env):
 
     def render(self) -> np.ndarray:
         """The current screen, (H, W, 3) uint8 (read-only; copy before writing)."""
+        raise NotImplementedError
+
+    def screen_text(self) -> str:
+        """The current screen's tappable elements as text (:func:`digiq.env.hierarchy.describe`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ gymnasium API
@@ -171,6 +176,9 @@ class AndroidSimEnv(PhoneEnv):
 
     def render(self) -> np.ndarray:
         return self.device.screenshot()
+
+    def screen_text(self) -> str:
+        return describe(hierarchy_xml(self.device.screen().widgets))
 
 
 class SimVecEnv:

@@ -54,6 +54,7 @@ class PolicyConfig:
     tie_word_embeddings: bool = True  # output layer = embeddings, outputs scaled (T5 1.0); flan-T5 / AutoUI: neither
     image_encoder: str = "cnn"  # "cnn": ScreenEncoder, trained with the policy; "blip2": frozen BLIP-2 pooled feature
     image_encoder_path: str = ""  # blip2: the local BLIP-2 folder that screenshots go through
+    screen_text: bool = False  # prompts end with the screen's elements as text (digiq.env.hierarchy); not AutoUI's
 
     def __post_init__(self) -> None:
         if self.image_encoder not in ("cnn", "blip2"):

@@ -86,7 +86,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         tokenizer_dir = paths.base_policy / "tokenizer"
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
             rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=env.dynamics(),
-                    width=env.width, store=store, desc="demonstrations")  # fmt: skip
+                    width=env.width, store=store, desc="demonstrations", screen_text=cfg.screen_text)  # fmt: skip
             # The tokenizer learns from train-split text only: test entities stay unseen.
             corpus = default_corpus(seed=cfg.seed) + [t.instruction for t in tasks]
             train_tokenizer(corpus, cfg.vocab_size).save_pretrained(tokenizer_dir)
@@ -96,8 +96,10 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
             "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
             "image_dim": Blip2ImageFeatures.from_pretrained(cfg.blip2).dim}  # fmt: skip
+        # A screen's listing takes 110 tokens on average and up to about 280 (demonstrations, README).
+        prompt = {"screen_text": True, "max_input_tokens": 320} if cfg.screen_text else {}
         model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
-                                          **image), tokenizer)  # fmt: skip
+                                          **image, **prompt), tokenizer)  # fmt: skip
         rows = demo_rows(store)
         rng = random.Random(cfg.seed)
         rows = [randomize_copied_words(r, rng, cfg.copy_augment) for r in rows]
