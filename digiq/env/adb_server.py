@@ -5,9 +5,10 @@ to an adb server (``host:version``, ``host:devices[-l]``, transport selection
 by serial, ``shell:``/``shell,v2:``/``exec:`` services, a few ``host-serial:``
 queries) and runs the shell commands the emulator backend and common adb
 tools use (``screencap -p``, ``input tap|swipe|text|keyevent``, ``wm size``,
-``dumpsys display``, ``getprop``, ``echo``, ``uiautomator dump /dev/tty``) on :class:`~digiq.env.device.SimDevice` s. Each phone
-also has an emulator console on its own port (its serial is
-``emulator-<console port>``, as for real emulators), which loads and saves
+``dumpsys display``, ``getprop``, ``echo``, ``uiautomator dump /dev/tty``) on
+:class:`~digiq.env.device.SimDevice` s. Each phone also has an emulator
+console on its own port (its serial is ``emulator-<console port>``, as for
+real emulators), which loads and saves
 snapshots. So the emulator backend, unchanged, drives simulated phones, and
 so does any adb-based tool pointed at the port.
 

@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from xml.sax.saxutils import quoteattr
 
+from digiq.env.screens import NOOP
 from digiq.env.ui import SCREEN_H, SCREEN_W, Widget
 
 __all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "strip_dump_trailer"]
@@ -43,7 +44,7 @@ _SYSTEM_UI = "com.android.systemui"
 
 
 def _tappable(w: Widget) -> bool:
-    return w.intent is not None and w.intent != ("noop",)
+    return w.intent is not None and w.intent != NOOP
 
 
 def hierarchy_xml(widgets: Sequence[Widget]) -> str:
@@ -58,7 +59,8 @@ def hierarchy_xml(widgets: Sequence[Widget]) -> str:
         text, desc = ("", w.label) if w.kind == "icon" else (w.label, "")
         attrs = {
             "index": str(i), "text": text, "resource-id": w.id, "class": _CLASS.get(w.kind, "android.view.View"),
-            "package": _SYSTEM_UI if w.id.split(".")[0] in ("status", "nav") else "digiq.sim", "content-desc": desc, "checkable": str(w.kind == "toggle").lower(),
+            "package": _SYSTEM_UI if w.id.split(".")[0] in ("status", "nav") else "digiq.sim",
+            "content-desc": desc, "checkable": str(w.kind == "toggle").lower(),
             "checked": str(w.kind == "toggle" and w.on).lower(), "clickable": str(_tappable(w)).lower(),
             "enabled": "true", "bounds": f"[{x0},{y0}][{x1},{y1}]",
         }  # fmt: skip
@@ -118,11 +120,8 @@ def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
             x, y = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height
             label = _label(node)
             if label and 0 <= x < 1 and 0 <= y < 1:
-                state = (
-                    {"true": " on", "false": " off"}[node.get("checked", "false")]
-                    if node.get("checkable") == "true"
-                    else ""
-                )
+                switch = node.get("checkable") == "true"
+                state = (" on" if node.get("checked") == "true" else " off") if switch else ""
                 out.append(f"{label}{state} {y:.2f} {x:.2f}")
             return
         for child in node:
