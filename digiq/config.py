@@ -251,6 +251,8 @@ class CollectConfig:
     n_envs: int = _help("devices stepped together", 32)
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
     seed: int = _help("seed of the devices", 1)
+    view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
+                                 "reads; costs one more adb call per step on a device", False)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -353,12 +355,18 @@ class CriticConfig:
     penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip
+    tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "
+                              "hierarchy (needs collect.view_hierarchy and text_features)", False)  # fmt: skip
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:
         if self.conservative < 0 or self.penalty_states < 1:
             raise ValueError(f"need conservative >= 0 and penalty_states >= 1; got {self.conservative}, "
                              f"{self.penalty_states}")  # fmt: skip
+        if self.tap_targets and not self.text_features:
+            raise ValueError(
+                "tap_targets: true needs text_features: true (the tap's label is one of the text features)"
+            )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from digiq.env.adb_env import DeviceFault
 from digiq.env.catalog import stable_int
 from digiq.env.expert import Expert
 from digiq.env.gym_env import AndroidSimEnv, PhoneEnv
+from digiq.env.hierarchy import describe
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 
@@ -116,6 +117,7 @@ def rollout(
     env_factory: Callable[[], PhoneEnv] | None = None,
     max_faults: int = 3,
     screen_text: bool = False,
+    hierarchies: bool = False,
 ) -> list[EpisodeResult]:
     """Run one episode per task, ``n_envs`` at a time.
 
@@ -129,6 +131,9 @@ def rollout(
     device fault up to ``max_faults - 1`` times, then given up (and logged).
     With ``screen_text``, prompts end with the screen's elements as text
     (:meth:`~digiq.env.gym_env.PhoneEnv.screen_text`), for a policy that reads them.
+    With ``hierarchies`` and ``store``, each screen's view hierarchy is stored
+    beside its screenshot (:meth:`TrajectoryStore.save_hierarchy`), for a
+    critic that reads what each tap lands on.
 
     Raises:
         RuntimeError: every device failed while episodes remained (those finished are stored).
@@ -146,8 +151,14 @@ def rollout(
     bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
     threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None
 
-    def prompt(env: PhoneEnv, actions: list[str], task: Task) -> str:
-        return observation_text(actions, task.instruction, screen=env.screen_text() if screen_text else None)
+    keep_xml = hierarchies and store is not None
+
+    def read(env: PhoneEnv, actions: list[str], task: Task) -> tuple[str, tuple[str, tuple[int, int]] | None]:
+        """The policy's prompt at the current screen, and the screen's (hierarchy, size) when it is stored."""
+        xml = env.view_hierarchy() if screen_text or keep_xml else ""
+        screen = describe(xml, env.screen_size()) if screen_text else None
+        kept = (xml, env.screen_size()) if keep_xml else None
+        return observation_text(actions, task.instruction, screen=screen), kept
 
     def take() -> int | None:
         nonlocal next_index
@@ -184,7 +195,7 @@ def rollout(
         task = tasks[index]
         try:
             obs, _ = envs[i].reset(seed=episode_seed(seed, index), options={"task": task})
-            first = prompt(envs[i], [], task)
+            first, xml = read(envs[i], [], task)
         except DeviceFault as e:
             fault(i, index, 0, str(e))
             retire(i)  # a device that cannot even start an episode is out of the pool
@@ -197,6 +208,7 @@ def rollout(
             "rewards": [],
             "valid": [],
             "prompts": [first],
+            "hierarchies": [xml],
         }
 
     def finish(slot: dict, success: bool) -> None:
@@ -246,7 +258,7 @@ def rollout(
                         begin(i)
                     continue
                 try:
-                    text = prompt(envs[i], [*slot["actions"], action], slot["task"])
+                    text, xml = read(envs[i], [*slot["actions"], action], slot["task"])
                 except DeviceFault as e:  # the step happened, but the screen cannot be read: start the episode again
                     fault(i, slot["index"], len(slot["actions"]) + 1, str(e))
                     begin(i)
@@ -256,6 +268,7 @@ def rollout(
                 slot["valid"].append(info["valid"])
                 slot["shots"].append(obs["screenshot"])
                 slot["prompts"].append(text)
+                slot["hierarchies"].append(xml)
                 if term or trunc:
                     finish(slot, bool(reward))
                     begin(i)
@@ -281,7 +294,9 @@ def _steps(store: TrajectoryStore, slot: dict, gamma: float) -> list[Step]:
     """Save a finished trajectory's screenshots and turn it into step records."""
     traj, task = slot["index"], slot["task"]
     names = [store.image_name(traj, t) for t in range(len(slot["shots"]))]
-    for name, shot in zip(names, slot["shots"], strict=True):
+    for name, shot, hierarchy in zip(names, slot["shots"], slot["hierarchies"], strict=True):
+        if hierarchy is not None:  # before the image: a stored screenshot always has its hierarchy beside it
+            store.save_hierarchy(name, *hierarchy)
         store.save_image(name, shot)
     rets = mc_returns(slot["rewards"], gamma)
     total = float(sum(slot["rewards"]))

@@ -48,7 +48,7 @@ def values_root(tmp_path_factory) -> Path:
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
     store = TrajectoryStore(paths.offline)
     rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=params["collect"]["seed"],
-            width=params["env"]["width"], store=store)  # fmt: skip
+            width=params["env"]["width"], store=store, hierarchies=True)  # fmt: skip
     steps = store.read().to_pandas()
     S, N = len(steps), 3
     lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]

@@ -4,15 +4,19 @@ import shutil
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 from conftest import TAP, TEXT_D, H
 
+from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
+from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, press_back, tap, type_text
+from digiq.env.hierarchy import element_at
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.train.critic_inputs import action_text, critic_inputs, encode_texts, previous_actions
+from digiq.train.critic_inputs import action_text, critic_inputs, encode_texts, previous_actions, tap_targets
 from digiq.train.embed import load_features
 from digiq.viz.values import load_values
 
@@ -64,6 +68,34 @@ def test_critic_inputs_append_goal_previous_action_and_candidate_text(values_roo
     np.testing.assert_allclose(x["candidates"][:, 0, H:], x["next_state"][:, H + TEXT_D :], atol=1e-5)
     tap_text = np.concatenate(encode_texts(policy, list(action_text(format_action(tap(*TAP))))))
     np.testing.assert_allclose(x["candidates"][:, 1, H:], np.tile(tap_text, (S, 1)), atol=1e-6)
+
+
+def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
+    paths = Paths(values_root)
+    x, t = critic_inputs(paths, text=True), critic_inputs(paths, text=True, targets=True)
+    S = x["state"].shape[0]
+    assert t["candidates"].shape == (S, 3, H + 3 * TEXT_D)
+    np.testing.assert_array_equal(t["candidates"][:, :, : H + 2 * TEXT_D], x["candidates"])
+    np.testing.assert_array_equal(t["state"], x["state"])
+    store = TrajectoryStore(paths.offline)
+    steps = store.read().to_pandas()
+    lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]
+    labels = np.array(tap_targets(store, steps.image_path.tolist(), lists)).reshape(S, 3)
+    assert (labels[:, 2] == "").all()  # Back is no tap
+    for i in range(S):  # the fixed tap: whatever the stored screen has at TAP
+        xml, size = store.load_hierarchy(steps.image_path.iat[i])
+        assert labels[i, 1] == element_at(xml, TAP, size)
+    assert len(set(labels[:, 1])) > 1 and "Search" in labels[:, 0]  # the expert taps search boxes
+    policy = AutoUIPolicy.load(paths.base_policy)
+    np.testing.assert_allclose(t["candidates"][:, :, -TEXT_D:].reshape(S * 3, -1),
+                               encode_texts(policy, labels.ravel().tolist()), atol=1e-6)  # fmt: skip
+    bare = shutil.copytree(values_root, tmp_path / "bare")
+    for f in (bare / "data" / "offline" / "images").glob("*.hierarchy.json"):
+        f.unlink()
+    with pytest.raises(DataError, match="collect.view_hierarchy: true"):
+        critic_inputs(Paths(bare), text=True, targets=True)
+    with pytest.raises(ValueError, match="needs text_features"):
+        CriticConfig(text_features=False, tap_targets=True)
 
 
 def test_the_viewer_scores_with_the_inputs_its_critic_was_trained_on(values_root, tmp_path):

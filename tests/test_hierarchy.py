@@ -1,18 +1,22 @@
 """The screen as text: uiautomator hierarchies, the listing a policy reads, and prompts that carry it."""
 
 import re
+import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
 from digiq.config import BasePolicyConfig, CollectConfig, EnvConfig
 from digiq.data import TrajectoryStore
+from digiq.data.trajectories import DataError
 from digiq.env import AndroidSimEnv, Dynamics, generate_tasks, parse_task
 from digiq.env import actions as A
 from digiq.env.device import SimDevice
-from digiq.env.hierarchy import DUMP_TRAILER, describe, hierarchy_xml, strip_dump_trailer
+from digiq.env.hierarchy import DUMP_TRAILER, describe, element_at, hierarchy_xml, strip_dump_trailer
+from digiq.env.screens import NOOP
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.rollout import ExpertPolicy, rollout
+from digiq.rollout import ExpertPolicy, episode_seed, rollout
 from digiq.train.base_policy import run_base_policy
 from digiq.train.collect import run_collect
 
@@ -54,6 +58,33 @@ def test_every_listed_point_hits_its_widget_on_many_screens():
                 checked += 1
             env.step(A.press_home() if action == "home" else A.tap(0.2, 0.5))
     assert checked > 100
+
+
+def test_a_tap_lands_on_the_element_the_device_taps():
+    """element_at names what the simulator's own tap handling would touch, a dialog included."""
+    dev = SimDevice(Dynamics.calm(), 108)
+    dev.reset(0)
+    xml = hierarchy_xml(dev.screen().widgets)
+    clock = next(w for w in dev.screen().widgets if w.label == "Clock")
+    x, y = clock.center
+    assert element_at(xml, (y / 2280, x / 1080)) == "Clock"
+    assert element_at(xml, (y / 2280, (clock.box[2] - 1) / 1080)) == "Clock"  # inside the box, off-centre
+    assert element_at(xml, (0.995, 0.01)) != ""  # the navigation bar's Back: a tap of its own
+    assert element_at(xml, (0.02, 0.5)) == ""  # the status bar does nothing
+    dev = SimDevice(replace(Dynamics.calm(), popup_rate=1.0), 108)  # every app opens behind a dialog
+    dev.reset(0)
+    dev.step(A.tap(y / 2280, x / 1080))
+    assert dev.state.popup is not None
+    shown = dev.screen().widgets
+    xml = hierarchy_xml(shown)
+    ids = [n.get("resource-id") for n in ET.fromstring(xml).iter("node") if n.get("resource-id")]
+    assert ids and all(i.startswith(("popup", "nav")) for i in ids)
+    behind = [w for w in shown if not w.id.startswith(("popup", "nav")) and w.intent not in (None, NOOP) and w.label]
+    assert behind  # the clock app's own buttons, which the dialog blocks
+    for w in behind:
+        assert element_at(xml, (w.center[1] / 2280, w.center[0] / 1080)) != w.label
+    later = next(w for w in shown if w.id == "popup.later")
+    assert element_at(xml, (later.center[1] / 2280, later.center[0] / 1080)) == "Not now"
 
 
 def test_a_device_hierarchy_is_read_like_android_writes_it():
@@ -122,3 +153,25 @@ def test_a_base_policy_that_reads_the_screen_is_collected_with_it(tmp_path):
     assert TrajectoryStore(paths.offline).read().to_pandas().observation.str.contains(" Screen:").all()
     with pytest.raises(ValueError, match="trained on prompts without the screen"):
         BasePolicyConfig(checkpoint="autoui", blip2="blip2", screen_text=True)
+
+
+def test_rollout_stores_each_screens_hierarchy_beside_its_screenshot(tmp_path):
+    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 3, seed=2)]
+    store = TrajectoryStore(tmp_path / "data")
+    rollout(ExpertPolicy(0.0), tasks, n_envs=3, width=108, store=store, seed=4, hierarchies=True)
+    steps = store.read().to_pandas()
+    images = sorted(set(steps.image_path) | set(steps.next_image_path))
+    assert len(list(store.images.glob("*.hierarchy.json"))) == len(images)  # every screen, the last ones too
+    env = AndroidSimEnv(width=108)
+    first = steps[steps.step_id == 0].iloc[0]
+    env.reset(seed=episode_seed(4, int(first.traj_id)), options={"task": tasks[int(first.traj_id)]})
+    assert store.load_hierarchy(first.image_path) == (env.view_hierarchy(), (1080, 2280))
+    env.step(first.action)
+    assert store.load_hierarchy(first.next_image_path)[0] == env.view_hierarchy()
+    plain = TrajectoryStore(tmp_path / "plain")
+    rollout(ExpertPolicy(0.0), tasks[:1], n_envs=1, width=108, store=plain, seed=4)
+    with pytest.raises(DataError, match="collect.view_hierarchy: true"):
+        plain.load_hierarchy(plain.read().to_pandas().image_path.iat[0])
+    (store.root / store.hierarchy_name(first.image_path)).write_text("{broken")
+    with pytest.raises(DataError, match="cannot read view hierarchy .*000000_00"):
+        store.load_hierarchy(first.image_path)

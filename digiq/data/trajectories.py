@@ -4,6 +4,7 @@ A dataset is a folder::
 
     steps-00000.parquet, steps-00001.parquet, ...   one row per step, Digi-Q field names
     images/000123_04.png                            screenshot of trajectory 123, step 4
+    images/000123_04.hierarchy.json                 its view hierarchy (optional: collect.view_hierarchy)
 
 Parts are written whole and atomically (temp name, then rename), and
 screenshots before the part that references them, so a run killed half way
@@ -13,6 +14,7 @@ Digi-Q's release so its users feel at home (see :data:`STEP_SCHEMA`).
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from collections.abc import Iterable, Sequence
@@ -25,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
-from digiq.io import atomic_path
+from digiq.io import atomic_path, atomic_write_text
 
 __all__ = ["Step", "STEP_SCHEMA", "DataError", "TrajectoryStore", "mc_returns", "observation_text"]
 
@@ -95,6 +97,28 @@ class TrajectoryStore:
     def save_image(self, rel: str, pixels: np.ndarray) -> None:
         with atomic_path(self.root / rel) as tmp:
             Image.fromarray(pixels).save(tmp, format="PNG", compress_level=1)
+
+    @staticmethod
+    def hierarchy_name(image: str) -> str:
+        """Where the view hierarchy of the screen ``image`` (a relative screenshot path) is stored."""
+        return str(Path(image).with_suffix(".hierarchy.json"))
+
+    def save_hierarchy(self, image: str, xml: str, size: tuple[int, int]) -> None:
+        """Store the screen ``image``'s view hierarchy with the screen's (width, height) that its bounds are in."""
+        atomic_write_text(
+            self.root / self.hierarchy_name(image), json.dumps({"width": size[0], "height": size[1], "xml": xml})
+        )
+
+    def load_hierarchy(self, image: str) -> tuple[str, tuple[int, int]]:
+        """The stored (XML, (width, height)) of the screen ``image``; a missing or broken file is named."""
+        path = self.root / self.hierarchy_name(image)
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return str(record["xml"]), (int(record["width"]), int(record["height"]))
+        except FileNotFoundError:
+            raise DataError(f"no view hierarchy {path}: collect the data with collect.view_hierarchy: true") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(f"cannot read view hierarchy {path}: {e!r}") from None
 
     def parts(self) -> list[Path]:
         return sorted(p for p in self.root.glob("steps-*.parquet") if _PART.match(p.name))

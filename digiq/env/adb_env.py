@@ -38,7 +38,7 @@ from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.android import KEYCODES, SIM_COMMAND, TYPEABLE, input_text_args
 from digiq.env.device import SimDevice
 from digiq.env.gym_env import PhoneEnv
-from digiq.env.hierarchy import describe, strip_dump_trailer
+from digiq.env.hierarchy import strip_dump_trailer
 from digiq.env.tasks import Task
 
 __all__ = [
@@ -539,8 +539,11 @@ class AdbEnv(PhoneEnv):
     def render(self) -> np.ndarray:
         return self._frame
 
-    def screen_text(self) -> str:
-        return describe(self.link.view_hierarchy(), self.link.screen_size())
+    def view_hierarchy(self) -> str:
+        return self.link.view_hierarchy()
+
+    def screen_size(self) -> tuple[int, int]:
+        return self.link.screen_size()
 
     def _info(self, action: Action, success: bool, changed: bool) -> dict[str, Any]:
         return {**super()._info(action, success, changed), "fault": "", "untyped": self._untyped}

@@ -21,7 +21,7 @@ from digiq.env import catalog
 from digiq.env.actions import Action, ActionType
 from digiq.env.screens import Screen, is_list_page, view
 from digiq.env.state import HOME, DeviceState, Dynamics, Page, Popup
-from digiq.env.ui import SCREEN_H, SCREEN_W, Renderer, Widget
+from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Renderer, Widget
 
 __all__ = ["SimDevice"]
 
@@ -185,7 +185,7 @@ class SimDevice:
     def _tap(self, x: float, y: float) -> None:
         blocked = self.state.popup is not None  # a dialog takes every tap but the system bars'
         for w in reversed(self.screen().widgets):
-            if blocked and not w.id.startswith(("popup", "nav")):
+            if blocked and not w.id.startswith(ABOVE_DIALOG):
                 continue
             if w.intent is not None and w.contains(x, y):
                 self._apply(w.intent)

@@ -86,9 +86,17 @@ class PhoneEnv(gym.Env):
         """The current screen, (H, W, 3) uint8 (read-only; copy before writing)."""
         raise NotImplementedError
 
+    def view_hierarchy(self) -> str:
+        """The current screen's view hierarchy, as ``uiautomator dump`` writes it (XML)."""
+        raise NotImplementedError
+
+    def screen_size(self) -> tuple[int, int]:
+        """The screen's (width, height) in the view hierarchy's pixels."""
+        return SCREEN_W, SCREEN_H
+
     def screen_text(self) -> str:
         """The current screen's tappable elements as text (:func:`digiq.env.hierarchy.describe`)."""
-        raise NotImplementedError
+        return describe(self.view_hierarchy(), self.screen_size())
 
     # ------------------------------------------------------------ gymnasium API
 
@@ -177,8 +185,8 @@ class AndroidSimEnv(PhoneEnv):
     def render(self) -> np.ndarray:
         return self.device.screenshot()
 
-    def screen_text(self) -> str:
-        return describe(hierarchy_xml(self.device.screen().widgets))
+    def view_hierarchy(self) -> str:
+        return hierarchy_xml(self.device.screen().widgets)
 
 
 class SimVecEnv:

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from xml.sax.saxutils import quoteattr
 
 from digiq.env.screens import NOOP
-from digiq.env.ui import SCREEN_H, SCREEN_W, Widget
+from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "strip_dump_trailer"]
+__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "element_at", "strip_dump_trailer"]
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -52,7 +52,11 @@ def hierarchy_xml(widgets: Sequence[Widget]) -> str:
 
     Icons carry their name as ``content-desc`` (as launcher icons do), other
     widgets as ``text``; a widget is clickable when tapping it does something.
+    While a dialog shows, only its window and the navigation bar are dumped,
+    as on a device: the screen behind it takes no taps.
     """
+    if any(w.id.startswith("popup") for w in widgets):
+        widgets = [w for w in widgets if w.id.startswith(ABOVE_DIALOG)]
     nodes = []
     for i, w in enumerate(widgets):
         x0, y0, x1, y1 = w.box
@@ -87,6 +91,52 @@ def _label(node: ET.Element) -> str:
     return " ".join(own.split()[:_MAX_WORDS])[:_MAX_CHARS].strip()
 
 
+def _parse(xml: str) -> ET.Element:
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as e:
+        raise ValueError(f"the screen's view hierarchy is not well-formed XML: {e}") from None
+    if root.tag != "hierarchy":
+        raise ValueError(f"expected a <hierarchy> from uiautomator dump, got <{root.tag}>")
+    return root
+
+
+def _bounds(node: ET.Element) -> tuple[int, int, int, int]:
+    m = _BOUNDS.match(node.get("bounds", ""))
+    if m is None:
+        raise ValueError(f"node {node.get('resource-id') or node.get('class')!r} has bounds "
+                         f"{node.get('bounds')!r}, expected [x0,y0][x1,y1]")  # fmt: skip
+    x0, y0, x1, y1 = map(int, m.groups())
+    return x0, y0, x1, y1
+
+
+def _actionable(node: ET.Element) -> bool:
+    return node.tag == "node" and (node.get("clickable") == "true" or node.get("class", "").endswith("EditText"))
+
+
+def element_at(xml: str, point: tuple[float, float], size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
+    """The label of the element a tap at ``point`` ((y, x) in [0, 1], AutoUI's order) lands on; "" for none.
+
+    The element is the last one in the dump, so the one drawn on top, that can
+    be tapped or typed into and whose bounds hold the point; system bars count
+    (their Back button is a tap of its own). It tells the critic what a tap
+    candidate touches (``critic.tap_targets``), as a pretrained VLM reads it
+    off the screenshot.
+
+    Raises:
+        ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
+    """
+    width, height = size
+    x, y = point[1] * width, point[0] * height
+    hit = ""
+    for node in _parse(xml).iter("node"):
+        if _actionable(node):
+            x0, y0, x1, y1 = _bounds(node)
+            if x0 <= x < x1 and y0 <= y < y1:
+                hit = _label(node)
+    return hit
+
+
 def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
     """The elements of a ``uiautomator dump`` one can tap or type into: ``label y x`` each, ``" ; "`` between.
 
@@ -98,25 +148,15 @@ def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
     Raises:
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
-    try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as e:
-        raise ValueError(f"the screen's view hierarchy is not well-formed XML: {e}") from None
-    if root.tag != "hierarchy":
-        raise ValueError(f"expected a <hierarchy> from uiautomator dump, got <{root.tag}>")
+    root = _parse(xml)
     width, height = size
     out: list[str] = []
 
     def visit(node: ET.Element) -> None:
         if node.get("package") == _SYSTEM_UI:
             return
-        listed = node.tag == "node" and (node.get("clickable") == "true" or node.get("class", "").endswith("EditText"))
-        if listed:
-            m = _BOUNDS.match(node.get("bounds", ""))
-            if m is None:
-                raise ValueError(f"node {node.get('resource-id') or node.get('class')!r} has bounds "
-                                 f"{node.get('bounds')!r}, expected [x0,y0][x1,y1]")  # fmt: skip
-            x0, y0, x1, y1 = map(int, m.groups())
+        if _actionable(node):
+            x0, y0, x1, y1 = _bounds(node)
             x, y = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height
             label = _label(node)
             if label and 0 <= x < 1 and 0 <= y < 1:

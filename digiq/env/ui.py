@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-__all__ = ["SCREEN_H", "SCREEN_W", "Color", "Renderer", "Widget"]
+__all__ = ["SCREEN_H", "SCREEN_W", "ABOVE_DIALOG", "Color", "Renderer", "Widget"]
 
 SCREEN_W, SCREEN_H = 1080, 2280
 Color = tuple[int, int, int]
@@ -28,6 +28,10 @@ BLACK: Color = (32, 33, 36)
 GREY: Color = (128, 134, 139)
 LIGHT: Color = (241, 243, 244)
 BLUE: Color = (26, 115, 232)
+
+# While a dialog shows, only its own widgets and the navigation bar take taps (the device) and are in
+# the view hierarchy (uiautomator sees the dialog's window): widget ids that start with these.
+ABOVE_DIALOG = ("popup", "nav")
 
 
 @dataclass(frozen=True)

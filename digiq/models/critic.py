@@ -31,6 +31,9 @@ class CriticNetConfig:
     # Whether the inputs end with text features of the goal and the actions (digiq.train.critic_inputs): whoever
     # scores with this critic must build its inputs the same way.
     text: bool = False
+    # Whether the candidates' text features end with the label of the element each tap lands on
+    # (critic.tap_targets; digiq.train.critic_inputs.tap_targets).
+    targets: bool = False
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:

@@ -37,7 +37,8 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
                     dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
-                    env_factory=make_env, screen_text=model.cfg.screen_text)  # fmt: skip
+                    env_factory=make_env, screen_text=model.cfg.screen_text,
+                    hierarchies=cfg.view_hierarchy)  # fmt: skip
     table = store.read()
     # From the stored data, not this run's results: a resumed collection counts every trajectory.
     episodes = table.to_pandas().groupby("traj_id").first()

@@ -94,7 +94,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
     net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1],
-                          text=cfg.text_features)  # fmt: skip
+                          text=cfg.text_features, targets=cfg.tap_targets)  # fmt: skip
     critic = Critic(net).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
@@ -141,7 +141,7 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
         valid = np.stack(read_candidates(paths).column("valid_list").to_numpy(zero_copy_only=False))
         curves: dict[str, list[float]] = {}
         for vlm in vlms:
-            feats = critic_inputs(paths, vlm, text=cfg.text_features)
+            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets)
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip

@@ -27,17 +27,28 @@ import pandas as pd
 from digiq import parallel
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
+from digiq.env.hierarchy import element_at
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stagekit import require
 from digiq.train.augment import read_candidates
 from digiq.train.embed import load_features
 
-__all__ = ["critic_inputs", "action_text", "previous_actions", "encode_texts", "STATE_TEXT", "ACTION_TEXT"]
+__all__ = [
+    "critic_inputs",
+    "action_text",
+    "tap_targets",
+    "previous_actions",
+    "encode_texts",
+    "STATE_TEXT",
+    "ACTION_TEXT",
+    "TAP_TARGET",
+]
 
 # The text features appended to the VLM's, in order (each d_model wide).
 STATE_TEXT = ("goal", "previous action type", "previous typed text")
 ACTION_TEXT = ("action type", "typed text")
+TAP_TARGET = "tapped element"  # with critic.tap_targets, after ACTION_TEXT
 
 
 def action_text(action: str) -> tuple[str, str]:
@@ -48,6 +59,23 @@ def action_text(action: str) -> tuple[str, str]:
     """
     parsed = parse_action(action)
     return (parsed.type.name, parsed.text) if parsed.is_valid else (action, action)
+
+
+def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[str]:
+    """Per state (screenshot ``images[i]``) and candidate: the label of the element a tap lands on, else "".
+
+    Read from the view hierarchy stored beside each screenshot
+    (``collect.view_hierarchy``). Digi-Q's critic gets this from LLaVA, which
+    reads the screen; the tiny VLM here cannot read a label at 96 pixels, so
+    without it a tap is only a point to the critic (README, results).
+    """
+    out = []
+    for image, actions in zip(images, action_lists, strict=True):
+        xml, size = store.load_hierarchy(image)
+        for text in actions:
+            action = parse_action(text)
+            out.append(element_at(xml, action.touch, size) if action.is_valid and action.is_tap else "")
+    return out
 
 
 def previous_actions(steps: pd.DataFrame) -> list[str]:
@@ -73,7 +101,7 @@ def _action_features(policy: AutoUIPolicy, actions: Sequence[str]) -> np.ndarray
     return np.concatenate([encode_texts(policy, types), encode_texts(policy, typed)], 1)
 
 
-def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool) -> dict[str, np.ndarray]:
+def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False) -> dict[str, np.ndarray]:
     """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 05's critic trains on.
 
     Stage 04's features of ``vlm``; with ``text``, followed by the
@@ -84,10 +112,13 @@ def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool) -> dict[s
     """
     feats = load_features(paths, vlm)
     out = {name: feats[name] for name in ("state", "next_state", "candidates")}
+    if targets and not text:
+        raise ValueError("the tapped element is a text feature: targets needs text")
     if not text:
         return out
     require("critic (text features)", paths.base_policy / "config.json")
-    steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id", "task", "action"]).to_pandas()
+    store = TrajectoryStore(paths.offline)
+    steps = store.read().select(["traj_id", "step_id", "task", "action", "image_path"]).to_pandas()
     action_lists = read_candidates(paths).column("action_list").to_pylist()
     S, N = out["candidates"].shape[:2]
     if len(steps) != S or len(action_lists) != S:
@@ -96,6 +127,9 @@ def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool) -> dict[s
     policy = AutoUIPolicy.load(paths.base_policy, device=str(parallel.device()))
     goal = encode_texts(policy, steps.task.tolist())
     candidates = _action_features(policy, [a for row in action_lists for a in row]).reshape(S, N, -1)
+    if targets:
+        labels = encode_texts(policy, tap_targets(store, steps.image_path.tolist(), action_lists)).reshape(S, N, -1)
+        candidates = np.concatenate([candidates, labels], 2)
     before, taken = _action_features(policy, previous_actions(steps)), _action_features(policy, steps.action.tolist())
     return {
         "state": np.concatenate([out["state"], goal, before], 1),
