@@ -11,12 +11,22 @@ from conftest import TAP, TEXT_D, H
 from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.trajectories import DataError
-from digiq.env.actions import format_action, press_back, tap, type_text
+from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
 from digiq.env.hierarchy import element_at
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.train.critic_inputs import action_text, critic_inputs, encode_texts, previous_actions, tap_targets
+from digiq.train.augment import read_candidates
+from digiq.train.critic import conservative_penalty, scored_candidates
+from digiq.train.critic_inputs import (
+    action_text,
+    critic_inputs,
+    distinct_actions,
+    encode_texts,
+    previous_actions,
+    tap_targets,
+    typed_match,
+)
 from digiq.train.embed import load_features
 from digiq.viz.values import load_values
 
@@ -95,7 +105,72 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     with pytest.raises(DataError, match="collect.view_hierarchy: true"):
         critic_inputs(Paths(bare), text=True, targets=True)
     with pytest.raises(ValueError, match="needs text_features"):
-        CriticConfig(text_features=False, tap_targets=True)
+        CriticConfig(text_features=False, tap_targets=True, typed_match=False)
+
+
+def test_typed_match_tells_the_goals_words_from_a_garbled_copy():
+    goal = 'Go to ebay.com, search for "Seagate 2tb"'
+    assert typed_match(goal, format_action(type_text("seagate 2TB"))) == (1.0, 1.0)  # case is ignored
+    share, whole = typed_match(goal, format_action(type_text("ateseag 2tbse")))
+    assert 0.5 < share < 1.0 and whole == 0.0  # most letters are there, in the wrong order
+    assert typed_match(goal, format_action(type_text("xq"))) == (0.0, 0.0)
+    for other in (tap(*TAP), press_back(), type_text("  ")):
+        assert typed_match(goal, format_action(other)) == (0.0, 0.0)
+    assert typed_match(goal, 'Action Decision: "action_type": "TYPE", "typed_text": "sea') == (0.0, 0.0)  # no parse
+
+
+def test_typed_match_comes_last_among_the_candidate_features(values_root):
+    paths = Paths(values_root)
+    x, t = critic_inputs(paths, text=True), critic_inputs(paths, text=True, typed=True)
+    S = x["state"].shape[0]
+    np.testing.assert_array_equal(t["candidates"][:, :, :-2], x["candidates"])
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    lists = read_candidates(paths).column("action_list").to_pylist()
+    want = [[typed_match(task, a) for a in row] for task, row in zip(steps.task, lists, strict=True)]
+    np.testing.assert_allclose(t["candidates"][:, :, -2:], np.array(want, np.float32).reshape(S, -1, 2))
+    assert t["candidates"][:, :, -1].any()  # the expert types its goal's words somewhere
+    with pytest.raises(ValueError, match="targets and typed need text"):
+        critic_inputs(paths, text=False, typed=True)
+
+
+def test_each_distinct_action_counts_once():
+    back, enter = format_action(press_back()), format_action(press_enter())
+    garbled = back.replace("Action Plan: [PRESS_BACK]", "Action Plan: [0.09Toggle]")
+    assert garbled != back and parse_action(garbled) == parse_action(back)
+    a, b = format_action(tap(0.30, 0.50)), format_action(tap(0.31, 0.52))
+    broken = 'Action Decision: "action_type": "DUAL_POINT", "touch_point": "[0.09end'
+    lists = [[back, garbled, enter, back, broken, broken], [a, b, back, a, format_action(type_text("x")), enter]]
+    np.testing.assert_array_equal(distinct_actions(lists), [[1, 0, 1, 0, 1, 0], [1, 1, 1, 0, 1, 1]])
+    # With the tapped elements known, two taps on the same one are one action, wherever inside it they land.
+    targets = ["", "", "", "", "", ""] + ["Search", "Search", "", "Search", "", ""]
+    np.testing.assert_array_equal(distinct_actions(lists, targets), [[1, 0, 1, 0, 1, 0], [1, 0, 1, 0, 1, 1]])
+
+
+def test_the_conservative_term_scores_a_repeated_candidate_once(values_root):
+    paths = Paths(values_root)
+    scored = scored_candidates(paths, targets=True)
+    lists = read_candidates(paths).column("action_list").to_pylist()
+    valid = np.stack(read_candidates(paths).column("valid_list").to_numpy(zero_copy_only=False))
+    assert (scored <= valid).all() and (scored[:, 0] == valid[:, 0]).all()
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    store = TrajectoryStore(paths.offline)
+    labels = np.array(tap_targets(store, steps.image_path.tolist(), lists)).reshape(len(lists), -1)
+    taps = np.array([[parse_action(a).is_tap for a in row] for row in lists])
+    same = taps[:, 0] & taps[:, 1] & (labels[:, 0] == labels[:, 1])  # the taken action taps the fixed tap's element
+    assert same.any() and (~same).any()
+    np.testing.assert_array_equal(scored[:, 1], valid[:, 1] & ~same)
+    np.testing.assert_array_equal(scored[:, 2], valid[:, 2])
+    np.testing.assert_array_equal(scored_candidates(paths, targets=False), valid)  # no two candidates are the same text
+    # The term over a list with a repeat, scored once, equals the term over the list without it.
+    torch.manual_seed(0)
+    critic = Critic(CriticNetConfig(feature_dim=4, hidden=8))
+    state, cands = torch.randn(2, 4), torch.randn(2, 3, 4)
+    twice = torch.cat([cands, cands[:, 1:2]], 1)
+    mask = torch.tensor([[True, True, True, False]] * 2)
+    torch.testing.assert_close(conservative_penalty(critic, state, twice, mask),
+                               conservative_penalty(critic, state, cands, torch.ones(2, 3, dtype=torch.bool)))  # fmt: skip
+    assert not torch.allclose(conservative_penalty(critic, state, twice, torch.ones(2, 4, dtype=torch.bool)),
+                              conservative_penalty(critic, state, cands, torch.ones(2, 3, dtype=torch.bool)))  # fmt: skip
 
 
 def test_the_viewer_scores_with_the_inputs_its_critic_was_trained_on(values_root, tmp_path):

@@ -34,6 +34,8 @@ class CriticNetConfig:
     # Whether the candidates' text features end with the label of the element each tap lands on
     # (critic.tap_targets; digiq.train.critic_inputs.tap_targets).
     targets: bool = False
+    # Whether they end with the typed text's match with the goal (critic.typed_match; critic_inputs.typed_match).
+    typed: bool = False
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:

@@ -209,9 +209,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         steps = store.read().to_pandas()
         cands = read_candidates(paths).to_pandas()
         vlms = ("finetuned", "untuned") if ablations.untuned_vlm else ("finetuned",)
-        # What the critics were trained on (stage 05's text_features and tap_targets, in each critic's config).
+        # What the critics were trained on (stage 05's text features, in each critic's config).
         net = Critic.load(paths.critic(0)).cfg
-        feats = {vlm: critic_inputs(paths, vlm, text=net.text, targets=net.targets) for vlm in vlms}
+        feats = {vlm: critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed) for vlm in vlms}
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's

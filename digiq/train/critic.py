@@ -12,7 +12,10 @@ it picks whichever untaken candidate the heads happen to overestimate. On
 the oracle sample that plain critic ranked below a random pick (52.4% vs
 54.3% top-1, 1,000 states); with the term, which lowers the log-sum-exp of Q
 over a state's valid candidates against Q of the taken action, 64.2%.
-``conservative: 0`` gives Digi-Q's plain TD back.
+``conservative: 0`` gives Digi-Q's plain TD back. The term counts each
+distinct action of a state once (:func:`scored_candidates`): summed over the
+list, Back, a quarter of all candidates, was pushed down four times over and
+the critic never picked it where the expert would (README, results).
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import critic_inputs
+from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_critic", "fit_critic", "td_step"]
+__all__ = ["run_critic", "fit_critic", "td_step", "scored_candidates"]
 
 
 def td_step(
@@ -52,28 +55,45 @@ def td_step(
 
 
 def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor,
-                         valid: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Per state (B,): logsumexp of Q over its valid candidates minus Q of the taken one (column 0), both heads summed.
+                         scored: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Per state (B,): logsumexp of Q over its scored candidates minus Q of the taken one (column 0), both heads summed.
 
     Minimising it lowers the candidates the data never tried against the one
     it did, unless TD lifts them through shared features (CQL's regulariser,
     over the stored candidates instead of sampled actions).
     """
-    ok = valid.clone()
+    ok = scored.clone()
     ok[:, 0] = True  # the taken action counts even when it did not parse
     q_all = critic.q(state[:, None].expand(-1, candidates.shape[1], -1), candidates)
     return sum(torch.logsumexp(q.masked_fill(~ok, float("-inf")), 1) - q[:, 0] for q in q_all)
 
 
+def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
+    """(S, N) bool: the candidates the conservative term scores, those that parse and do something new.
+
+    With ``targets`` (``critic.tap_targets``) taps on the same element count
+    as one action, as they do for the perfect critic (stage 06).
+    """
+    table = read_candidates(paths)
+    valid = np.stack(table.column("valid_list").to_numpy(zero_copy_only=False))
+    lists = table.column("action_list").to_pylist()
+    labels = None
+    if targets:
+        store = TrajectoryStore(paths.offline)
+        labels = tap_targets(store, store.read().column("image_path").to_pylist(), lists)
+    return valid & distinct_actions(lists, labels)
+
+
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
-               valid: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
+               scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one critic by TD (seeded by ``seed``); the held-out V-vs-return correlation measures it.
 
-    ``valid`` (states, N) marks the candidates that parse; the conservative
-    term (``cfg.conservative`` > 0) needs it.
+    ``scored`` (states, N) marks the candidates the conservative term
+    (``cfg.conservative`` > 0) pushes down, which needs it: stage 05 passes
+    those that parse, each distinct action once (:func:`scored_candidates`).
     """
-    if cfg.conservative > 0 and valid is None:
-        raise ValueError("the conservative term needs the candidates' valid mask")
+    if cfg.conservative > 0 and scored is None:
+        raise ValueError("the conservative term needs the mask of the candidates it scores")
     torch.manual_seed(seed)
     held = split_trajectories(steps.traj_id.tolist(), cfg.holdout, seed)
     train_idx = np.flatnonzero(~steps.traj_id.isin(held).to_numpy())
@@ -87,14 +107,14 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     }
     if cfg.conservative > 0:
         data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
-        data["valid"] = torch.from_numpy(np.asarray(valid, bool))
+        data["scored"] = torch.from_numpy(np.asarray(scored, bool))
     # The conservative term scores all N candidates of only the batch's first ``penalised`` states (all of them
     # would cost N TD steps); a row carries whether it is one, so that each process's share sums to the batch's.
     penalised = min(cfg.penalty_states, cfg.batch_size)
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
     net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1],
-                          text=cfg.text_features, targets=cfg.tap_targets)  # fmt: skip
+                          text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match)  # fmt: skip
     critic = Critic(net).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
@@ -110,7 +130,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
                 if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
                     pen = torch.as_tensor([i for i, p in mine if p])
                     term = conservative_penalty(critic, data["state"][pen].to(dev), data["candidates"][pen].to(dev),
-                                                data["valid"][pen].to(dev)).sum() if len(pen) else q_loss * 0  # fmt: skip
+                                                data["scored"][pen].to(dev)).sum() if len(pen) else q_loss * 0  # fmt: skip
                     out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
                 return out
 
@@ -138,16 +158,16 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
     metrics: dict[str, Any] = {}
     with timed(metrics):
         steps = TrajectoryStore(paths.offline).read().select(["traj_id", "reward", "done", "mc_return"]).to_pandas()
-        valid = np.stack(read_candidates(paths).column("valid_list").to_numpy(zero_copy_only=False))
+        scored = scored_candidates(paths, cfg.tap_targets)
         curves: dict[str, list[float]] = {}
         for vlm in vlms:
-            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets)
+            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match)
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
             corrs = []
             for seed in range(seeds):
-                fit = fit_critic(cfg, feats, steps, cfg.seed + seed, valid)
+                fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored)
                 if parallel.is_main():
                     fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
                                        steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip

@@ -20,13 +20,14 @@ to 19.4 / 36.5 (README, results).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from difflib import SequenceMatcher
 
 import numpy as np
 import pandas as pd
 
 from digiq import parallel
 from digiq.data.trajectories import DataError, TrajectoryStore
-from digiq.env.actions import parse_action
+from digiq.env.actions import ActionType, format_action, parse_action
 from digiq.env.hierarchy import element_at
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -38,17 +39,22 @@ __all__ = [
     "critic_inputs",
     "action_text",
     "tap_targets",
+    "typed_match",
+    "distinct_actions",
     "previous_actions",
     "encode_texts",
     "STATE_TEXT",
     "ACTION_TEXT",
     "TAP_TARGET",
+    "TYPED_MATCH",
 ]
 
 # The text features appended to the VLM's, in order (each d_model wide).
 STATE_TEXT = ("goal", "previous action type", "previous typed text")
 ACTION_TEXT = ("action type", "typed text")
 TAP_TARGET = "tapped element"  # with critic.tap_targets, after ACTION_TEXT
+# With critic.typed_match, last: two numbers per candidate (typed_match).
+TYPED_MATCH = ("share of the typed text found in the goal", "typed text in the goal verbatim")
 
 
 def action_text(action: str) -> tuple[str, str]:
@@ -78,6 +84,53 @@ def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Seq
     return out
 
 
+def typed_match(goal: str, action: str) -> tuple[float, float]:
+    """How much of a TYPE candidate's text the goal holds: (share of its characters found in the goal in order, 1.0 if whole).
+
+    Both are 0 for other actions and empty texts; case is ignored. A
+    pretrained language model tells "seagate 2tb" from "ateseag 2tbse"; the
+    token averages of the tiny T5 here barely do, so its critic picked the
+    expert's typed text less often than the data did (README, results). AitW's
+    typing tasks type words of the goal (queries, addresses), which is what
+    these two numbers measure; TD still learns when typing them pays.
+    """
+    parsed = parse_action(action)
+    typed = parsed.text.strip().casefold() if parsed.is_valid and parsed.type is ActionType.TYPE else ""
+    if not typed:
+        return 0.0, 0.0
+    text = goal.casefold()
+    found = sum(block.size for block in SequenceMatcher(None, typed, text, autojunk=False).get_matching_blocks())
+    return found / len(typed), float(typed in text)
+
+
+def distinct_actions(action_lists: Sequence[Sequence[str]], targets: Sequence[str] | None = None) -> np.ndarray:
+    """(S, N) bool: whether each candidate is the first in its state's list to do what it does.
+
+    Half of the 16 candidates repeat another (Back alone is a quarter of
+    them). A term that sums over the list counts an action as often as it was
+    sampled, so stage 05's conservative term scores only these. An action is
+    its parsed decision (a garbled plan before it changes nothing) and, with
+    ``targets`` (:func:`tap_targets`, flat over the states' candidates), a tap
+    is the element it lands on, wherever inside it. A candidate that does not
+    parse is its own text.
+    """
+    keys = iter(targets) if targets is not None else None
+    out = []
+    for actions in action_lists:
+        seen: set[object] = set()
+        row = []
+        for text in actions:
+            parsed = parse_action(text)
+            target = next(keys) if keys is not None else None
+            key: object = text
+            if parsed.is_valid:
+                key = ("tap", target) if target is not None and parsed.is_tap else format_action(parsed)
+            row.append(key not in seen)
+            seen.add(key)
+        out.append(row)
+    return np.array(out, bool)
+
+
 def previous_actions(steps: pd.DataFrame) -> list[str]:
     """The action before each step in its trajectory ("" at its first step); ``steps`` sorted by (traj_id, step_id)."""
     traj, action = steps.traj_id.to_numpy(), steps.action.tolist()
@@ -101,19 +154,22 @@ def _action_features(policy: AutoUIPolicy, actions: Sequence[str]) -> np.ndarray
     return np.concatenate([encode_texts(policy, types), encode_texts(policy, typed)], 1)
 
 
-def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False) -> dict[str, np.ndarray]:
+def critic_inputs(
+    paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False, typed: bool = False
+) -> dict[str, np.ndarray]:
     """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 05's critic trains on.
 
     Stage 04's features of ``vlm``; with ``text``, followed by the
     :data:`STATE_TEXT` features (s' has the step's own action as its previous
     one) and, per candidate, the :data:`ACTION_TEXT` features, read by the
-    base policy in ``paths.base_policy``. Stages 05 and 06 and the Q/V viewer
+    base policy in ``paths.base_policy``; with ``targets``, :data:`TAP_TARGET`,
+    and with ``typed``, the two :data:`TYPED_MATCH` numbers last. Stages 05 and 06 and the Q/V viewer
     all call this, so the critic always sees the inputs it was trained on.
     """
     feats = load_features(paths, vlm)
     out = {name: feats[name] for name in ("state", "next_state", "candidates")}
-    if targets and not text:
-        raise ValueError("the tapped element is a text feature: targets needs text")
+    if (targets or typed) and not text:
+        raise ValueError("the tapped element and the typed match are text features: targets and typed need text")
     if not text:
         return out
     require("critic (text features)", paths.base_policy / "config.json")
@@ -130,6 +186,9 @@ def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: 
     if targets:
         labels = encode_texts(policy, tap_targets(store, steps.image_path.tolist(), action_lists)).reshape(S, N, -1)
         candidates = np.concatenate([candidates, labels], 2)
+    if typed:
+        match = [typed_match(task, a) for task, row in zip(steps.task, action_lists, strict=True) for a in row]
+        candidates = np.concatenate([candidates, np.array(match, np.float32).reshape(S, N, 2)], 2)
     before, taken = _action_features(policy, previous_actions(steps)), _action_features(policy, steps.action.tolist())
     return {
         "state": np.concatenate([out["state"], goal, before], 1),

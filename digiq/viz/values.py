@@ -87,7 +87,7 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
     critic = Critic.load(paths.critic(seed, vlm))
-    feats = critic_inputs(paths, vlm, text=critic.cfg.text, targets=critic.cfg.targets)
+    feats = critic_inputs(paths, vlm, text=critic.cfg.text, targets=critic.cfg.targets, typed=critic.cfg.typed)
     q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
                                  torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
     q, v, adv = q.numpy(), v.numpy(), adv.numpy()
