@@ -19,7 +19,11 @@ from digiq.paths import ROOT, Paths
 from digiq.train.augment import read_candidates
 from digiq.train.embed import load_features
 
-OFF = {"actor": {"oracle_states": 0}, "ablations": {"untuned_vlm": False, "perfect_critic": False}}
+OFF = {
+    "actor": {"oracle_states": 0},
+    "ablations": {"untuned_vlm": False, "perfect_critic": False},
+    "critic": {"tap_targets": False},
+}
 
 
 def _imported(tmp_path, name: str, task_set: str, digiq: bool = True, reverse: bool = False):
@@ -66,7 +70,9 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     with pytest.raises(DataError, match="lacks candidates.parquet, which starting at vlm_finetune needs"):
         place_imported([digirl], paths, "vlm_finetune", OFF)
     with pytest.raises(DataError, match="actor.oracle_states must be 0"):
-        place_imported([digirl], paths, "augment_actions", {"actor": {"oracle_states": 200}})
+        place_imported([digirl], paths, "augment_actions", {**OFF, "actor": {"oracle_states": 200}})
+    with pytest.raises(DataError, match="critic.tap_targets must be false"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
@@ -92,7 +98,7 @@ def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
 TINY = {
     "tasks": {"n_train": 16, "n_test": 4},
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
-    "critic": {"epochs": 2, "hidden": 32},
+    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False},
     "actor": {
         "epochs": 1,
         "k_candidates": 3,
