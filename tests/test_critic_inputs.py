@@ -160,7 +160,7 @@ def test_the_conservative_term_scores_a_repeated_candidate_once(values_root):
     assert same.any() and (~same).any()
     np.testing.assert_array_equal(scored[:, 1], valid[:, 1] & ~same)
     np.testing.assert_array_equal(scored[:, 2], valid[:, 2])
-    np.testing.assert_array_equal(scored_candidates(paths, targets=False), valid)  # no two candidates are the same text
+    np.testing.assert_array_equal(scored_candidates(paths, targets=False), valid)  # a tap is only its point
     # The term over a list with a repeat, scored once, equals the term over the list without it.
     torch.manual_seed(0)
     critic = Critic(CriticNetConfig(feature_dim=4, hidden=8))

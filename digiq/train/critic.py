@@ -12,10 +12,11 @@ it picks whichever untaken candidate the heads happen to overestimate. On
 the oracle sample that plain critic ranked below a random pick (52.4% vs
 54.3% top-1, 1,000 states); with the term, which lowers the log-sum-exp of Q
 over a state's valid candidates against Q of the taken action, 64.2%.
-``conservative: 0`` gives Digi-Q's plain TD back. The term counts each
-distinct action of a state once (:func:`scored_candidates`): summed over the
-list, Back, a quarter of all candidates, was pushed down four times over and
-the critic never picked it where the expert would (README, results).
+``conservative: 0`` gives Digi-Q's plain TD back. With ``tap_targets`` the
+term counts each distinct action of a state once (:func:`scored_candidates`):
+summed over the list, Back, a quarter of all candidates, was pushed down four
+times over and the critic never picked it where the expert would (README,
+results).
 """
 
 from __future__ import annotations
@@ -69,19 +70,22 @@ def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.
 
 
 def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
-    """(S, N) bool: the candidates the conservative term scores, those that parse and do something new.
+    """(S, N) bool: the candidates the conservative term scores: those that parse, and with ``targets`` each action once.
 
-    With ``targets`` (``critic.tap_targets``) taps on the same element count
-    as one action, as they do for the perfect critic (stage 06).
+    With ``targets`` (``critic.tap_targets``) an action is what it does,
+    taps on the same element being one (:func:`distinct_actions`), as for the
+    perfect critic (stage 06). Without them a tap is only its point; counting
+    distinct action strings (taps a pixel apart being two) halved the
+    labelled critic's picks where the expert taps (README, results), so
+    every candidate stays, as before.
     """
     table = read_candidates(paths)
     valid = np.stack(table.column("valid_list").to_numpy(zero_copy_only=False))
+    if not targets:
+        return valid
     lists = table.column("action_list").to_pylist()
-    labels = None
-    if targets:
-        store = TrajectoryStore(paths.offline)
-        labels = tap_targets(store, store.read().column("image_path").to_pylist(), lists)
-    return valid & distinct_actions(lists, labels)
+    store = TrajectoryStore(paths.offline)
+    return valid & distinct_actions(lists, tap_targets(store, store.read().column("image_path").to_pylist(), lists))
 
 
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
@@ -90,7 +94,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
 
     ``scored`` (states, N) marks the candidates the conservative term
     (``cfg.conservative`` > 0) pushes down, which needs it: stage 05 passes
-    those that parse, each distinct action once (:func:`scored_candidates`).
+    :func:`scored_candidates`.
     """
     if cfg.conservative > 0 and scored is None:
         raise ValueError("the conservative term needs the mask of the candidates it scores")
