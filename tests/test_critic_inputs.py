@@ -104,8 +104,10 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
         f.unlink()
     with pytest.raises(DataError, match="collect.view_hierarchy: true"):
         critic_inputs(Paths(bare), text=True, targets=True)
-    with pytest.raises(ValueError, match="needs text_features"):
-        CriticConfig(text_features=False, tap_targets=True, typed_match=False)
+    with pytest.raises(ValueError, match="tap_targets: true needs text_features"):
+        CriticConfig(text_features=False, tap_targets=True)
+    with pytest.raises(ValueError, match="typed_match: true needs text_features"):
+        CriticConfig(text_features=False, typed_match=True)
 
 
 def test_typed_match_tells_the_goals_words_from_a_garbled_copy():
