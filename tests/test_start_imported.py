@@ -98,7 +98,7 @@ def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
 TINY = {
     "tasks": {"n_train": 16, "n_test": 4},
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
-    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False},
+    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False, "typed_match": True},
     "actor": {
         "epochs": 1,
         "k_candidates": 3,
@@ -147,9 +147,9 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     assert critic["wall_time_s"] >= 0
     net = json.loads((repo / "data" / "models" / "critic" / "seed0" / "finetuned" / "config.json").read_text())
     # The released shapes, then the text features the base policy's encoder adds (goal and previous action to
-    # the state, type and typed text to each candidate).
+    # the state, type and typed text to each candidate), and the typed text's two match numbers (typed_match).
     d = json.loads((repo / "data" / "models" / "base_policy" / "config.json").read_text())["policy"]["d_model"]
-    assert net["critic"]["feature_dim"] == 1408 + 3 * d and net["critic"]["action_dim"] == 8 + 2 * d
+    assert net["critic"]["feature_dim"] == 1408 + 3 * d and net["critic"]["action_dim"] == 8 + 2 * d + 2
     assert net["critic"]["text"]
     actor = json.loads((metrics / "actor.json").read_text())
     assert actor["states"] == 9
