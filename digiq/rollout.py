@@ -130,7 +130,7 @@ def rollout(
     phones with ``dynamics`` and ``width``. An episode is restarted after a
     device fault up to ``max_faults - 1`` times, then given up (and logged).
     With ``screen_text``, prompts end with the screen's elements as text
-    (:meth:`~digiq.env.gym_env.PhoneEnv.screen_text`), for a policy that reads them.
+    (:func:`~digiq.env.hierarchy.describe` of the env's view hierarchy), for a policy that reads them.
     With ``hierarchies`` and ``store``, each screen's view hierarchy is stored
     beside its screenshot (:meth:`TrajectoryStore.save_hierarchy`), for a
     critic that reads what each tap lands on.
@@ -155,10 +155,11 @@ def rollout(
 
     def read(env: PhoneEnv, actions: list[str], task: Task) -> tuple[str, tuple[str, tuple[int, int]] | None]:
         """The policy's prompt at the current screen, and the screen's (hierarchy, size) when it is stored."""
-        xml = env.view_hierarchy() if screen_text or keep_xml else ""
-        screen = describe(xml, env.screen_size()) if screen_text else None
-        kept = (xml, env.screen_size()) if keep_xml else None
-        return observation_text(actions, task.instruction, screen=screen), kept
+        if not (screen_text or keep_xml):
+            return observation_text(actions, task.instruction), None
+        xml, size = env.view_hierarchy(), env.screen_size()
+        screen = describe(xml, size) if screen_text else None
+        return observation_text(actions, task.instruction, screen=screen), (xml, size) if keep_xml else None
 
     def take() -> int | None:
         nonlocal next_index

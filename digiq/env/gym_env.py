@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.device import SimDevice
-from digiq.env.hierarchy import describe, hierarchy_xml
+from digiq.env.hierarchy import hierarchy_xml
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task, parse_task
 from digiq.env.ui import SCREEN_H, SCREEN_W
@@ -93,10 +93,6 @@ class PhoneEnv(gym.Env):
     def screen_size(self) -> tuple[int, int]:
         """The screen's (width, height) in the view hierarchy's pixels."""
         return SCREEN_W, SCREEN_H
-
-    def screen_text(self) -> str:
-        """The current screen's tappable elements as text (:func:`digiq.env.hierarchy.describe`)."""
-        return describe(self.view_hierarchy(), self.screen_size())
 
     # ------------------------------------------------------------ gymnasium API
 

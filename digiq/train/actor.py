@@ -50,7 +50,7 @@ from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import critic_inputs
+from digiq.train.critic_inputs import inputs_for
 from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
@@ -211,7 +211,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         vlms = ("finetuned", "untuned") if ablations.untuned_vlm else ("finetuned",)
         # What the critics were trained on (stage 05's text features, in each critic's config).
         net = Critic.load(paths.critic(0)).cfg
-        feats = {vlm: critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed) for vlm in vlms}
+        feats = {vlm: inputs_for(paths, vlm, net) for vlm in vlms}
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's

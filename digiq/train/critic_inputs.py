@@ -29,6 +29,7 @@ from digiq import parallel
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
 from digiq.env.hierarchy import element_at
+from digiq.models.critic import CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stagekit import require
@@ -37,6 +38,7 @@ from digiq.train.embed import load_features
 
 __all__ = [
     "critic_inputs",
+    "inputs_for",
     "action_text",
     "tap_targets",
     "typed_match",
@@ -195,3 +197,8 @@ def critic_inputs(
         "next_state": np.concatenate([out["next_state"], goal, taken], 1),
         "candidates": np.concatenate([out["candidates"], candidates], 2),
     }
+
+
+def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
+    """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 06, the Q/V viewer)."""
+    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed)

@@ -27,7 +27,7 @@ from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
 from digiq.stagekit import require
 from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import critic_inputs
+from digiq.train.critic_inputs import inputs_for
 from digiq.train.embed import load_features
 
 __all__ = ["ValueData", "load_values"]
@@ -87,7 +87,7 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
     critic = Critic.load(paths.critic(seed, vlm))
-    feats = critic_inputs(paths, vlm, text=critic.cfg.text, targets=critic.cfg.targets, typed=critic.cfg.typed)
+    feats = inputs_for(paths, vlm, critic.cfg)
     q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
                                  torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
     q, v, adv = q.numpy(), v.numpy(), adv.numpy()
