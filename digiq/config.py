@@ -252,7 +252,7 @@ class CollectConfig:
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
     seed: int = _help("seed of the devices", 1)
     view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
-                                 "reads; costs one more adb call per step on a device", False)  # fmt: skip
+                                 "reads; costs one more adb call per step on a device", True)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -356,9 +356,9 @@ class CriticConfig:
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip
     tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "
-                              "hierarchy (needs collect.view_hierarchy and text_features)", False)  # fmt: skip
+                              "hierarchy (needs collect.view_hierarchy and text_features)", True)  # fmt: skip
     typed_match: bool = _help("also read, per TYPE candidate, how much of its text the goal holds (needs "
-                              "text_features)", False)  # fmt: skip
+                              "text_features)", True)  # fmt: skip
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:

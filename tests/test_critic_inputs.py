@@ -12,7 +12,7 @@ from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
-from digiq.env.hierarchy import element_at
+from digiq.env.hierarchy import elements_at
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -94,7 +94,7 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     assert (labels[:, 2] == "").all()  # Back is no tap
     for i in range(S):  # the fixed tap: whatever the stored screen has at TAP
         xml, size = store.load_hierarchy(steps.image_path.iat[i])
-        assert labels[i, 1] == element_at(xml, TAP, size)
+        assert [labels[i, 1]] == elements_at(xml, [TAP], size)
     assert len(set(labels[:, 1])) > 1 and "Search" in labels[:, 0]  # the expert taps search boxes
     policy = AutoUIPolicy.load(paths.base_policy)
     np.testing.assert_allclose(t["candidates"][:, :, -TEXT_D:].reshape(S * 3, -1),
@@ -105,9 +105,9 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     with pytest.raises(DataError, match="collect.view_hierarchy: true"):
         critic_inputs(Paths(bare), text=True, targets=True)
     with pytest.raises(ValueError, match="tap_targets: true needs text_features"):
-        CriticConfig(text_features=False, tap_targets=True)
+        CriticConfig(text_features=False, tap_targets=True, typed_match=False)
     with pytest.raises(ValueError, match="typed_match: true needs text_features"):
-        CriticConfig(text_features=False, typed_match=True)
+        CriticConfig(text_features=False, tap_targets=False, typed_match=True)
 
 
 def test_typed_match_tells_the_goals_words_from_a_garbled_copy():

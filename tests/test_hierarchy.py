@@ -12,7 +12,7 @@ from digiq.data.trajectories import DataError
 from digiq.env import AndroidSimEnv, Dynamics, generate_tasks, parse_task
 from digiq.env import actions as A
 from digiq.env.device import SimDevice
-from digiq.env.hierarchy import DUMP_TRAILER, describe, element_at, hierarchy_xml, strip_dump_trailer
+from digiq.env.hierarchy import DUMP_TRAILER, describe, elements_at, hierarchy_xml, strip_dump_trailer
 from digiq.env.screens import NOOP
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -61,16 +61,19 @@ def test_every_listed_point_hits_its_widget_on_many_screens():
 
 
 def test_a_tap_lands_on_the_element_the_device_taps():
-    """element_at names what the simulator's own tap handling would touch, a dialog included."""
+    """elements_at names what the simulator's own tap handling would touch, a dialog included."""
     dev = SimDevice(Dynamics.calm(), 108)
     dev.reset(0)
     xml = hierarchy_xml(dev.screen().widgets)
     clock = next(w for w in dev.screen().widgets if w.label == "Clock")
     x, y = clock.center
-    assert element_at(xml, (y / 2280, x / 1080)) == "Clock"
-    assert element_at(xml, (y / 2280, (clock.box[2] - 1) / 1080)) == "Clock"  # inside the box, off-centre
-    assert element_at(xml, (0.995, 0.01)) != ""  # the navigation bar's Back: a tap of its own
-    assert element_at(xml, (0.02, 0.5)) == ""  # the status bar does nothing
+    points = [(y / 2280, x / 1080), (y / 2280, (clock.box[2] - 1) / 1080), (0.995, 0.01), (0.02, 0.5)]
+    centre, off_centre, back, status = elements_at(xml, points)
+    assert centre == off_centre == "Clock"  # anywhere inside the box
+    assert back != ""  # the navigation bar's Back: a tap of its own
+    assert status == ""  # the status bar does nothing
+    assert elements_at(xml, points[::-1]) == [status, back, off_centre, centre]  # one label per point, in order
+    assert elements_at(xml, []) == []
     dev = SimDevice(replace(Dynamics.calm(), popup_rate=1.0), 108)  # every app opens behind a dialog
     dev.reset(0)
     dev.step(A.tap(y / 2280, x / 1080))
@@ -81,10 +84,10 @@ def test_a_tap_lands_on_the_element_the_device_taps():
     assert ids and all(i.startswith(("popup", "nav")) for i in ids)
     behind = [w for w in shown if not w.id.startswith(("popup", "nav")) and w.intent not in (None, NOOP) and w.label]
     assert behind  # the clock app's own buttons, which the dialog blocks
-    for w in behind:
-        assert element_at(xml, (w.center[1] / 2280, w.center[0] / 1080)) != w.label
+    hits = elements_at(xml, [(w.center[1] / 2280, w.center[0] / 1080) for w in behind])
+    assert all(hit != w.label for hit, w in zip(hits, behind, strict=True))
     later = next(w for w in shown if w.id == "popup.later")
-    assert element_at(xml, (later.center[1] / 2280, later.center[0] / 1080)) == "Not now"
+    assert elements_at(xml, [(later.center[1] / 2280, later.center[0] / 1080)]) == ["Not now"]
 
 
 def test_a_device_hierarchy_is_read_like_android_writes_it():
@@ -121,6 +124,10 @@ def test_dump_output_and_broken_hierarchies():
         describe("<html/>")
     with pytest.raises(ValueError, match=r"bounds '\[0,0\]', expected"):
         describe('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>')
+    with pytest.raises(ValueError, match="not well-formed"):
+        elements_at("<hierarchy><node", [(0.5, 0.5)])
+    with pytest.raises(ValueError, match=r"bounds '\[0,0\]', expected"):
+        elements_at('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>', [(0.5, 0.5)])
 
 
 def test_rollout_prompts_carry_the_screen_when_asked(tmp_path):

@@ -7,13 +7,15 @@ from PIL import Image
 
 from digiq.env.actions import format_action, press_enter, tap, type_text
 from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.report import END, START, expert_pick_table, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
 from digiq.train.base_policy import randomize_copied_words
 from digiq.train.critic import conservative_penalty, td_step
-from digiq.train.policy_fit import FitRow
+from digiq.train.policy_fit import FitRow, fit_policy
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -169,3 +171,16 @@ def test_copied_words_are_renamed_alike_in_goal_typed_text_and_previous_action()
     assert randomize_copied_words(no_typing, rng, p=1.0) == no_typing
     with pytest.raises(ValueError, match="without ' Goal: '"):
         randomize_copied_words(FitRow("Goal missing", "d.png", typing.action), rng)
+
+
+@pytest.mark.parametrize("rows", [9, 10, 11])
+def test_a_policy_fits_any_number_of_steps(rows):
+    """One row per step: 10 steps is where torch's one-cycle schedule would divide by zero."""
+    tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
+    torch.manual_seed(0)
+    policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.0), tok)
+    shots = {"s": torch.zeros(114, 54, 3, dtype=torch.uint8)}
+    fit = [FitRow(f"Goal: open app {i}", "s", format_action(press_enter())) for i in range(rows)]
+    curve = fit_policy(policy, fit, shots, epochs=1, batch_size=1, lr=3e-3, seed=0)
+    assert len(curve) == rows
+    assert curve[-1]["loss"] < curve[0]["loss"]

@@ -27,7 +27,7 @@ from xml.sax.saxutils import quoteattr
 from digiq.env.screens import NOOP
 from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "element_at", "strip_dump_trailer"]
+__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "elements_at", "strip_dump_trailer"]
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -114,27 +114,28 @@ def _actionable(node: ET.Element) -> bool:
     return node.tag == "node" and (node.get("clickable") == "true" or node.get("class", "").endswith("EditText"))
 
 
-def element_at(xml: str, point: tuple[float, float], size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
-    """The label of the element a tap at ``point`` ((y, x) in [0, 1], AutoUI's order) lands on; "" for none.
+def elements_at(
+    xml: str, points: Sequence[tuple[float, float]], size: tuple[int, int] = (SCREEN_W, SCREEN_H)
+) -> list[str]:
+    """The label of the element a tap at each point ((y, x) in [0, 1], AutoUI's order) lands on; "" for none.
 
     The element is the last one in the dump, so the one drawn on top, that can
     be tapped or typed into and whose bounds hold the point; system bars count
     (their Back button is a tap of its own). It tells the critic what a tap
     candidate touches (``critic.tap_targets``), as a pretrained VLM reads it
-    off the screenshot.
+    off the screenshot. All of a screen's candidates are looked up in one
+    parse: stages 05 and 06 label 16 candidates of every stored screen.
 
     Raises:
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
     width, height = size
-    x, y = point[1] * width, point[0] * height
-    hit = ""
-    for node in _parse(xml).iter("node"):
-        if _actionable(node):
-            x0, y0, x1, y1 = _bounds(node)
-            if x0 <= x < x1 and y0 <= y < y1:
-                hit = _label(node)
-    return hit
+    boxes = [(_bounds(node), node) for node in _parse(xml).iter("node") if _actionable(node)]
+    out = []
+    for y, x in points:
+        hits = [node for (x0, y0, x1, y1), node in boxes if x0 <= x * width < x1 and y0 <= y * height < y1]
+        out.append(_label(hits[-1]) if hits else "")
+    return out
 
 
 def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:

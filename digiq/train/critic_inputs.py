@@ -28,7 +28,7 @@ import pandas as pd
 from digiq import parallel
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
-from digiq.env.hierarchy import element_at
+from digiq.env.hierarchy import elements_at
 from digiq.models.critic import CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -78,11 +78,15 @@ def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Seq
     without it a tap is only a point to the critic (README, results).
     """
     out = []
-    for image, actions in zip(images, action_lists, strict=True):
-        xml, size = store.load_hierarchy(image)
-        for text in actions:
-            action = parse_action(text)
-            out.append(element_at(xml, action.touch, size) if action.is_valid and action.is_tap else "")
+    for image, texts in zip(images, action_lists, strict=True):
+        actions = [parse_action(text) for text in texts]
+        taps = [i for i, action in enumerate(actions) if action.is_valid and action.is_tap]
+        labels = [""] * len(actions)
+        if taps:
+            xml, size = store.load_hierarchy(image)
+            for i, label in zip(taps, elements_at(xml, [actions[i].touch for i in taps], size), strict=True):
+                labels[i] = label
+        out.extend(labels)
     return out
 
 

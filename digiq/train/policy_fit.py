@@ -72,7 +72,9 @@ def fit_policy(
     model.to(parallel.device())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     total = epochs * ((len(rows) + batch_size - 1) // batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.1)
+    # torch's OneCycleLR divides by warm-up share x steps - 1, which is 0 for a fit of exactly 10 steps at 0.1.
+    warm_up = 0.1 if total != 10 else 0.15
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=warm_up)
     curve: list[dict[str, float]] = []
     model.train()
     order = list(range(len(rows)))
