@@ -1,3 +1,6 @@
+import random
+import string
+
 import numpy as np
 import pytest
 import torch
@@ -60,6 +63,37 @@ def test_policy_learns_a_mapping_and_checkpoints_rebuild_it(tok, tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="no policy checkpoint"):
         AutoUIPolicy.load(tmp_path / "nothing")
+
+
+def test_copy_head_types_words_it_never_saw_from_the_goal(tok):
+    # Every query is fresh pseudo-words, so only copying from the goal can type them; the copy head's
+    # start term finds where the query begins (with it zeroed, this setting typed 1 of 16 exactly).
+    def batch(rng: random.Random, n: int = 16) -> tuple[list[str], list[str]]:
+        def word() -> str:
+            return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
+
+        queries = [f"{word()} {word()}" for _ in range(n)]
+        return ([f'Previous Actions: Goal: Search for "{q}" on {rng.choice(["ebay", "costco"])}' for q in queries],
+                [format_action(type_text(q)) for q in queries])  # fmt: skip
+
+    torch.manual_seed(0)
+    cfg = PolicyConfig(d_model=32, d_ff=64, d_kv=8, num_layers=1, image_dim=32, image_height=16, image_width=8,
+                       image_grid=(1, 1), dropout=0.0)  # fmt: skip
+    m = AutoUIPolicy(cfg, tok)
+    shots = np.zeros((16, 16, 8, 3), np.uint8)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    rng = random.Random(0)
+    for _ in range(60):
+        prompts, actions = batch(rng)
+        loss = m.loss(prompts, shots, actions)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m.eval()
+    prompts, actions = batch(random.Random(1))
+    out = m.sample(prompts, shots, greedy=True)
+    exact = sum(parse_action(o[0]) == parse_action(a) for o, a in zip(out, actions, strict=True))
+    assert exact >= 12, [o[0].split('"typed_text": ')[-1] for o in out]
 
 
 @pytest.mark.parametrize("encoder", ["cnn", "blip2"])

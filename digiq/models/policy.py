@@ -171,15 +171,29 @@ class CopyHead(nn.Module):
         # second bonus matters because spaces are tokens of their own, so "the
         # token after a space" alone is ambiguous.
         self.continue_span = nn.Parameter(torch.tensor([1.0, 2.0]))
+        # Where a span starts: the token just written (e.g. the piece ending in
+        # '"typed_text": "') against the token before each prompt position (e.g.
+        # the quote opening the query in the goal). Content attention alone
+        # finds the start poorly for unseen words: a tiny base put 17% on the
+        # first token of unseen test queries, 72% on the later ones.
+        self.start_query = nn.Linear(d_model, d_model, bias=False)
+        self.start_key = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, logits: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
-                input_ids: torch.Tensor, written: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                input_ids: torch.Tensor, written: torch.Tensor, embed: nn.Embedding) -> torch.Tensor:  # fmt: skip
         """Log-probabilities (B, T, V) of the mixture.
 
         ``written`` (B, T + 1) are the decoder's tokens so far: column t + 1 is
         the token just written before output t, column t the one before it.
+        ``embed`` is the policy's token embedding, which both sides of the
+        start term read.
         """
-        scores = self.query(hidden) @ states.transpose(1, 2) / math.sqrt(hidden.shape[-1])
+        d = hidden.shape[-1]
+        scores = self.query(hidden) @ states.transpose(1, 2) / math.sqrt(d)
+        pad = torch.zeros_like(input_ids[:, :1])
+        before = embed(torch.cat([pad, input_ids[:, :-1]], 1))  # the prompt token before each position
+        start = self.start_query(embed(written[:, 1:])) @ self.start_key(before).transpose(1, 2)
+        scores = scores + start / math.sqrt(d)
         none = torch.full_like(input_ids[:, :1], -1)
         before1 = torch.cat([none, input_ids[:, :-1]], 1)  # the prompt token before each position
         before2 = torch.cat([none, none, input_ids[:, :-2]], 1)[:, : input_ids.shape[1]]
@@ -269,7 +283,7 @@ class AutoUIPolicy(nn.Module):
         if self.copy is None:
             return torch.log_softmax(out.logits.float(), -1), out.past_key_values
         hidden = out.decoder_hidden_states[-1]
-        logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], written)
+        logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], written, self.t5.shared)
         return logp, out.past_key_values
 
     def _token_logprobs(
