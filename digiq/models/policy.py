@@ -189,14 +189,12 @@ class CopyHead(nn.Module):
         start term read.
         """
         d = hidden.shape[-1]
-        scores = self.query(hidden) @ states.transpose(1, 2) / math.sqrt(d)
-        pad = torch.zeros_like(input_ids[:, :1])
-        before = embed(torch.cat([pad, input_ids[:, :-1]], 1))  # the prompt token before each position
-        start = self.start_query(embed(written[:, 1:])) @ self.start_key(before).transpose(1, 2)
-        scores = scores + start / math.sqrt(d)
         none = torch.full_like(input_ids[:, :1], -1)
         before1 = torch.cat([none, input_ids[:, :-1]], 1)  # the prompt token before each position
         before2 = torch.cat([none, none, input_ids[:, :-2]], 1)[:, : input_ids.shape[1]]
+        # The start term reads the first position's missing predecessor as token 0, the padding.
+        start = self.start_query(embed(written[:, 1:])) @ self.start_key(embed(before1.clamp(min=0))).transpose(1, 2)
+        scores = self.query(hidden) @ states.transpose(1, 2) / math.sqrt(d) + start / math.sqrt(d)
         last1 = before1[:, None, :] == written[:, 1:, None]
         last2 = last1 & (before2[:, None, :] == written[:, :-1, None])
         scores = scores + self.continue_span[0] * last1 + self.continue_span[1] * last2
