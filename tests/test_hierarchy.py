@@ -17,6 +17,7 @@ from digiq.env.screens import NOOP
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, episode_seed, rollout
+from digiq.stagekit import StageError
 from digiq.train.base_policy import run_base_policy
 from digiq.train.collect import run_collect
 
@@ -146,18 +147,28 @@ def test_rollout_prompts_carry_the_screen_when_asked(tmp_path):
 
 
 def test_a_base_policy_that_reads_the_screen_is_collected_with_it(tmp_path):
-    """``base_policy.screen_text``: demonstrations, the checkpoint and the collected data all carry the screen."""
+    """``base_policy.screen_text``: demonstrations, the checkpoint and the collected data all carry the screen.
+
+    Collection rolls out the train tasks after the demonstrated ones (``collect.skip_demonstrated``).
+    """
     paths = Paths(tmp_path)
-    for ts in ("general", "webshop"):
+    lists = {ts: generate_tasks(ts, "train", 4, seed=3) for ts in ("general", "webshop")}
+    for ts, lines in lists.items():
         paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
-        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 2, seed=3)) + "\n")
+        paths.task_list(ts, "train").write_text("\n".join(lines) + "\n")
     cfg = BasePolicyConfig(demo_tasks=2, d_model=32, num_layers=1, epochs=1, vocab_size=400, screen_text=True)
     run_base_policy(cfg, EnvConfig(width=108), paths)
     model = AutoUIPolicy.load(paths.base_policy)
     assert model.cfg.screen_text and model.cfg.max_input_tokens == 320
     assert TrajectoryStore(paths.demos).read().to_pandas().observation.str.contains(" Screen:").all()
-    run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths)
-    assert TrajectoryStore(paths.offline).read().to_pandas().observation.str.contains(" Screen:").all()
+    assert set(TrajectoryStore(paths.demos).read().to_pandas().task) == {t for ts in lists for t in lists[ts][:2]}
+    with pytest.raises(StageError, match=r"tasks_per_set 3 after the 2 the base policy was demonstrated needs 5"):
+        run_collect(CollectConfig(tasks_per_set=3, n_envs=2), EnvConfig(width=108), paths)
+    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths)
+    collected = TrajectoryStore(paths.offline).read().to_pandas()
+    assert collected.observation.str.contains(" Screen:").all()
+    assert metrics["first_train_task"] == 2
+    assert set(collected.task) == {t for ts in lists for t in lists[ts][2:]}
     with pytest.raises(ValueError, match="trained on prompts without the screen"):
         BasePolicyConfig(checkpoint="autoui", blip2="blip2", screen_text=True)
 

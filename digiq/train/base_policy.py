@@ -107,7 +107,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip
         if parallel.is_main():
-            model.save(paths.base_policy, stage="base_policy", steps=len(curve))
+            model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=cfg.demo_tasks)
     demos = (
         store.read().group_by("traj_id").aggregate([("trajectory_reward", "max")])["trajectory_reward_max"].to_pylist()
     )

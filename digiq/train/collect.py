@@ -9,15 +9,34 @@ import torch
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
-from digiq.env.tasks import TASK_SETS
+from digiq.env.tasks import TASK_SETS, Task
 from digiq.judge import evaluator_for
+from digiq.models.checkpoint import read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
-from digiq.stagekit import read_tasks, require, timed, write_metrics
+from digiq.stagekit import StageError, read_tasks, require, timed, write_metrics
 from digiq.train.policy_fit import ModelPolicy
 
 __all__ = ["run_collect"]
+
+
+def _first_task(cfg: CollectConfig, paths: Paths) -> int:
+    """Index of the first train task rolled out: past those the base policy was demonstrated (none if released)."""
+    return int(read_meta(paths.base_policy).get("demo_tasks", 0)) if cfg.skip_demonstrated else 0
+
+
+def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str) -> list[Task]:
+    """``cfg.tasks_per_set`` train tasks of ``task_set`` from :func:`_first_task` on, or a clear error."""
+    first = _first_task(cfg, paths)
+    tasks = read_tasks(paths, task_set, "train", first + cfg.tasks_per_set, "collect")[first:]
+    if len(tasks) < cfg.tasks_per_set:
+        raise StageError(
+            f"stage collect: {paths.task_list(task_set, 'train')} has {first + len(tasks)} tasks; collect.tasks_per_set "
+            f"{cfg.tasks_per_set} after the {first} the base policy was demonstrated needs {first + cfg.tasks_per_set} "
+            "(raise tasks.n_train, or lower base_policy.demo_tasks or collect.tasks_per_set)"
+        )
+    return tasks
 
 
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
@@ -32,7 +51,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     with timed(metrics):
         torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
-        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.tasks_per_set, "collect")]
+        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts)]
         store = TrajectoryStore(paths.offline)
         with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
@@ -47,6 +66,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     metrics.update(
         {
             "trajectories": len(tasks),
+            "first_train_task": _first_task(cfg, paths),
             "transitions": table.num_rows,
             "success_rate_by_task_set": success_by(results, "task_set"),
             "success_rate_by_family": success_by(results, "family"),
