@@ -339,10 +339,16 @@ class AblationsConfig:
         "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
         True,
     )
+    # Each repeat costs a critic on the untuned VLM's features, one actor fit per variant and their evaluation; fewer
+    # saves that time where it is long (a released LLaVA's critic, a real device's evaluation). The main comparison
+    # always repeats experiment.seeds.
+    seeds: int = _help("how many of experiment.seeds the ablations repeat, the first ones (more: all of them)", 3)
 
     def __post_init__(self) -> None:
         if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
 
 
 @dataclass(frozen=True)

@@ -58,16 +58,24 @@ def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             devices: DeviceConfig | None = None, judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json) for every seed.
+             ablation_seeds: int | None = None, devices: DeviceConfig | None = None,
+             judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json).
+
+    The main policies for every seed, the ablations for the first ``ablation_seeds`` (default: every seed).
 
     On ``devices`` (default: the in-process simulator); success on a real
     emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
     """
     devices = devices or DeviceConfig()
     policies = ["base", *main, *ablations]
+
+    def trained(s: int) -> list[str]:
+        """The policies seed ``s`` has: the ablations only for the first ``ablation_seeds``."""
+        return policies if s < (ablation_seeds or seeds) else ["base", *main]
+
     for s in range(seeds):
-        for p in policies:
+        for p in trained(s):
             require("eval", _checkpoint(paths, p, s) / "config.json")
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
@@ -100,7 +108,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
             return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
 
         for s in range(seeds):
-            for policy in policies:
+            for policy in trained(s):
                 for ts, r in run(agent(policy, s), policy, s).items():
                     runs[policy][ts].append(r)
         skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}

@@ -53,14 +53,19 @@ def _rate(r: dict[str, Any]) -> str:
 
 
 def _success_table(results: dict[str, Any]) -> list[str]:
-    seeds = len(next(iter(results.values()))["general"].get("per_seed", [0]))
+    """One row per policy; a seeds column when the rows were repeated differently (ablations.seeds)."""
+    seeds = {p: len(sets["general"].get("per_seed", [0])) for p, sets in results.items()}
     n = next(iter(results.values()))["general"]["n_episodes"]
-    out = ["| policy | General test | Web Shopping test |", "|---|---|---|"]
-    out += [f"| {p} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |" for p, sets in results.items()]
-    out += [
-        "",
-        f"Success rate (%), mean ± standard deviation over {seeds} seed(s), {n} test tasks per task set and seed.",
-    ]
+    if len(set(seeds.values())) == 1:
+        out = ["| policy | General test | Web Shopping test |", "|---|---|---|"]
+        out += [f"| {p} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |" for p, sets in results.items()]
+        over = f"{next(iter(seeds.values()))} seed(s)"
+    else:
+        out = ["| policy | seeds | General test | Web Shopping test |", "|---|---|---|---|"]
+        out += [f"| {p} | {seeds[p]} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |"
+                for p, sets in results.items()]  # fmt: skip
+        over = "the row's seeds (± 0.0 with one)"
+    out += ["", f"Success rate (%), mean ± standard deviation over {over}, {n} test tasks per task set and seed."]
     return out
 
 
@@ -117,7 +122,8 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {_pct(rate)} | " + " | ".join(_pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
                   f"of {pick['states']} stored states whose valid candidates include both such and other actions "
-                  "(mean over seeds; critic_*: the argmax of Q of each VLM's critic)."]  # fmt: skip
+                  "(mean over seeds, critic_untuned over the ablations' seeds; critic_*: the argmax of Q of each "
+                  "VLM's critic)."]  # fmt: skip
 
 
 def _skills_table(skills: dict[str, Any]) -> list[str]:

@@ -52,9 +52,10 @@ def _vlm_finetune(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
 def _critic(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
     from digiq.train.critic import run_critic
 
+    ablations = load_section(AblationsConfig, "ablations", p)
     return run_critic(load_section(CriticConfig, "critic", p), paths,
                       seeds=load_section(ExperimentConfig, "experiment", p).seeds,
-                      untuned=load_section(AblationsConfig, "ablations", p).untuned_vlm)  # fmt: skip
+                      untuned=ablations.untuned_vlm, untuned_seeds=ablations.seeds)  # fmt: skip
 
 
 def _actor(p: dict[str, Any], paths: Paths) -> dict[str, Any]:

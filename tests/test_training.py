@@ -105,7 +105,7 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     })  # fmt: skip
     write_metrics(paths, "ablations", {
         "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
-        "digiq_perfect_critic": {"general": _result([0.7, 0.7], "search"), "webshop": _result([0.6, 0.6], "go_to_site")},
+        "digiq_perfect_critic": {"general": _result([0.7], "search"), "webshop": _result([0.6], "go_to_site")},
     })  # fmt: skip
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395}})  # fmt: skip
@@ -126,7 +126,12 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
-    assert "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
+    # ablations.seeds 1 of 2: the ablation table says each row's seeds
+    assert (
+        "| digiq | 2 | 55.0 ± 5.0 | 40.0 ± 10.0 |" in md
+        and "| digiq_perfect_critic | 1 | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
+    )
+    assert "over the row's seeds" in md
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md

@@ -199,7 +199,10 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, gamma: f
 
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
               collect_seed: int) -> dict[str, Any]:  # fmt: skip
-    """Train every policy for every seed; write ``metrics/actor.json`` and ``metrics/oracle.json``."""
+    """Train every policy for every seed, the ablations for the first ``ablations.seeds``.
+
+    Writes ``metrics/actor.json`` and ``metrics/oracle.json``.
+    """
     require("actor", paths.base_policy / "config.json", *(paths.critic(s) / "config.json" for s in range(seeds)))
     main, extra = policy_names(ablations)
     metrics: dict[str, Any] = {}
@@ -241,13 +244,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         valid = np.stack(cands.valid_list.to_numpy())
         for s in range(seeds):
             seed = cfg.seed + s
-            critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats}
+            ablating = s < ablations.seeds  # the ablations repeat only the first seeds
+            critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats if ablating or vlm == "finetuned"}
             plans: dict[str, list[FitRow]] = {}
             for name, (vlm, k) in best_of_n_variants(ablations).items():
+                if name != "digiq" and not ablating:
+                    continue
                 k = cfg.k_candidates if k is None else k
                 plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
                 not_taken.setdefault(name, []).append(stats["kept_not_taken_fraction"])
-            if ablations.perfect_critic:
+            if ablations.perfect_critic and ablating:
                 plans["digiq_perfect_critic"] = perfect
             plans["filtered_bc"] = _filtered_bc_rows(steps)
             plans["digirl_offline"] = _digirl_rows(cfg, feats["finetuned"]["state"], steps, seed)
@@ -261,7 +267,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 if s == 0 and curve:
                     curves[name] = [p["loss"] for p in curve]
             if sample is not None:  # Q of every stored state's candidates, from each VLM's critic
-                q = {vlm: _all_q(critics[vlm], f) for vlm, f in feats.items()}
+                q = {vlm: _all_q(critic, feats[vlm]) for vlm, critic in critics.items()}
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
                                               {"critic": q["finetuned"][sample["idx"]], "base_likelihood": sample["loglik"],
                                                "taken_action": _taken(sample["valid"]), **probes},
@@ -309,11 +315,15 @@ def _all_q(critic: Critic, feats: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """Average the numeric leaves of per-seed ranking reports (same keys in each)."""
+    """Average the numeric leaves of per-seed ranking reports.
+
+    A leaf that only some seeds have (the untuned VLM's critic exists for the ablation's seeds) is averaged over those.
+    """
     out: dict[str, Any] = {}
     for key, value in reports[0].items():
         if isinstance(value, dict):
-            out[key] = {k: round(float(np.mean([r[key][k] for r in reports])), 4) for k in value}
+            names = dict.fromkeys(k for r in reports for k in r[key])
+            out[key] = {k: round(float(np.mean([r[key][k] for r in reports if k in r[key]])), 4) for k in names}
         else:
             out[key] = value
     return out

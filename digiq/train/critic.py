@@ -154,8 +154,12 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx)}
 
 
-def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = False) -> dict[str, Any]:
-    """One critic per seed on the fine-tuned VLM's features (and on the untuned ones, for the ablation)."""
+def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = False,
+               untuned_seeds: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """One critic per seed on the fine-tuned VLM's features, and for the ablation on the untuned ones.
+
+    The ablation's critics cover the first ``untuned_seeds`` seeds (default: all).
+    """
     vlms = ("finetuned", "untuned") if untuned else ("finetuned",)
     for vlm in vlms:
         require("critic", paths.features(vlm))
@@ -170,7 +174,7 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
             corrs = []
-            for seed in range(seeds):
+            for seed in range(seeds if vlm == "finetuned" else min(seeds, untuned_seeds or seeds)):
                 fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored)
                 if parallel.is_main():
                     fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
