@@ -26,9 +26,8 @@ def _first_task(cfg: CollectConfig, paths: Paths) -> int:
     return int(read_meta(paths.base_policy).get("demo_tasks", 0)) if cfg.skip_demonstrated else 0
 
 
-def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str) -> list[Task]:
-    """``cfg.tasks_per_set`` train tasks of ``task_set`` from :func:`_first_task` on, or a clear error."""
-    first = _first_task(cfg, paths)
+def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) -> list[Task]:
+    """``cfg.tasks_per_set`` train tasks of ``task_set`` from index ``first`` on, or a clear error."""
     tasks = read_tasks(paths, task_set, "train", first + cfg.tasks_per_set, "collect")[first:]
     if len(tasks) < cfg.tasks_per_set:
         raise StageError(
@@ -51,7 +50,8 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     with timed(metrics):
         torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
-        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts)]
+        first = _first_task(cfg, paths)
+        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first)]
         store = TrajectoryStore(paths.offline)
         with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
@@ -66,7 +66,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     metrics.update(
         {
             "trajectories": len(tasks),
-            "first_train_task": _first_task(cfg, paths),
+            "first_train_task": first,
             "transitions": table.num_rows,
             "success_rate_by_task_set": success_by(results, "task_set"),
             "success_rate_by_family": success_by(results, "family"),
