@@ -14,6 +14,7 @@ from digiq.env import actions as A
 from digiq.env.device import SimDevice
 from digiq.env.hierarchy import DUMP_TRAILER, describe, elements_at, hierarchy_xml, strip_dump_trailer
 from digiq.env.screens import NOOP
+from digiq.env.ui import Widget
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, episode_seed, rollout
@@ -129,6 +130,17 @@ def test_dump_output_and_broken_hierarchies():
         elements_at("<hierarchy><node", [(0.5, 0.5)])
     with pytest.raises(ValueError, match=r"bounds '\[0,0\]', expected"):
         elements_at('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>', [(0.5, 0.5)])
+
+
+def test_typed_control_characters_are_dumped_and_read_as_dots():
+    # A policy typed "\x07 charge" into a search field (seen in a pipeline run): XML cannot hold \x07 even escaped.
+    field = Widget("site.search", "input", (0, 200, 1080, 300), "\x07 charge\x1f", intent=("focus",))
+    xml = hierarchy_xml([field])
+    assert ET.fromstring(xml).find(".//node[@resource-id='site.search']").get("text") == ". charge."
+    assert elements_at(xml, [(250 / 2280, 0.5)]) == [". charge."]
+    # A dump stored before the writer replaced them (or from another tool) is read the same way.
+    raw = xml.replace(". charge.", "\x07 charge\x1f")
+    assert elements_at(raw, [(250 / 2280, 0.5)]) == [". charge."]
 
 
 def test_rollout_prompts_carry_the_screen_when_asked(tmp_path):

@@ -27,7 +27,7 @@ from xml.sax.saxutils import quoteattr
 from digiq.env.screens import NOOP
 from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "elements_at", "strip_dump_trailer"]
+__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "elements_at", "strip_dump_trailer", "xml_text"]
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -36,6 +36,9 @@ _CLASS = {"input": "android.widget.EditText", "button": "android.widget.Button",
           "icon": "android.widget.TextView", "item": "android.widget.LinearLayout", "image": "android.widget.ImageView",
           "text": "android.widget.TextView", "keyboard": "android.inputmethodservice.KeyboardView"}  # fmt: skip
 _BOUNDS = re.compile(r"^\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]$")
+# Characters XML 1.0 forbids even escaped (control characters, lone surrogates, U+FFFE/U+FFFF). A policy can
+# type them (the tiny tokenizer decodes any byte), and a field then shows them.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 # One element's label in the listing: at most this many words and characters. Longer ones
 # (a result's whole line) cost prompt tokens, and the policy's time grows with them.
 _MAX_WORDS, _MAX_CHARS = 4, 28
@@ -68,12 +71,17 @@ def hierarchy_xml(widgets: Sequence[Widget]) -> str:
             "checked": str(w.kind == "toggle" and w.on).lower(), "clickable": str(_tappable(w)).lower(),
             "enabled": "true", "bounds": f"[{x0},{y0}][{x1},{y1}]",
         }  # fmt: skip
-        nodes.append("<node " + " ".join(f"{k}={quoteattr(v)}" for k, v in attrs.items()) + " />")
+        nodes.append("<node " + " ".join(f"{k}={quoteattr(xml_text(v))}" for k, v in attrs.items()) + " />")
     root = f'<node index="0" text="" class="android.widget.FrameLayout" bounds="[0,0][{SCREEN_W},{SCREEN_H}]">'
     return (
         "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
         f'<hierarchy rotation="0">{root}{"".join(nodes)}</node></hierarchy>'
     )
+
+
+def xml_text(text: str) -> str:
+    """``text`` with each character XML cannot hold replaced by ".", as Android's uiautomator dumper does."""
+    return _NOT_XML.sub(".", text)
 
 
 def strip_dump_trailer(out: str) -> str:
@@ -92,8 +100,9 @@ def _label(node: ET.Element) -> str:
 
 
 def _parse(xml: str) -> ET.Element:
+    """The dump's root; characters XML cannot hold are read as "." (dumps stored before the writer replaced them)."""
     try:
-        root = ET.fromstring(xml)
+        root = ET.fromstring(xml_text(xml))
     except ET.ParseError as e:
         raise ValueError(f"the screen's view hierarchy is not well-formed XML: {e}") from None
     if root.tag != "hierarchy":
