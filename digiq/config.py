@@ -362,7 +362,7 @@ class CriticConfig:
     batch_size: int = _help("transitions per step", 256)
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
-    conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 1.0)
+    conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.3)
     penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip

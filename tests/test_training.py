@@ -14,7 +14,7 @@ from digiq.report import END, START, expert_pick_table, results_markdown, save_r
 from digiq.stagekit import write_metrics
 from digiq.train.actor import best_of_n
 from digiq.train.base_policy import randomize_copied_words
-from digiq.train.critic import conservative_penalty, td_step
+from digiq.train.critic import conservative_penalty, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
 
 
@@ -30,6 +30,7 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
         "done": torch.tensor([0.0, 1.0]),
     }
     critic = Critic(CriticNetConfig(feature_dim=3, hidden=32))
+    untrained = td_fit(critic, batch, gamma=0.9)
     target = critic.target()
     opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
     for _ in range(1500):
@@ -40,6 +41,10 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
         target.soft_update(critic, 0.1)
     v = torch.minimum(*critic.v(s[[0, 1]])).detach()
     assert torch.allclose(v, torch.tensor([0.9, 1.0]), atol=0.05)
+    # The stage's fit diagnostic: Q of the taken actions on its TD target, and level with V.
+    fit = td_fit(critic, batch, gamma=0.9)
+    assert fit["q_td_rmse"] < 0.05 and abs(fit["q_taken_minus_v"]) < 0.05
+    assert untrained["q_td_rmse"] > 0.3
 
 
 def test_conservative_term_keeps_untried_candidates_below_the_taken_action():

@@ -102,9 +102,12 @@ def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarra
                     cands: pd.DataFrame, k: int, seed: int) -> tuple[list[FitRow], dict[str, float]]:  # fmt: skip
     valid = np.stack(cands.valid_list.to_numpy())
     best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
-    keep = np.flatnonzero(adv > cfg.thresholds(steps.task_set.to_numpy()))
+    task_sets = steps.task_set.to_numpy()
+    kept = adv > cfg.thresholds(task_sets)
+    keep = np.flatnonzero(kept)
     rows = _rows(steps, keep, [cands.action_list.iat[i][best[i]] for i in keep])
-    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0}
+    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
+             **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
     return rows, stats
 
 
@@ -239,6 +242,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
+        by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
         curves: dict[str, list[float]] = {}
         reports, expert_reports = [], []
         valid = np.stack(cands.valid_list.to_numpy())
@@ -252,7 +256,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                     continue
                 k = cfg.k_candidates if k is None else k
                 plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
-                not_taken.setdefault(name, []).append(stats["kept_not_taken_fraction"])
+                not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
+                by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
             if ablations.perfect_critic and ablating:
                 plans["digiq_perfect_critic"] = perfect
             plans["filtered_bc"] = _filtered_bc_rows(steps)
@@ -280,6 +285,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
+    metrics["best_of_n_kept_fraction_per_seed"] = by_set
     if reports:
         oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
