@@ -1,4 +1,7 @@
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -158,6 +161,34 @@ def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
 
 def _typed(action: str) -> str:
     return action.split('"typed_text": "')[1].rstrip('"')
+
+
+_RENAME_IN_A_FRESH_INTERPRETER = """
+import random
+from digiq.env.actions import format_action, type_text
+from digiq.train.base_policy import randomize_copied_words
+from digiq.train.policy_fit import FitRow
+goal = 'Go to walmart.com, search for "kindle paperwhite signature edition black"'
+row = FitRow("Previous Actions:  Goal: " + goal, "a.png", format_action(type_text("kindle paperwhite signature edition black")))
+rng = random.Random(0)
+print([randomize_copied_words(row, rng, p=0.5).action for _ in range(30)])
+"""
+
+
+def test_renaming_does_not_depend_on_the_interpreters_string_hashing():
+    # Set order follows PYTHONHASHSEED, which Python draws anew per process: stage 00 must not, or every
+    # `dvc repro` trains another base policy from the same demonstrations and seed.
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", _RENAME_IN_A_FRESH_INTERPRETER],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(runs) == 1
 
 
 def test_copied_words_are_renamed_alike_in_goal_typed_text_and_previous_action():

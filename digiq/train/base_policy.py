@@ -52,7 +52,8 @@ def randomize_copied_words(row: FitRow, rng: random.Random, p: float = 0.5) -> F
         raise ValueError(f"demonstration prompt without ' Goal: ': {row.prompt[:80]!r}")
     goal = row.prompt[goal_at:]
     typed = {w.lower() for text in _TYPED.findall(row.prompt[:goal_at] + row.action) for w in _WORD.findall(text[1])}
-    copied = sorted(w for w in typed if re.search(rf"\b{w}\b", goal, re.IGNORECASE) and rng.random() < p)
+    # In sorted order: a set's order follows the process's string hashing, and each word draws from ``rng``.
+    copied = [w for w in sorted(typed) if re.search(rf"\b{w}\b", goal, re.IGNORECASE) and rng.random() < p]
     if not copied:
         return row
     letters = string.ascii_lowercase + string.digits
