@@ -175,3 +175,15 @@ def test_clone_branches_independently():
     other = dev.clone()
     tap_on(other, "app:clock")
     assert dev.state.page == Page("home") and other.state.page.app == "clock"
+
+
+def test_a_store_query_without_letters_lists_no_apps():
+    # A policy typed "\ufffd" into the Play Store in a pipeline run; the results page named an app by it and failed.
+    dev = SimDevice(Dynamics(popup_rate=0, delay_rate=0, jitter_px=0, ad_rate=0))
+    dev.reset(0)
+    tap_on(dev, "app:playstore")
+    tap_on(dev, "store.box")
+    dev.step(A.type_text("\ufffd"))
+    dev.step(A.press_enter())
+    assert dev.state.page == Page("playstore", "results", query="\ufffd")
+    assert dev.find("storeapp:0") is None and dev.screenshot().shape[0] > 0

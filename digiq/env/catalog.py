@@ -219,7 +219,12 @@ def places(query: str, n: int = 5) -> list[tuple[str, str]]:
 
 
 def store_listing(query: str, n: int = 5) -> list[str]:
-    """Play Store results for ``query``: the app named by the query first."""
+    """Play Store results for ``query``: the app named by the query first.
+
+    A query without letters or digits (a policy typed "\ufffd" in a pipeline run) names no app: no results.
+    """
+    if not words(query):
+        return []
     base = _title(query)
     extra = ("Lite", "Pro", "Widget", "Guide", "Tools")
     return [base] + [f"{base} {extra[i]}" for i in range(n - 1)]
