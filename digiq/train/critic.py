@@ -164,7 +164,7 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     must agree where they meet, at the taken action. A conservative term
     strong enough to outweigh TD moves Q off its target by a shift that
     differs from seed to seed, and with it the share of states kept (at 1.0:
-    Q(s, a) - V(s) from -0.15 to +0.19 on General over three seeds; README).
+    Q(s, a) - V(s) from -0.17 to +0.20 on General over three seeds; docs/results_log.md).
     """
     q = torch.minimum(*critic.q(data["state"], data["action"]))
     target = data["reward"] + gamma * (1 - data["done"]) * torch.minimum(*critic.v(data["next_state"]))
