@@ -91,6 +91,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
         perfect["states_with_expert_candidate"] * actor["states"]
     )
     assert 0.0 <= perfect["taken_action_is_expert"] <= perfect["states_with_expert_candidate"] <= 1.0
+    shares = actor["rows_expert_share"]  # the share of each policy's rows that are the expert's action
+    assert set(shares) == set(actor["kept_rows"]) and len(shares["digiq"]) == 2
+    assert all(v in (1.0, None) for v in shares["digiq_perfect_critic"].values())  # its rows are the expert's by design
+    assert len(actor["rows_expert_share_per_seed"]["digiq"]) == 2
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}

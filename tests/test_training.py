@@ -15,7 +15,7 @@ from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.report import END, START, expert_pick_table, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
-from digiq.train.actor import best_of_n
+from digiq.train.actor import Picks, best_of_n, expert_share
 from digiq.train.base_policy import randomize_copied_words
 from digiq.train.critic import conservative_penalty, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
@@ -98,6 +98,18 @@ def test_best_of_n_picks_the_highest_valid_advantage():
     assert best.tolist() == [2, 0] and np.allclose(adv, [0.5, 0.3])  # the invalid 0.9 is never chosen
     best, _ = best_of_n(critic, np.zeros((2, 1), np.float32), cands, valid, k=1, rng=np.random.default_rng(0))
     assert best.tolist() == [0, 0]  # K = 1: only the taken action
+
+
+def test_expert_share_judges_the_picked_candidate_per_task_set():
+    right = np.array([[False, True], [True, False], [True, True], [False, False]])
+    task_sets = np.array(["general", "general", "webshop", "webshop"])
+    # General: state 0's column 1 is the expert's, state 1's column 1 is not; Web Shopping keeps no row.
+    assert expert_share(right, Picks(np.array([0, 1]), np.array([1, 1])), task_sets) == {
+        "general": 0.5,
+        "webshop": None,
+    }
+    # The data's own actions (column 0): state 1 right, state 2 right, state 3 wrong.
+    assert expert_share(right, Picks.taken(np.array([1, 2, 3])), task_sets) == {"general": 1.0, "webshop": 0.5}
 
 
 def _result(rates: list[float], family: str) -> dict:

@@ -18,8 +18,7 @@ checks the critic's ranking of candidates against their true values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -93,22 +92,52 @@ def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: 
     return best, adv[np.arange(S), best]
 
 
-def _rows(steps: pd.DataFrame, keep: np.ndarray, actions: Sequence[str]) -> list[FitRow]:
-    """Imitation rows: the stored states ``keep``, each with its action to imitate."""
-    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], a) for i, a in zip(keep, actions, strict=True)]
+class Picks(NamedTuple):
+    """Which rows a policy imitates: stored states and, per state, the column of the candidate to imitate.
+
+    Column 0 is the action the data took there (stage 02 stores it first).
+    Every method's rows are picks, so the expert-share diagnostic judges
+    them all alike.
+    """
+
+    states: np.ndarray
+    columns: np.ndarray
+
+    @classmethod
+    def taken(cls, states: np.ndarray) -> "Picks":
+        """The data's own action at ``states``."""
+        return cls(states, np.zeros(len(states), int))
 
 
-def _best_of_n_rows(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
-                    cands: pd.DataFrame, k: int, seed: int) -> tuple[list[FitRow], dict[str, float]]:  # fmt: skip
-    valid = np.stack(cands.valid_list.to_numpy())
+def _rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
+    """Imitation rows: each picked state with its picked candidate."""
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c])
+            for i, c in zip(picks.states, picks.columns, strict=True)]  # fmt: skip
+
+
+def _best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
+                     valid: np.ndarray, k: int, seed: int) -> tuple[Picks, dict[str, float]]:  # fmt: skip
     best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
     task_sets = steps.task_set.to_numpy()
     kept = adv > cfg.thresholds(task_sets)
     keep = np.flatnonzero(kept)
-    rows = _rows(steps, keep, [cands.action_list.iat[i][best[i]] for i in keep])
     stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
              **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
-    return rows, stats
+    return Picks(keep, best[keep]), stats
+
+
+def expert_share(right: np.ndarray, picks: Picks, task_sets: np.ndarray) -> dict[str, float | None]:
+    """Per task set, the share of a policy's rows whose action does what the simulator's expert would there.
+
+    ``right`` is :func:`_expert_matrix`. It says what the keep rule feeds
+    the actor, apart from how well the actor learns it: Filtered BC's rows
+    were the expert's twice as often as Best-of-N's on General (README,
+    results). ``None`` where the policy keeps no row of a task set.
+    """
+    hit = right[picks.states, picks.columns]
+    sets = task_sets[picks.states]
+    return {ts: round(float(hit[sets == ts].mean()), 4) if np.any(sets == ts) else None
+            for ts in np.unique(task_sets)}  # fmt: skip
 
 
 def _expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands: pd.DataFrame) -> np.ndarray:
@@ -129,7 +158,7 @@ def _expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands
     return right
 
 
-def _perfect_critic_rows(right: np.ndarray, steps: pd.DataFrame, cands: pd.DataFrame) -> list[FitRow]:
+def _perfect_critic_picks(right: np.ndarray) -> Picks:
     """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
 
     ``right`` is :func:`_expert_matrix`. States where no candidate does are
@@ -138,16 +167,15 @@ def _perfect_critic_rows(right: np.ndarray, steps: pd.DataFrame, cands: pd.DataF
     these data: a target it misses is out of reach of the actor, not of the
     critic.
     """
-    picks = np.flatnonzero(right.any(1))
-    return _rows(steps, picks, [cands.action_list.iat[i][int(np.argmax(right[i]))] for i in picks])
+    states = np.flatnonzero(right.any(1))
+    return Picks(states, right[states].argmax(1))
 
 
-def _filtered_bc_rows(steps: pd.DataFrame) -> list[FitRow]:
-    keep = np.flatnonzero(steps.trajectory_reward.to_numpy() > 0)
-    return _rows(steps, keep, steps.action.to_numpy()[keep])
+def _filtered_bc_picks(steps: pd.DataFrame) -> Picks:
+    return Picks.taken(np.flatnonzero(steps.trajectory_reward.to_numpy() > 0))
 
 
-def _digirl_rows(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> list[FitRow]:
+def _digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> Picks:
     """Steps whose Monte-Carlo return beats V(s) by the threshold.
 
     V is regressed on MC returns with 2-fold cross-fitting by trajectory: a
@@ -173,8 +201,7 @@ def _digirl_rows(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed:
                 opt.step()
         with torch.no_grad():
             v[held] = net(x[torch.from_numpy(np.flatnonzero(held))])[:, 0].numpy()
-    keep = np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold)
-    return _rows(steps, keep, steps.action.to_numpy()[keep])
+    return Picks.taken(np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold))
 
 
 def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, gamma: float, steps: pd.DataFrame,
@@ -234,15 +261,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
                     load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
-        perfect: list[FitRow] = []
         right = _expert_matrix(env, collect_seed, steps, cands) if ablations.perfect_critic or oracle_on else None
         if ablations.perfect_critic:
-            perfect = _perfect_critic_rows(right, steps, cands)
-            metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect) / len(steps), 4),
+            perfect = _perfect_critic_picks(right)
+            metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + extra}
         not_taken: dict[str, list[float]] = {}
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
+        expert: dict[str, list[dict[str, float | None]]] = {}  # the rows' share of expert actions, per seed
+        task_sets = steps.task_set.to_numpy()
         curves: dict[str, list[float]] = {}
         reports, expert_reports = [], []
         valid = np.stack(cands.valid_list.to_numpy())
@@ -250,19 +278,22 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             seed = cfg.seed + s
             ablating = s < ablations.seeds  # the ablations repeat only the first seeds
             critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats if ablating or vlm == "finetuned"}
-            plans: dict[str, list[FitRow]] = {}
+            plans: dict[str, Picks] = {}
             for name, (vlm, k) in best_of_n_variants(ablations).items():
                 if name != "digiq" and not ablating:
                     continue
                 k = cfg.k_candidates if k is None else k
-                plans[name], stats = _best_of_n_rows(cfg, critics[vlm], feats[vlm], steps, cands, k, seed)
+                plans[name], stats = _best_of_n_picks(cfg, critics[vlm], feats[vlm], steps, valid, k, seed)
                 not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
             if ablations.perfect_critic and ablating:
                 plans["digiq_perfect_critic"] = perfect
-            plans["filtered_bc"] = _filtered_bc_rows(steps)
-            plans["digirl_offline"] = _digirl_rows(cfg, feats["finetuned"]["state"], steps, seed)
-            for name, rows in plans.items():
+            plans["filtered_bc"] = _filtered_bc_picks(steps)
+            plans["digirl_offline"] = _digirl_picks(cfg, feats["finetuned"]["state"], steps, seed)
+            for name, picks in plans.items():
+                rows = _rows(steps, cands, picks)
+                if right is not None:
+                    expert.setdefault(name, []).append(expert_share(right, picks, task_sets))
                 kept[name].append(len(rows))
                 model = AutoUIPolicy.load(paths.base_policy)
                 curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -286,6 +317,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
     metrics["best_of_n_kept_fraction_per_seed"] = by_set
+    if expert:
+        metrics["rows_expert_share"] = {name: _mean_share(shares) for name, shares in expert.items()}
+        metrics["rows_expert_share_per_seed"] = expert
     if reports:
         oracle_metrics.update(_mean_report(reports))
         oracle_metrics["per_seed"] = reports
@@ -318,6 +352,15 @@ def _all_q(critic: Critic, feats: dict[str, np.ndarray]) -> np.ndarray:
     q, _, _ = critic.advantage(torch.from_numpy(np.asarray(feats["state"])),
                                torch.from_numpy(np.asarray(feats["candidates"])))  # fmt: skip
     return q.numpy()
+
+
+def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per task set, the mean of :func:`expert_share` over the seeds that kept rows there."""
+    out: dict[str, float | None] = {}
+    for ts in shares[0]:
+        kept = [x[ts] for x in shares if x[ts] is not None]
+        out[ts] = round(float(np.mean(kept)), 4) if kept else None
+    return out
 
 
 def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
