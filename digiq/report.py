@@ -126,6 +126,19 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "VLM's critic)."]  # fmt: skip
 
 
+def _rows_table(actor: dict[str, Any]) -> list[str]:
+    """Per policy: how many rows it imitates and how often their action is the expert's, per task set (stage 06)."""
+    shares = actor["rows_expert_share"]
+    sets = list(next(iter(shares.values())))
+    out = ["| policy | rows | " + " | ".join(f"expert's action, {ts} (%)" for ts in sets) + " |",
+           "|---|---|" + "---|" * len(sets)]  # fmt: skip
+    for name, share in shares.items():
+        cells = [_pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
+        out.append(f"| {name} | {actor['kept_rows'].get(name, '-')} | " + " | ".join(cells) + " |")
+    return out + ["", "rows: the (state, action) rows each policy is fit on (mean over its seeds); the share of them "
+                  "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
+
+
 def _skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
     if "off" in skills:
@@ -154,6 +167,9 @@ def results_markdown(paths: Paths) -> str:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
                     f"the simulator's expert would; {_pct(perfect['states_with_expert_candidate'])}% of states have "
                     f"one, and the data's own action is it in {_pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
+    actor = _load(paths, "actor") or {}
+    if "rows_expert_share" in actor:
+        out += ["", "What each policy imitates (stage 06):", ""] + _rows_table(actor)
     if oracle:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
             oracle
