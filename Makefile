@@ -31,7 +31,7 @@ repro-from: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro --downstream $(STAGE)
 
 lint: venv
-	$(BIN)/ruff check digiq tests benchmarks
+	$(BIN)/ruff check digiq tests benchmarks notebooks
 
 clean-venv:
 	rm -rf $(VENV)
