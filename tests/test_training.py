@@ -241,3 +241,17 @@ def test_a_policy_fits_any_number_of_steps(rows):
     curve = fit_policy(policy, fit, shots, epochs=1, batch_size=1, lr=3e-3, seed=0)
     assert len(curve) == rows
     assert curve[-1]["loss"] < curve[0]["loss"]
+
+
+def test_a_checkpoint_with_tied_weights_is_the_same_bytes_at_every_save(tmp_path):
+    """DVC hashes stage outputs: safetensors' own record of tied names came out in a random order per save."""
+    tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
+    torch.manual_seed(0)
+    policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.0), tok)
+    for i in range(4):
+        policy.save(tmp_path / str(i))
+    assert len({(tmp_path / str(i) / "model.safetensors").read_bytes() for i in range(4)}) == 1
+    loaded = AutoUIPolicy.load(tmp_path / "0")
+    for (name, a), b in zip(policy.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert loaded.t5.lm_head.weight is loaded.t5.shared.weight  # tied again on load

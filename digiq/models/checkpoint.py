@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 from torch import nn
 
 from digiq.io import atomic_path
@@ -28,10 +28,29 @@ def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / "model.safetensors") as tmp:
-        save_model(model, str(tmp))  # handles tied weights
+        save_file(_untied_state(model), str(tmp), metadata={"format": "pt"})
     with atomic_path(folder / "config.json") as tmp:
         tmp.write_text(json.dumps({kind: asdict(config), "meta": meta}, indent=2))
     return folder
+
+
+def _untied_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors with each shared one (tied embeddings) once, under its first name in sorted order.
+
+    safetensors' ``save_model`` records every dropped tied name in the file's
+    metadata, which it writes in a hash map's order, drawn anew per process:
+    the same weights then gave different bytes, and DVC a different hash,
+    from run to run (T5's three tied embeddings). ``load_model`` ties them
+    back from the model itself, so the names need not be stored.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
+    for name, t in sorted(model.state_dict().items()):
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if key not in seen:
+            seen.add(key)
+            out[name] = t.contiguous()
+    return out
 
 
 def read_config(folder: Path | str, kind: str) -> dict[str, Any]:
