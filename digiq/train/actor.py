@@ -54,7 +54,7 @@ from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS"]
+__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
