@@ -1,7 +1,19 @@
+import re
+
 import pytest
 import yaml
 
-from digiq.config import PARAMS, ConfigError, EnvConfig, EvalConfig, TasksConfig, help_text, load_params, load_section
+from digiq.config import (
+    PARAMS,
+    BasePolicyConfig,
+    ConfigError,
+    EnvConfig,
+    EvalConfig,
+    TasksConfig,
+    help_text,
+    load_params,
+    load_section,
+)
 from digiq.paths import Paths
 from digiq.stage import run_stage
 
@@ -27,6 +39,18 @@ def test_bad_values_name_the_key(group, needle):
     with pytest.raises(ConfigError) as e:
         load_section(EnvConfig, "env", group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
+
+
+def test_web_shopping_demonstrations_default_to_demo_tasks_and_must_be_positive():
+    def load(**raw):
+        return load_section(BasePolicyConfig, "base_policy", {"base_policy": raw})
+
+    assert load(demo_tasks=150).demo_count("webshop") == 150
+    assert [load(demo_tasks=150, demo_tasks_webshop=100).demo_count(ts) for ts in ("general", "webshop")] == [150, 100]
+    with pytest.raises(ConfigError, match="demo_tasks_webshop must be >= 1"):
+        load(demo_tasks_webshop=0)
+    with pytest.raises(ConfigError, match=re.escape("base_policy.demo_tasks_webshop must be int | None, got 'x'")):
+        load(demo_tasks_webshop="x")
 
 
 def test_ints_are_accepted_for_floats_and_defaults_fill_in():

@@ -82,7 +82,8 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
+        demo_tasks = {ts: cfg.demo_count(ts) for ts in TASK_SETS}
+        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", demo_tasks[ts], "base_policy")]
         store = TrajectoryStore(paths.demos)
         tokenizer_dir = paths.base_policy / "tokenizer"
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
@@ -108,7 +109,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip
         if parallel.is_main():
-            model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=cfg.demo_tasks)
+            model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=demo_tasks)
     demos = (
         store.read().group_by("traj_id").aggregate([("trajectory_reward", "max")])["trajectory_reward_max"].to_pylist()
     )

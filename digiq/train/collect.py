@@ -21,9 +21,14 @@ from digiq.train.policy_fit import ModelPolicy
 __all__ = ["run_collect"]
 
 
-def _first_task(cfg: CollectConfig, paths: Paths) -> int:
-    """Index of the first train task rolled out: past those the base policy was demonstrated (none if released)."""
-    return int(read_meta(paths.base_policy).get("demo_tasks", 0)) if cfg.skip_demonstrated else 0
+def _first_tasks(cfg: CollectConfig, paths: Paths) -> dict[str, int]:
+    """Per task set, the index of the first train task rolled out: past those the base was demonstrated (none if released).
+
+    A checkpoint records one count for both task sets, or (since Web Shopping
+    got its own, ``base_policy.demo_tasks_webshop``) one per task set.
+    """
+    shown = read_meta(paths.base_policy).get("demo_tasks", 0) if cfg.skip_demonstrated else 0
+    return {ts: int(shown[ts] if isinstance(shown, dict) else shown) for ts in TASK_SETS}
 
 
 def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) -> list[Task]:
@@ -33,7 +38,7 @@ def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) 
         raise StageError(
             f"stage collect: {paths.task_list(task_set, 'train')} has {first + len(tasks)} tasks; collect.tasks_per_set "
             f"{cfg.tasks_per_set} after the {first} the base policy was demonstrated needs {first + cfg.tasks_per_set} "
-            "(raise tasks.n_train, or lower base_policy.demo_tasks or collect.tasks_per_set)"
+            "(raise tasks.n_train, or lower base_policy.demo_tasks, demo_tasks_webshop or collect.tasks_per_set)"
         )
     return tasks
 
@@ -50,8 +55,8 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     with timed(metrics):
         torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
-        first = _first_task(cfg, paths)
-        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first)]
+        first = _first_tasks(cfg, paths)
+        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first[ts])]
         store = TrajectoryStore(paths.offline)
         with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
