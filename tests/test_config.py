@@ -45,7 +45,7 @@ def test_web_shopping_demonstrations_default_to_demo_tasks_and_must_be_positive(
     def load(**raw):
         return load_section(BasePolicyConfig, "base_policy", {"base_policy": raw})
 
-    assert load(demo_tasks=150).demo_count("webshop") == 150
+    assert load(demo_tasks=150, demo_tasks_webshop=None).demo_count("webshop") == 150
     assert [load(demo_tasks=150, demo_tasks_webshop=100).demo_count(ts) for ts in ("general", "webshop")] == [150, 100]
     with pytest.raises(ConfigError, match="demo_tasks_webshop must be >= 1"):
         load(demo_tasks_webshop=0)
