@@ -12,12 +12,8 @@ from digiq.env.taskgen import generate_tasks
 from digiq.paths import ROOT, Paths
 
 TINY = {
-    "base_policy": {
-        "demo_tasks": 8,
-        "demo_tasks_webshop": None,
-        "epochs": 1,
-        "d_model": 64,
-    },  # + 8 collected = the 16 train tasks below
+    # 8 demonstrated + 8 collected per task set = the 16 train tasks below (null: Web Shopping's count is demo_tasks)
+    "base_policy": {"demo_tasks": 8, "demo_tasks_webshop": None, "epochs": 1, "d_model": 64},
     "collect": {"tasks_per_set": 8, "n_envs": 8},
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_finetune": {"epochs": 1, "hidden": 64},
