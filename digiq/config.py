@@ -300,7 +300,7 @@ class VLMFinetuneConfig:
     hidden: int = _help("language-model width (representation: twice this, answer slot + pooled states)", 128)
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
-    train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 0)
+    train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 1)
     lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
     lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
     gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
@@ -380,6 +380,8 @@ class CriticConfig:
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
     conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.3)
     penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
+    conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
+                                             "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip
     tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "

@@ -111,7 +111,7 @@ def test_trainable_selects_every_weight_by_default(llava_hf):
 
 
 def test_llava_lora_trains_adapters_and_projector_and_saves_a_plain_checkpoint(llava_hf, values_root, tmp_path):
-    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, lora_rank=4)
+    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, lora_rank=4, train_last_layers=0)
     before = ScreenVLM.from_pretrained(llava_hf).model.state_dict()
     metrics = run_vlm_finetune(cfg, paths)
     # Rank 4 on 7 linear layers of each of 3 LM layers (width 32, MLP 64), plus the 2-layer projector (32 -> 32).
@@ -157,7 +157,8 @@ def test_gradient_checkpointing_keeps_fewer_activations_and_the_same_gradients(l
 def test_stage_03_with_lora_and_checkpointing_trains_as_without(llava_hf, values_root, tmp_path):
     weights, kept = [], []
     for on in (False, True):
-        paths, cfg = _stage_03(llava_hf, values_root, tmp_path / str(on), lora_rank=4, gradient_checkpointing=on)
+        paths, cfg = _stage_03(llava_hf, values_root, tmp_path / str(on), lora_rank=4, train_last_layers=0,
+                                gradient_checkpointing=on)
         saved: list[int] = []  # what autograd keeps over the whole stage (held-out accuracy runs without grad)
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: (saved.append(t.numel()), t)[1],
                                                       lambda t: t):  # fmt: skip

@@ -85,6 +85,25 @@ def test_conservative_term_keeps_untried_candidates_below_the_taken_action():
     )
 
 
+def test_conservative_floor_stops_pushing_an_untried_candidate_below_it():
+    # Untried candidates already below the floor get no gradient from the term; without a floor they still do,
+    # and the taken action's side is the same either way.
+    torch.manual_seed(0)
+    critic = Critic(CriticNetConfig(feature_dim=4, hidden=16))
+    state, cands = torch.randn(8, 4), torch.randn(8, 3, 4, requires_grad=True)
+    scored = torch.ones(8, 3, dtype=torch.bool)
+    q = torch.minimum(*critic.q(state[:, None].expand(-1, 3, -1), cands)).detach()
+    floor = float(q[:, 1:].max()) + 1.0  # every untried candidate is below it
+    (grad_floor,) = torch.autograd.grad(conservative_penalty(critic, state, cands, scored, floor).sum(), cands)
+    (grad_plain,) = torch.autograd.grad(conservative_penalty(critic, state, cands, scored).sum(), cands)
+    assert torch.count_nonzero(grad_floor[:, 1:]) == 0 and torch.count_nonzero(grad_plain[:, 1:]) > 0
+    assert torch.count_nonzero(grad_floor[:, 0]) > 0
+    # A floor under every Q changes nothing.
+    low = float(q.min()) - 10.0
+    torch.testing.assert_close(conservative_penalty(critic, state, cands, scored, low),
+                               conservative_penalty(critic, state, cands, scored))  # fmt: skip
+
+
 def test_best_of_n_picks_the_highest_valid_advantage():
     class Fixed(Critic):
         def advantage(self, state, actions):

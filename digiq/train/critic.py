@@ -55,17 +55,27 @@ def td_step(
     return F.mse_loss(q1, q_target) + F.mse_loss(q2, q_target), F.mse_loss(v1, v_target) + F.mse_loss(v2, v_target)
 
 
-def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor,
-                         scored: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor, scored: torch.Tensor,
+                         floor: float | None = None) -> torch.Tensor:  # fmt: skip
     """Per state (B,): logsumexp of Q over its scored candidates minus Q of the taken one (column 0), both heads summed.
 
     Minimising it lowers the candidates the data never tried against the one
     it did, unless TD lifts them through shared features (CQL's regulariser,
     over the stored candidates instead of sampled actions).
+
+    With ``floor``, an untried candidate's Q enters the sum as no less than
+    ``floor``, so the term stops pushing it once it is there (the
+    calibration of Cal-QL, with the lowest possible return as the bound).
+    Without it, an action that is a candidate almost everywhere and rarely
+    taken has its Q pushed far below any return: Back to -1.2 and Home to -7
+    where returns lie in [0, 1], and Best-of-N never picked Back where the
+    simulator's expert would (README, results).
     """
     ok = scored.clone()
     ok[:, 0] = True  # the taken action counts even when it did not parse
     q_all = critic.q(state[:, None].expand(-1, candidates.shape[1], -1), candidates)
+    if floor is not None:
+        q_all = tuple(torch.cat([q[:, :1], q[:, 1:].clamp(min=floor)], 1) for q in q_all)
     return sum(torch.logsumexp(q.masked_fill(~ok, float("-inf")), 1) - q[:, 0] for q in q_all)
 
 
@@ -133,8 +143,9 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
                 out = {"q": q_loss, "v": v_loss}
                 if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
                     pen = torch.as_tensor([i for i, p in mine if p])
-                    term = conservative_penalty(critic, data["state"][pen].to(dev), data["candidates"][pen].to(dev),
-                                                data["scored"][pen].to(dev)).sum() if len(pen) else q_loss * 0  # fmt: skip
+                    term = (conservative_penalty(critic, data["state"][pen].to(dev), data["candidates"][pen].to(dev),
+                                                 data["scored"][pen].to(dev), cfg.conservative_floor).sum()
+                            if len(pen) else q_loss * 0)  # fmt: skip
                     out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
                 return out
 
