@@ -157,8 +157,9 @@ def test_gradient_checkpointing_keeps_fewer_activations_and_the_same_gradients(l
 def test_stage_03_with_lora_and_checkpointing_trains_as_without(llava_hf, values_root, tmp_path):
     weights, kept = [], []
     for on in (False, True):
-        paths, cfg = _stage_03(llava_hf, values_root, tmp_path / str(on), lora_rank=4, train_last_layers=0,
-                                gradient_checkpointing=on)
+        paths, cfg = _stage_03(
+            llava_hf, values_root, tmp_path / str(on), lora_rank=4, train_last_layers=0, gradient_checkpointing=on
+        )
         saved: list[int] = []  # what autograd keeps over the whole stage (held-out accuracy runs without grad)
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: (saved.append(t.numel()), t)[1],
                                                       lambda t: t):  # fmt: skip
