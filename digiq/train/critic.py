@@ -67,9 +67,8 @@ def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.
     ``floor``, so the term stops pushing it once it is there (the
     calibration of Cal-QL, with the lowest possible return as the bound).
     Without it, an action that is a candidate almost everywhere and rarely
-    taken has its Q pushed far below any return: Back to -1.2 and Home to -7
-    where returns lie in [0, 1], and Best-of-N never picked Back where the
-    simulator's expert would (README, results).
+    taken has its Q pushed far below any return: Back's mean Q fell to -1.2
+    and Home's to -7 where returns lie in [0, 1] (README, results).
     """
     ok = scored.clone()
     ok[:, 0] = True  # the taken action counts even when it did not parse
