@@ -38,6 +38,7 @@ __all__ = [
     "expert_equivalent",
     "ranking_report",
     "expert_pick_report",
+    "support_report",
     "within_state_share",
     "feature_probe",
     "ExpertSkill",
@@ -234,6 +235,27 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
                 name: round(float(r[mask].mean()), 4) for name, r in rates.items()
             }
     return report
+
+
+def support_report(right: np.ndarray, task_sets: np.ndarray, families: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per task set and family: how often the data's action, and any stored candidate, does what the expert would.
+
+    ``right`` (S, N) marks the expert-equivalent candidates
+    (:func:`expert_equivalent`), column 0 being the data's own action. An
+    offline method learns only what the data hold: where no candidate does
+    what the expert would, no critic can pick it and no actor can imitate it,
+    so a family whose states rarely have one stays where the base left it,
+    whatever the method (README, results: "Where the data can teach").
+    """
+    hit = np.asarray(right, bool)
+    task_sets, families = np.asarray(task_sets), np.asarray(families)
+    out: dict[str, dict[str, Any]] = {}
+    for ts, fam in sorted(set(zip(task_sets.tolist(), families.tolist(), strict=True))):
+        mask = (task_sets == ts) & (families == fam)
+        out.setdefault(ts, {})[fam] = {"states": int(mask.sum()),
+                                       "taken_is_expert": round(float(hit[mask, 0].mean()), 4),
+                                       "expert_candidate": round(float(hit[mask].any(1).mean()), 4)}  # fmt: skip
+    return out
 
 
 def within_state_share(candidates: np.ndarray, parts: Sequence[str]) -> dict[str, float]:

@@ -3,9 +3,9 @@
 ``python -m digiq.report`` rebuilds the block between the markers
 ``<!-- results:start -->`` and ``<!-- results:end -->`` in README.md from
 ``metrics/*.json``: success rates per policy and task set (mean ± std over
-seeds), Digi-Q's margins, per-family success, the ablations, the oracle
-diagnostic, each stage's wall time and its headline numbers. The eval
-notebook draws the bar charts with :func:`save_results_chart`.
+seeds), Digi-Q's margins, per-family success, the ablations, what each
+policy imitates, where the data can teach, the oracle diagnostic, each
+stage's wall time and its headline numbers. The eval notebook draws the bar charts with :func:`save_results_chart`.
 """
 
 from __future__ import annotations
@@ -139,6 +139,19 @@ def _rows_table(actor: dict[str, Any]) -> list[str]:
                   "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
 
 
+def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[str]:
+    """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 06)."""
+    out = ["| task set | family | states | data's success (%) | data's action is the expert's (%) | "
+           "a candidate is the expert's (%) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for ts, families in support.items():
+        for fam, r in families.items():
+            won = _pct(success[fam]) if fam in success else "-"
+            out.append(f"| {ts} | {fam} | {r['states']} | {won} | {_pct(r['taken_is_expert'])} | "
+                       f"{_pct(r['expert_candidate'])} |")  # fmt: skip
+    return out + ["", "A family whose states rarely offer a candidate that does what the simulator's expert would "
+                  "cannot be learnt from these data by any offline method: no critic can pick it, no actor imitate it."]  # fmt: skip
+
+
 def _skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
     if "off" in skills:
@@ -170,6 +183,11 @@ def results_markdown(paths: Paths) -> str:
     actor = _load(paths, "actor") or {}
     if "rows_expert_share" in actor:
         out += ["", "What each policy imitates (stage 06):", ""] + _rows_table(actor)
+    if "expert_support" in actor:
+        success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
+        out += ["", "Where the data can teach (stages 01 and 06):", ""] + _support_table(
+            actor["expert_support"], success
+        )
     if oracle:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
             oracle

@@ -96,6 +96,11 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert set(shares) == set(actor["kept_rows"]) and len(shares["digiq"]) == 2
     assert all(v in (1.0, None) for v in shares["digiq_perfect_critic"].values())  # its rows are the expert's by design
     assert len(actor["rows_expert_share_per_seed"]["digiq"]) == 2
+    support = actor["expert_support"]  # per family, over every stored state
+    assert sum(f["states"] for fams in support.values() for f in fams.values()) == actor["states"]
+    assert all(
+        0.0 <= f["taken_is_expert"] <= f["expert_candidate"] <= 1.0 for fams in support.values() for f in fams.values()
+    )
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}

@@ -14,6 +14,7 @@ from digiq.oracle import (
     feature_probe,
     ranking_report,
     replay,
+    support_report,
     within_state_share,
 )
 from digiq.rollout import ExpertPolicy, RolloutBatch, episode_seed, rollout
@@ -89,6 +90,18 @@ def test_expert_pick_report_counts_states_with_right_and_wrong_valid_candidates_
     assert report["states"] == 4 and report["informative_states"] == 2
     assert report["hit_rate"] == {"random": round((1 / 3 + 1 / 3) / 2, 4), "critic": 0.5}
     assert report["hit_rate_general"]["critic"] == 1.0 and report["hit_rate_webshop"]["critic"] == 0.0
+
+
+def test_support_report_counts_the_taken_action_and_any_candidate_per_family():
+    right = np.array([[True, False], [False, True], [False, False], [False, False], [False, True]])
+    task_sets = np.array(["general", "general", "general", "webshop", "webshop"])
+    families = np.array(["search", "search", "alarm", "select_first", "select_first"])
+    report = support_report(right, task_sets, families)
+    assert report == {
+        "general": {"alarm": {"states": 1, "taken_is_expert": 0.0, "expert_candidate": 0.0},
+                    "search": {"states": 2, "taken_is_expert": 0.5, "expert_candidate": 1.0}},
+        "webshop": {"select_first": {"states": 2, "taken_is_expert": 0.0, "expert_candidate": 0.5}},
+    }  # fmt: skip
 
 
 def test_within_state_share_separates_action_features_from_state_features():

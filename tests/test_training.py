@@ -149,9 +149,12 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395},
                                    "kept_rows": {"digiq": 120.5, "filtered_bc": 80},
+                                   "expert_support": {"webshop": {"select_first": {"states": 40, "taken_is_expert": 0.3,
+                                                                                   "expert_candidate": 0.65}}},
                                    "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
                                                          "filtered_bc": {"general": None, "webshop": 0.7}}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
+    write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
                                     "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8},
@@ -177,6 +180,7 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md
+    assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
     readme = tmp_path / "README.md"
