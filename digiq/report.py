@@ -5,7 +5,8 @@
 ``metrics/*.json``: success rates per policy and task set (mean ± std over
 seeds), Digi-Q's margins, per-family success, the ablations, what each
 policy imitates, where the data can teach, the oracle diagnostic, each
-stage's wall time and its headline numbers. The eval notebook draws the bar charts with :func:`save_results_chart`.
+stage's wall time and its headline numbers. The eval notebook draws the
+bar charts with :func:`save_results_chart`.
 """
 
 from __future__ import annotations
