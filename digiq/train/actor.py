@@ -264,8 +264,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 )
         right = _expert_matrix(env, collect_seed, steps, cands) if ablations.perfect_critic or oracle_on else None
         if right is not None:
-            families = [parse_task(t, ts).family for t, ts in zip(steps.task, steps.task_set, strict=True)]
-            metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), np.array(families))
+            metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), steps.family.to_numpy())
         if ablations.perfect_critic:
             perfect = _perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
