@@ -8,7 +8,8 @@ and sampling seed (the base policy too, so its spread is sampling noise).
 Writes ``metrics/eval.json`` for the four policies of the paper's comparison
 and ``metrics/ablations.json`` for Digi-Q's variants, both as
 ``{policy: {task_set: {"success_rate", "success_rate_std", "per_seed",
-"n_episodes", "by_family"}}}`` (rates are means over seeds; ``n_episodes`` per seed).
+"n_episodes", "by_family", "tasks_by_family"}}}`` (rates are means over seeds;
+``n_episodes`` and each family's test tasks per seed).
 
 On the simulator it also writes ``metrics/skills.json``: the base policy of
 the first seed again, with one skill at a time taken from the expert
@@ -19,6 +20,7 @@ the first seed again, with one skill at a time taken from the expert
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         "per_seed": rates,
         "n_episodes": per_seed[0]["n_episodes"],
         "by_family": {f: round(float(np.mean([r["by_family"].get(f, 0.0) for r in per_seed])), 4) for f in families},
+        "tasks_by_family": per_seed[0]["tasks_by_family"],
     }
 
 
@@ -98,6 +101,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
                     "success_rate": round(sum(r.success for r in results) / len(results), 4),
                     "n_episodes": len(results),
                     "by_family": success_by(results, "family"),
+                    "tasks_by_family": dict(sorted(Counter(r.family for r in results).items())),
                 }
             return out
 

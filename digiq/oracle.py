@@ -39,6 +39,7 @@ __all__ = [
     "ranking_report",
     "expert_pick_report",
     "support_report",
+    "expert_kind",
     "within_state_share",
     "feature_probe",
     "ExpertSkill",
@@ -174,6 +175,15 @@ def expert_equivalent(device: SimDevice, task: Task, candidates: Sequence[str]) 
     return out
 
 
+def expert_kind(device: SimDevice, task: Task) -> str:
+    """The kind of action the noiseless expert takes here (``DUAL_POINT``, ``TYPE``, ``PRESS_HOME`` ...).
+
+    Stage 06 groups its support and keep diagnostics by it: a kind the base
+    never samples, or one the critic never picks, shows up across families.
+    """
+    return next_action(device, task).type.name
+
+
 def ranking_report(
     oracle: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray], tolerance: float
 ) -> dict[str, Any]:
@@ -237,8 +247,8 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
     return report
 
 
-def support_report(right: np.ndarray, task_sets: np.ndarray, families: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Per task set and family: how often the data's action, and any stored candidate, does what the expert would.
+def support_report(right: np.ndarray, task_sets: np.ndarray, groups: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per task set and group: how often the data's action, and any stored candidate, does what the expert would.
 
     ``right`` (S, N) marks the expert-equivalent candidates
     (:func:`expert_equivalent`), column 0 being the data's own action. An
@@ -246,15 +256,18 @@ def support_report(right: np.ndarray, task_sets: np.ndarray, families: np.ndarra
     what the expert would, no critic can pick it and no actor can imitate it,
     so a family whose states rarely have one stays where the base left it,
     whatever the method (README, results: "Where the data can teach").
+    ``groups`` labels each state: its task family, or the kind of the
+    expert's action there (:func:`expert_kind`), which shows what the base
+    never samples (Home where it is lost in the wrong app).
     """
     hit = np.asarray(right, bool)
-    task_sets, families = np.asarray(task_sets), np.asarray(families)
+    task_sets, groups = np.asarray(task_sets), np.asarray(groups)
     out: dict[str, dict[str, Any]] = {}
-    for ts, fam in sorted(set(zip(task_sets.tolist(), families.tolist(), strict=True))):
-        mask = (task_sets == ts) & (families == fam)
-        out.setdefault(ts, {})[fam] = {"states": int(mask.sum()),
-                                       "taken_is_expert": round(float(hit[mask, 0].mean()), 4),
-                                       "expert_candidate": round(float(hit[mask].any(1).mean()), 4)}  # fmt: skip
+    for ts, group in sorted(set(zip(task_sets.tolist(), groups.tolist(), strict=True))):
+        mask = (task_sets == ts) & (groups == group)
+        out.setdefault(ts, {})[group] = {"states": int(mask.sum()),
+                                         "taken_is_expert": round(float(hit[mask, 0].mean()), 4),
+                                         "expert_candidate": round(float(hit[mask].any(1).mean()), 4)}  # fmt: skip
     return out
 
 

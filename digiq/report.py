@@ -4,9 +4,10 @@
 ``<!-- results:start -->`` and ``<!-- results:end -->`` in README.md from
 ``metrics/*.json``: success rates per policy and task set (mean ± std over
 seeds), Digi-Q's margins, per-family success, the ablations, what each
-policy imitates, where the data can teach, the oracle diagnostic, each
-stage's wall time and its headline numbers. The eval notebook draws the
-bar charts with :func:`save_results_chart`.
+policy imitates, what base + 20 asks of the test tasks the data can teach,
+where the data can teach (by family and by the expert's kind of action),
+the oracle diagnostic, each stage's wall time and its headline numbers. The
+eval notebook draws the bar charts with :func:`save_results_chart`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
+__all__ = ["results_markdown", "update_readme", "save_results_chart", "expert_pick_table", "reach"]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -153,6 +154,60 @@ def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[s
                   "cannot be learnt from these data by any offline method: no critic can pick it, no actor imitate it."]  # fmt: skip
 
 
+def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
+    """Per kind of the expert's action: what the data offer there (stage 06) and what Digi-Q keeps."""
+    out = ["| task set | expert's action | states | data's action is the expert's (%) | a candidate is the expert's (%) "
+           "| Digi-Q keeps a row (%) | Digi-Q's rows there the expert's (%) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for ts, kinds in support.items():
+        for kind, r in kinds.items():
+            k = kept.get(ts, {}).get(kind, {})
+            expert = _pct(k["expert"]) if k.get("expert") is not None else "-"
+            out.append(f"| {ts} | {kind} | {r['states']} | {_pct(r['taken_is_expert'])} | {_pct(r['expert_candidate'])} "
+                       f"| {_pct(k['kept']) if k else '-'} | {expert} |")  # fmt: skip
+    return out + ["", "The expert's action at each stored state, by kind; Digi-Q's columns pool its seeds."]
+
+
+def reach(results: dict[str, Any], success: dict[str, float], gain: float = 0.20) -> dict[str, dict[str, Any]]:
+    """Per task set: what Digi-Q would need on the test tasks whose family the collected data ever solve.
+
+    A family the data never solve offers no reward to learn from, so no
+    offline method can be expected to lift it; base + ``gain`` then has to
+    come from the other test tasks. ``results`` are eval.json (and
+    ablations.json) entries with ``tasks_by_family``; ``success`` is stage
+    01's success per family. Returns, per task set, the test tasks of
+    unsolved families, the success the rest would need, and each policy's
+    success on the rest.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for ts in TASK_SETS:
+        counts = results["base"][ts]["tasks_by_family"]
+        n = sum(counts.values())
+        unsolved = sorted(f for f in counts if success.get(f, 0.0) == 0.0)
+        rest = n - sum(counts[f] for f in unsolved)
+        need = int(np.ceil(round((results["base"][ts]["success_rate"] + gain) * n, 6)))
+        on_rest = {p: sum(r[ts]["by_family"].get(f, 0.0) * c for f, c in counts.items() if f not in unsolved) / rest
+                   for p, r in results.items()} if rest else {}  # fmt: skip
+        out[ts] = {"tasks": n, "unsolved_families": unsolved, "unsolved_tasks": n - rest, "needed_tasks": need,
+                   "needed_on_rest": need / rest if rest else None, "on_rest": on_rest}  # fmt: skip
+    return out
+
+
+def _reach_table(results: dict[str, Any], success: dict[str, float]) -> list[str]:
+    r = reach(results, success)
+    out = ["| task set | test tasks | in families the data never solve | base + 20 (tasks) | needed on the others (%) "
+           "| best policy on the others (%) | Digi-Q on the others (%) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for ts, x in r.items():
+        need = _pct(x["needed_on_rest"]) if x["needed_on_rest"] is not None else "-"
+        best = max(x["on_rest"], key=x["on_rest"].get) if x["on_rest"] else None
+        best_cell = f"{_pct(x['on_rest'][best])} ({best})" if best else "-"
+        digiq = _pct(x["on_rest"]["digiq"]) if "digiq" in x["on_rest"] else "-"
+        out.append(f"| {ts} | {x['tasks']} | {x['unsolved_tasks']} ({', '.join(x['unsolved_families']) or 'none'}) "
+                   f"| {x['needed_tasks']} | {need} | {best_cell} | {digiq} |")  # fmt: skip
+    return out + ["", "Families the data never solve: success 0 in stage 01's collected trajectories. Their test "
+                  "tasks offer an offline method no reward to learn from, so base + 20 has to come from the other "
+                  "test tasks (success per policy: mean over its seeds, ablations included)."]  # fmt: skip
+
+
 def _skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
     if "off" in skills:
@@ -184,10 +239,17 @@ def results_markdown(paths: Paths) -> str:
     actor = _load(paths, "actor") or {}
     if "rows_expert_share" in actor:
         out += ["", "What each policy imitates (stage 06):", ""] + _rows_table(actor)
+    success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
+    if ev and success and "tasks_by_family" in ev["base"]["general"]:
+        out += ["", "What base + 20 asks of the test tasks the data can teach (stages 01 and 07):", ""]
+        out += _reach_table({**ev, **(ab or {})}, success)
     if "expert_support" in actor:
-        success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
         out += ["", "Where the data can teach (stages 01 and 06):", ""] + _support_table(
             actor["expert_support"], success
+        )
+    if "expert_support_by_kind" in actor:
+        out += ["", "By the kind of the expert's action (stage 06):", ""] + _kind_table(
+            actor["expert_support_by_kind"], actor.get("digiq_rows_by_kind", {})
         )
     if oracle:
         out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(

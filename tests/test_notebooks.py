@@ -8,6 +8,7 @@ import papermill as pm
 import pytest
 import yaml
 
+from digiq.env.actions import ActionType
 from digiq.env.taskgen import generate_tasks
 from digiq.paths import ROOT, Paths
 
@@ -78,6 +79,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
         for r in sets.values():  # the ablations repeat only the first of the two seeds (ablations.seeds)
             assert r["n_episodes"] == 6 and len(r["per_seed"]) == (2 if policy in report else 1) and r["by_family"]
             assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
+            assert sum(r["tasks_by_family"].values()) == 6 and set(r["tasks_by_family"]) == set(r["by_family"])
     skills = json.loads((workspace / "metrics" / "skills.json").read_text())
     assert set(skills) == {"policy", "seed", "none", "type", "tap", "action_type"}
     for ts in ("general", "webshop"):  # "none" is the base policy's own first-seed run
@@ -101,6 +103,12 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert all(
         0.0 <= f["taken_is_expert"] <= f["expert_candidate"] <= 1.0 for fams in support.values() for f in fams.values()
     )
+    by_kind = actor["expert_support_by_kind"]  # the same states, grouped by the expert's kind of action
+    assert sum(k["states"] for kinds in by_kind.values() for k in kinds.values()) == actor["states"]
+    assert all(kind in {t.name for t in ActionType} for kinds in by_kind.values() for kind in kinds)
+    kept = actor["digiq_rows_by_kind"]  # Digi-Q's rows per kind, pooled over its seeds
+    assert {ts: set(kinds) for ts, kinds in kept.items()} == {ts: set(kinds) for ts, kinds in by_kind.items()}
+    assert all(0.0 <= k["kept"] <= 1.0 for kinds in kept.values() for k in kinds.values())
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}

@@ -13,9 +13,9 @@ from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
-from digiq.report import END, START, expert_pick_table, results_markdown, save_results_chart, update_readme
+from digiq.report import END, START, expert_pick_table, reach, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
-from digiq.train.actor import Picks, best_of_n, expert_share
+from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
 from digiq.train.base_policy import randomize_copied_words
 from digiq.train.critic import conservative_penalty, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
@@ -133,7 +133,7 @@ def test_expert_share_judges_the_picked_candidate_per_task_set():
 
 def _result(rates: list[float], family: str) -> dict:
     return {"success_rate": float(np.mean(rates)), "success_rate_std": float(np.std(rates)), "per_seed": rates,
-            "n_episodes": 96, "by_family": {family: rates[0]}}  # fmt: skip
+            "n_episodes": 96, "by_family": {family: rates[0]}, "tasks_by_family": {family: 96}}  # fmt: skip
 
 
 def test_report_fills_the_readme_block_from_metrics(tmp_path):
@@ -152,7 +152,10 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
                                    "expert_support": {"webshop": {"select_first": {"states": 40, "taken_is_expert": 0.3,
                                                                                    "expert_candidate": 0.65}}},
                                    "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
-                                                         "filtered_bc": {"general": None, "webshop": 0.7}}})  # fmt: skip
+                                                         "filtered_bc": {"general": None, "webshop": 0.7}},
+                                   "expert_support_by_kind": {"webshop": {"PRESS_BACK": {"states": 12, "taken_is_expert": 0.1,
+                                                                                         "expert_candidate": 0.6}}},
+                                   "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
     write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
@@ -181,6 +184,9 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
+    assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
+    # the data never solve search or go_to_site here (only select_first is in collect.json): nothing left to teach
+    assert "| general | 96 | 96 (search) | 44 | - | - | - |" in md
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
     readme = tmp_path / "README.md"
@@ -188,6 +194,31 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     update_readme(readme, paths)
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
+
+
+def test_reach_asks_base_plus_20_of_the_test_tasks_whose_family_the_data_solve():
+    def result(rate: float, by_family: dict[str, float], counts: dict[str, int]) -> dict:
+        return {"success_rate": rate, "by_family": by_family, "tasks_by_family": counts}
+
+    counts = {"search": 8, "alarm": 2}
+    results = {
+        "base": {ts: result(0.4, {"search": 0.5, "alarm": 0.0}, counts) for ts in ("general", "webshop")},
+        "digiq": {ts: result(0.6, {"search": 0.75, "alarm": 0.0}, counts) for ts in ("general", "webshop")},
+    }
+    r = reach(results, {"search": 0.5, "alarm": 0.0})["general"]
+    # 0.4 + 0.2 of 10 tasks = 6, all from the 8 search tasks: 75% of them; Digi-Q solves 6 of 8 there
+    assert r["unsolved_families"] == ["alarm"] and r["unsolved_tasks"] == 2 and r["needed_tasks"] == 6
+    assert r["needed_on_rest"] == 0.75 and r["on_rest"] == {"base": 0.5, "digiq": 0.75}
+    assert reach(results, {"search": 0.5, "alarm": 0.1})["general"]["unsolved_tasks"] == 0
+
+
+def test_keep_by_group_pools_seeds_per_task_set_and_kind():
+    task_sets = np.array(["webshop"] * 4)
+    kinds = np.array(["PRESS_BACK", "PRESS_BACK", "TYPE", "TYPE"])
+    kept = np.array([2, 1, 0, 2])  # over 2 seeds
+    kept_right = np.array([0, 0, 0, 1])
+    out = keep_by_group(kept, kept_right, 2, task_sets, kinds)
+    assert out == {"webshop": {"PRESS_BACK": {"kept": 0.75, "expert": 0.0}, "TYPE": {"kept": 0.5, "expert": 0.5}}}
 
 
 def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):

@@ -38,6 +38,7 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
     expert_equivalent,
+    expert_kind,
     expert_pick_report,
     feature_probe,
     ranking_report,
@@ -55,7 +56,7 @@ from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share"]
+__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
@@ -141,22 +142,44 @@ def expert_share(right: np.ndarray, picks: Picks, task_sets: np.ndarray) -> dict
             for ts in np.unique(task_sets)}  # fmt: skip
 
 
-def _expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame, cands: pd.DataFrame) -> np.ndarray:
-    """(S, N): which candidates of each stored state do what the simulator's expert would there.
+def _expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame,
+                   cands: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(S, N): which candidates of each stored state do what the simulator's expert would there; (S,): its kind of action.
 
     Each collected episode is replayed once, and every state's candidates are
     checked on copies of it (:func:`~digiq.oracle.expert_equivalent`). It
-    feeds both the perfect critic's rows and the expert-pick diagnostic.
+    feeds the perfect critic's rows and the expert-pick and support diagnostics.
     """
     right = np.zeros((len(steps), len(cands.action_list.iat[0])), bool)
+    kinds = np.empty(len(steps), object)
     for _, traj in steps.groupby("traj_id", sort=True):
         traj = traj.sort_values("step_id")
         task = parse_task(traj.task.iat[0], traj.task_set.iat[0])
         device = replay(task, episode_seed(collect_seed, int(traj.traj_id.iat[0])), [], env.dynamics(), env.width)
         for i, action in zip(traj.index, traj.action, strict=True):
             right[i] = expert_equivalent(device, task, list(cands.action_list.iat[i]))
+            kinds[i] = expert_kind(device, task)
             device.step(parse_action(action))
-    return right
+    return right, kinds.astype(str)
+
+
+def keep_by_group(kept: np.ndarray, kept_right: np.ndarray, seeds: int, task_sets: np.ndarray,
+                  groups: np.ndarray) -> dict[str, dict[str, dict[str, float | None]]]:  # fmt: skip
+    """Per task set and group: the share of its states a policy keeps a row at, and the share of those rows that are the expert's.
+
+    ``kept`` and ``kept_right`` (S,) count, over ``seeds`` fits, the seeds
+    that kept a row at each state and those whose row did what the expert
+    would. Grouped by the expert's kind of action it shows where the critic
+    sends the actor wrong, e.g. rows kept at states that need Back whose
+    action is not Back (README, results).
+    """
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for ts, group in sorted(set(zip(task_sets.tolist(), groups.tolist(), strict=True))):
+        mask = (task_sets == ts) & (groups == group)
+        rows = int(kept[mask].sum())
+        out.setdefault(ts, {})[group] = {"kept": round(rows / (int(mask.sum()) * seeds), 4),
+                                         "expert": round(int(kept_right[mask].sum()) / rows, 4) if rows else None}  # fmt: skip
+    return out
 
 
 def _perfect_critic_picks(right: np.ndarray) -> Picks:
@@ -262,9 +285,12 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
                     load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
-        right = _expert_matrix(env, collect_seed, steps, cands) if ablations.perfect_critic or oracle_on else None
-        if right is not None:
+        right = kinds = None
+        if ablations.perfect_critic or oracle_on:
+            right, kinds = _expert_matrix(env, collect_seed, steps, cands)
             metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), steps.family.to_numpy())
+            metrics["expert_support_by_kind"] = support_report(right, steps.task_set.to_numpy(), kinds)
+        digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # Digi-Q's rows, over seeds
         if ablations.perfect_critic:
             perfect = _perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
@@ -297,6 +323,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 rows = _rows(steps, cands, picks)
                 if right is not None:
                     expert.setdefault(name, []).append(expert_share(right, picks, task_sets))
+                    if name == "digiq":
+                        digiq_kept[picks.states] += 1
+                        digiq_right[picks.states] += right[picks.states, picks.columns]
                 kept[name].append(len(rows))
                 model = AutoUIPolicy.load(paths.base_policy)
                 curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -322,6 +351,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     metrics["best_of_n_kept_fraction_per_seed"] = by_set
     if expert:
         metrics["rows_expert_share"] = {name: _mean_share(shares) for name, shares in expert.items()}
+        metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
         metrics["rows_expert_share_per_seed"] = expert
     if reports:
         oracle_metrics.update(_mean_report(reports))
