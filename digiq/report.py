@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,30 +142,48 @@ def _rows_table(actor: dict[str, Any]) -> list[str]:
                   "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
 
 
+Cell = Callable[[str, str, dict[str, Any]], str]  # (task set, group, support row) -> a table cell
+
+
+def _grouped_table(support: dict[str, Any], group: str, columns: list[tuple[str, Cell]], note: str) -> list[str]:
+    """A row per task set and group of a support report (stage 06), with the given columns."""
+    out = [f"| task set | {group} | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    for ts, groups in support.items():
+        for g, r in groups.items():
+            out.append(f"| {ts} | {g} | " + " | ".join(cell(ts, g, r) for _, cell in columns) + " |")
+    return out + ["", note]
+
+
+_STATES: tuple[str, Cell] = ("states", lambda ts, g, r: str(r["states"]))
+_SUPPORT: list[tuple[str, Cell]] = [
+    ("data's action is the expert's (%)", lambda ts, g, r: _pct(r["taken_is_expert"])),
+    ("a candidate is the expert's (%)", lambda ts, g, r: _pct(r["expert_candidate"])),
+]
+
+
 def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[str]:
     """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 06)."""
-    out = ["| task set | family | states | data's success (%) | data's action is the expert's (%) | "
-           "a candidate is the expert's (%) |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for ts, families in support.items():
-        for fam, r in families.items():
-            won = _pct(success[fam]) if fam in success else "-"
-            out.append(f"| {ts} | {fam} | {r['states']} | {won} | {_pct(r['taken_is_expert'])} | "
-                       f"{_pct(r['expert_candidate'])} |")  # fmt: skip
-    return out + ["", "A family whose states rarely offer a candidate that does what the simulator's expert would "
-                  "cannot be learnt from these data by any offline method: no critic can pick it, no actor imitate it."]  # fmt: skip
+    won: tuple[str, Cell] = ("data's success (%)", lambda ts, fam, r: _pct(success[fam]) if fam in success else "-")
+    return _grouped_table(support, "family", [_STATES, won, *_SUPPORT],
+                          "A family whose states rarely offer a candidate that does what the simulator's expert would "
+                          "cannot be learnt from these data by any offline method: no critic can pick it, no actor "
+                          "imitate it.")  # fmt: skip
 
 
 def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
     """Per kind of the expert's action: what the data offer there (stage 06) and what Digi-Q keeps."""
-    out = ["| task set | expert's action | states | data's action is the expert's (%) | a candidate is the expert's (%) "
-           "| Digi-Q keeps a row (%) | Digi-Q's rows there the expert's (%) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for ts, kinds in support.items():
-        for kind, r in kinds.items():
-            k = kept.get(ts, {}).get(kind, {})
-            expert = _pct(k["expert"]) if k.get("expert") is not None else "-"
-            out.append(f"| {ts} | {kind} | {r['states']} | {_pct(r['taken_is_expert'])} | {_pct(r['expert_candidate'])} "
-                       f"| {_pct(k['kept']) if k else '-'} | {expert} |")  # fmt: skip
-    return out + ["", "The expert's action at each stored state, by kind; Digi-Q's columns pool its seeds."]
+
+    def digiq(key: str) -> Cell:
+        def cell(ts: str, kind: str, r: dict[str, Any]) -> str:
+            value = kept.get(ts, {}).get(kind, {}).get(key)
+            return _pct(value) if value is not None else "-"
+
+        return cell
+
+    columns = [_STATES, *_SUPPORT, ("Digi-Q keeps a row (%)", digiq("kept")),
+               ("Digi-Q's rows there the expert's (%)", digiq("expert"))]  # fmt: skip
+    return _grouped_table(support, "expert's action", columns,
+                          "The expert's action at each stored state, by kind; Digi-Q's columns pool its seeds.")  # fmt: skip
 
 
 def reach(results: dict[str, Any], success: dict[str, float], gain: float = 0.20) -> dict[str, dict[str, Any]]:
