@@ -3,6 +3,7 @@
 import json
 import socket
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -285,3 +286,9 @@ def test_an_input_that_may_have_landed_is_not_repeated(one_phone):
     assert trunc and "not repeated, as it may have taken effect" in info["fault"]
     time.sleep(1.2)  # the slow input lands after all: once
     assert srv.phone(serial).device.state.steps == before + 1
+
+
+def test_a_task_that_starts_in_an_app_is_refused_over_adb(one_phone):
+    srv, serial = one_phone
+    with pytest.raises(ValueError, match="starts in app 'maps'.*launcher"):
+        sim_env(srv, serial).reset(seed=0, options={"task": replace(TASKS[0], start_app="maps")})

@@ -33,11 +33,14 @@ def test_repository_params_load():
         ({"env": {"popup_rate": 1.5}}, "popup_rate must be in [0, 1]"),
         ({"env": {"widht": 100}}, "unknown key(s) ['widht']"),
         ({"env": [1, 2]}, "env must be a mapping"),
+        ({"base_policy": {"start_in_app": 1.2}}, "start_in_app is a probability in [0, 1], got 1.2"),
+        ({"base_policy": {"copy_augment": -0.1}}, "copy_augment is a probability in [0, 1], got -0.1"),
     ],
 )
 def test_bad_values_name_the_key(group, needle):
+    section = next(iter(group))
     with pytest.raises(ConfigError) as e:
-        load_section(EnvConfig, "env", group)
+        load_section({"env": EnvConfig, "base_policy": BasePolicyConfig}[section], section, group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
 
 

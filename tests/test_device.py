@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,33 @@ def test_a_store_query_without_letters_lists_no_apps():
     dev.step(A.press_enter())
     assert dev.state.page == Page("playstore", "results", query="\ufffd")
     assert dev.find("storeapp:0") is None and dev.screenshot().shape[0] > 0
+
+
+def test_an_episode_can_start_in_an_app_and_home_leads_out():
+    dev = SimDevice(Dynamics.calm(), width=108)
+    dev.reset(3, start_app="maps")
+    assert dev.state.page == Page("maps") and dev.state.back_stack == [Page("home")]
+    assert dev.step(A.press_home()) and dev.state.page == Page("home")
+    dev.reset(3, start_app="chrome")
+    assert dev.state.page == Page("chrome", "ntp")
+    assert dev.step(A.press_back()) and dev.state.page == Page("home")
+
+
+def test_starting_in_an_unknown_app_is_refused_by_name():
+    with pytest.raises(ValueError, match="'spotify'"):
+        SimDevice().reset(0, start_app="spotify")
+
+
+def test_an_app_the_task_uninstalls_cannot_be_open_at_the_start():
+    task = parse_task("Install the Gmail app")
+    dev = SimDevice(Dynamics.calm(), width=108)
+    dev.reset(0, task.goal.setup, start_app="gmail")
+    assert "gmail" not in dev.state.installed and dev.state.page == Page("home")
+
+
+def test_the_expert_leaves_a_wrong_app_with_home():
+    task = replace(parse_task("Set an alarm for 7:30 am"), start_app="youtube")
+    env = AndroidSimEnv(dynamics=Dynamics.calm(), width=108)
+    env.reset(seed=0, options={"task": task})
+    assert env.device.state.page.app == "youtube"
+    assert Expert().act(env.device, task).type is A.ActionType.PRESS_HOME

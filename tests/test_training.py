@@ -2,13 +2,16 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from digiq.env import generate_tasks, parse_task
 from digiq.env.actions import format_action, press_enter, tap, type_text
+from digiq.env.catalog import DEFAULT_APPS
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
@@ -16,7 +19,7 @@ from digiq.paths import Paths
 from digiq.report import END, START, expert_pick_table, reach, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
-from digiq.train.base_policy import randomize_copied_words
+from digiq.train.base_policy import randomize_copied_words, started_in_apps
 from digiq.train.critic import conservative_penalty, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
 
@@ -309,3 +312,14 @@ def test_a_checkpoint_with_tied_weights_is_the_same_bytes_at_every_save(tmp_path
     for (name, a), b in zip(policy.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert loaded.t5.lm_head.weight is loaded.t5.shared.weight  # tied again on load
+
+
+def test_demonstrations_start_in_apps_at_the_asked_rate_and_p0_changes_nothing():
+    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 400, seed=1)]
+    started = started_in_apps(tasks, 0.3, seed=1)
+    assert started == started_in_apps(tasks, 0.3, seed=1)  # the stage reruns to the same demonstrations
+    moved = [t for t in started if t.start_app]
+    assert 0.24 < len(moved) / len(tasks) < 0.36
+    assert {t.start_app for t in moved} <= {a.key for a in DEFAULT_APPS} and len({t.start_app for t in moved}) > 10
+    assert [replace(t, start_app="") for t in started] == tasks  # only where the episode starts changes
+    assert started_in_apps(tasks, 0.0, seed=1) == tasks

@@ -496,6 +496,11 @@ class AdbEnv(PhoneEnv):
         return frame
 
     def _start(self, seed: int, task: Task) -> None:
+        if task.start_app:
+            raise ValueError(
+                f"task {task.instruction!r} starts in app {task.start_app!r}: only the in-process simulator "
+                "starts episodes in an app (stage 00's demonstrations); devices over adb start on the launcher"
+            )
         self.start.start(self.link, task, seed)
         self._frame = self._screenshot()
 

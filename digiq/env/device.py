@@ -57,8 +57,18 @@ class SimDevice:
 
     # ------------------------------------------------------------ public API
 
-    def reset(self, seed: int, setup: Callable[[DeviceState, random.Random], None] | None = None) -> None:
-        """Fresh device: home screen, default apps, a few alarms; then ``setup`` (a task's preconditions)."""
+    def reset(
+        self, seed: int, setup: Callable[[DeviceState, random.Random], None] | None = None, start_app: str = ""
+    ) -> None:
+        """Fresh device: home screen, default apps, a few alarms; then ``setup`` (a task's preconditions).
+
+        With ``start_app`` (a default app's key) the device then launches that app from the launcher:
+        its front page, perhaps its rating dialog, and Back or Home lead out as after a tap on its icon.
+        An app that ``setup`` uninstalled (an install task's) cannot be open: the launcher stays.
+        """
+        defaults = [a.key for a in catalog.DEFAULT_APPS]
+        if start_app and start_app not in defaults:
+            raise ValueError(f"start_app {start_app!r} is not a default app of the simulator ({', '.join(defaults)})")
         self._rng = random.Random(seed)
         rng = self._rng
         s = DeviceState(installed=[a.key for a in catalog.DEFAULT_APPS])
@@ -70,6 +80,8 @@ class SimDevice:
             setup(s, rng)
         self.state = s
         self._load(HOME, fresh=False)
+        if start_app:
+            self._open(start_app)
         self._screen = None
 
     def clone(self, dynamics: Dynamics | None = None, seed: int | None = None) -> SimDevice:

@@ -169,7 +169,7 @@ class AndroidSimEnv(PhoneEnv):
         super().__init__(tasks, width, max_steps)
 
     def _start(self, seed: int, task: Task) -> None:
-        self.device.reset(seed, task.goal.setup)
+        self.device.reset(seed, task.goal.setup, task.start_app)
 
     def _act(self, action: Action) -> bool:
         return self.device.step(action)

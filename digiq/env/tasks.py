@@ -312,7 +312,12 @@ class Task:
     """An instruction, its family, and its success condition.
 
     ``query`` is the text a sensible user would type for it (empty when the
-    task needs no typing); the expert types exactly this.
+    task needs no typing); the expert types exactly this. ``start_app`` is
+    the app a simulated episode opens on instead of the launcher, as a phone
+    found in use shows whatever a previous task left open; stage 00's
+    demonstrations use it so that the base policy sees the way out of a
+    wrong app (``base_policy.start_in_app``). Test and collected episodes
+    start on the launcher, as AitW's do.
     """
 
     instruction: str
@@ -320,6 +325,7 @@ class Task:
     family: str
     goal: Goal
     query: str = ""
+    start_app: str = ""  # an app key (digiq.env.catalog); "" = the launcher
 
     @property
     def max_steps(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from transformers import PreTrainedTokenizerFast
 from digiq import parallel
 from digiq.config import BasePolicyConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
-from digiq.env.tasks import TASK_SETS
+from digiq.env.actions import ActionType, parse_action
+from digiq.env.catalog import DEFAULT_APPS, stable_int
+from digiq.env.tasks import TASK_SETS, Task
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
@@ -29,7 +32,7 @@ from digiq.rollout import ExpertPolicy, rollout
 from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
 from digiq.train.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 
-__all__ = ["run_base_policy", "randomize_copied_words"]
+__all__ = ["run_base_policy", "randomize_copied_words", "started_in_apps"]
 
 _TYPED = re.compile(r'("typed_text": ")(.*?)(")')
 _WORD = re.compile(r"[A-Za-z0-9]{2,}")
@@ -69,6 +72,20 @@ def randomize_copied_words(row: FitRow, rng: random.Random, p: float = 0.5) -> F
     return replace(row, prompt=rename_typed(row.prompt[:goal_at]) + rename(goal), action=rename_typed(row.action))
 
 
+def started_in_apps(tasks: Sequence[Task], p: float, seed: int) -> list[Task]:
+    """The tasks, each with probability ``p`` starting in a default app drawn at random (``Task.start_app``).
+
+    Demonstrations that all start on the launcher hardly ever press Home (4
+    presses in 1,619 steps), so the base never learns to leave an app it
+    should not be in. Started in one, the expert shows the way out (or goes
+    on, where the app is the task's). Draws come from their own stream, so
+    ``p = 0`` leaves every task, and stage 00, as before.
+    """
+    rng = random.Random(stable_int("start_app", seed))
+    apps = [a.key for a in DEFAULT_APPS]
+    return [replace(t, start_app=rng.choice(apps)) if rng.random() < p else t for t in tasks]
+
+
 def _same_case(word: str, like: str) -> str:
     """``word`` capitalised as ``like`` is (all caps, first letter, or lower)."""
     if like.isupper() and len(like) > 1:
@@ -84,6 +101,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
     with timed(metrics):
         demo_tasks = {ts: cfg.demo_count(ts) for ts in TASK_SETS}
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", demo_tasks[ts], "base_policy")]
+        tasks = started_in_apps(tasks, cfg.start_in_app, cfg.seed)
         store = TrajectoryStore(paths.demos)
         tokenizer_dir = paths.base_policy / "tokenizer"
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
@@ -119,6 +137,8 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
             "demo_episodes": len(demos),
             "demo_success_rate": round(sum(d > 0 for d in demos) / len(demos), 4),
             "demo_steps": len(rows),
+            "demo_started_in_app": sum(bool(t.start_app) for t in tasks),
+            "demo_home_presses": sum(parse_action(r.action).type is ActionType.PRESS_HOME for r in rows),
             "train_loss_first": round(losses[0], 4),
             "train_loss_last": round(sum(losses[-20:]) / len(losses[-20:]), 4),
             "parameters": sum(p.numel() for p in model.parameters()),
