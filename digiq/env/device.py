@@ -71,7 +71,7 @@ class SimDevice:
             raise ValueError(f"start_app {start_app!r} is not a default app of the simulator ({', '.join(defaults)})")
         self._rng = random.Random(seed)
         rng = self._rng
-        s = DeviceState(installed=[a.key for a in catalog.DEFAULT_APPS])
+        s = DeviceState(installed=defaults)
         s.notifications = {k: True for k in s.installed}
         s.alarms = sorted(
             {(rng.choice((5, 6, 7, 8)), rng.choice((0, 15, 30, 45)), rng.random() < 0.5) for _ in range(2)}
