@@ -14,7 +14,8 @@ from digiq.paths import ROOT, Paths
 
 TINY = {
     # 8 demonstrated + 8 collected per task set = the 16 train tasks below (null: Web Shopping's count is demo_tasks)
-    "base_policy": {"demo_tasks": 8, "demo_tasks_webshop": None, "epochs": 1, "d_model": 64},
+    # start_in_app: half the demonstrations start in an app left open, so the test sees stage 00's Home rows.
+    "base_policy": {"demo_tasks": 8, "demo_tasks_webshop": None, "epochs": 1, "d_model": 64, "start_in_app": 0.5},
     "collect": {"tasks_per_set": 8, "n_envs": 8},
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_finetune": {"epochs": 1, "hidden": 64},
@@ -120,6 +121,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
         assert m["wall_time_s"] >= 0, stage
+    base = json.loads((workspace / "metrics" / "base_policy.json").read_text())
+    assert 0 < base["demo_started_in_app"] < 16 and base["demo_home_presses"] > 0
 
 
 def test_the_values_notebook_draws_both_viewers_headless(workspace):
