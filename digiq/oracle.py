@@ -14,7 +14,7 @@ the actor (the ranking is right but the policy does not learn from it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "ranking_report",
     "expert_pick_report",
     "support_report",
+    "group_masks",
     "expert_kind",
     "within_state_share",
     "feature_probe",
@@ -247,6 +248,13 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
     return report
 
 
+def group_masks(task_sets: np.ndarray, groups: np.ndarray) -> Iterator[tuple[str, str, np.ndarray]]:
+    """Each (task set, group) pair present, in sorted order, with the mask of its states."""
+    task_sets, groups = np.asarray(task_sets), np.asarray(groups)
+    for ts, group in sorted(set(zip(task_sets.tolist(), groups.tolist(), strict=True))):
+        yield ts, group, (task_sets == ts) & (groups == group)
+
+
 def support_report(right: np.ndarray, task_sets: np.ndarray, groups: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per task set and group: how often the data's action, and any stored candidate, does what the expert would.
 
@@ -261,10 +269,8 @@ def support_report(right: np.ndarray, task_sets: np.ndarray, groups: np.ndarray)
     never samples (Home where it is lost in the wrong app).
     """
     hit = np.asarray(right, bool)
-    task_sets, groups = np.asarray(task_sets), np.asarray(groups)
     out: dict[str, dict[str, Any]] = {}
-    for ts, group in sorted(set(zip(task_sets.tolist(), groups.tolist(), strict=True))):
-        mask = (task_sets == ts) & (groups == group)
+    for ts, group, mask in group_masks(task_sets, groups):
         out.setdefault(ts, {})[group] = {"states": int(mask.sum()),
                                          "taken_is_expert": round(float(hit[mask, 0].mean()), 4),
                                          "expert_candidate": round(float(hit[mask].any(1).mean()), 4)}  # fmt: skip

@@ -41,6 +41,7 @@ from digiq.oracle import (
     expert_kind,
     expert_pick_report,
     feature_probe,
+    group_masks,
     ranking_report,
     replay,
     stored_state_values,
@@ -174,8 +175,7 @@ def keep_by_group(kept: np.ndarray, kept_right: np.ndarray, seeds: int, task_set
     action is not Back (README, results).
     """
     out: dict[str, dict[str, dict[str, float | None]]] = {}
-    for ts, group in sorted(set(zip(task_sets.tolist(), groups.tolist(), strict=True))):
-        mask = (task_sets == ts) & (groups == group)
+    for ts, group, mask in group_masks(task_sets, groups):
         rows = int(kept[mask].sum())
         out.setdefault(ts, {})[group] = {"kept": round(rows / (int(mask.sum()) * seeds), 4),
                                          "expert": round(int(kept_right[mask].sum()) / rows, 4) if rows else None}  # fmt: skip
