@@ -422,6 +422,9 @@ class ActorConfig:
     oracle_rollouts: int = _help("continuation rollouts per distinct candidate", 32)
     oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
     oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
+    oracle_behaviour_rollouts: int = _help(
+        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
+    )
     seed: int = _help("seed", 5)
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:

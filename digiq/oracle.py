@@ -10,22 +10,28 @@ candidate's true value Q*(s, a) under that continuation.
 Comparing the critic's top-ranked candidate with the truly best ones says
 whether a failure of Digi-Q comes from the critic (it ranks badly) or from
 the actor (the ranking is right but the policy does not learn from it).
+:func:`behaviour_values` continues with the policy that collected the data
+instead: the values Digi-Q's critic is trained towards, which say whether its
+objective prefers the right candidate at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from digiq.config import EXPERT_SKILLS
+from digiq.data.trajectories import observation_text
 from digiq.env.actions import Action, ActionType, format_action, parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.device import SimDevice
 from digiq.env.expert import Expert, next_action
 from digiq.env.gym_env import AndroidSimEnv
+from digiq.env.hierarchy import describe, hierarchy_xml
 from digiq.env.state import DeviceState, Dynamics
 from digiq.env.tasks import Task
 from digiq.models.critic import mlp
@@ -35,6 +41,8 @@ __all__ = [
     "replay",
     "candidate_values",
     "stored_state_values",
+    "behaviour_values",
+    "behaviour_report",
     "expert_equivalent",
     "ranking_report",
     "expert_pick_report",
@@ -151,6 +159,79 @@ def stored_state_values(
                             gamma=gamma, seed=branch_seed)  # fmt: skip
 
 
+@dataclass
+class _Branch:
+    """One rollout of :func:`behaviour_values`: a candidate taken on a copy of a stored state, then the policy."""
+
+    state: int  # which start
+    text: str  # the candidate
+    device: SimDevice
+    task: Task
+    history: list[str]  # every action of the episode so far, the candidate and the policy's included
+    steps_left: int
+    action: Action  # the action to take next
+    value: float = 0.0
+    taken: int = 0  # actions taken since the candidate's copy was made
+    done: bool = False
+
+
+def behaviour_values(
+    starts: Sequence[tuple[SimDevice, Task, Sequence[str], Sequence[str]]],
+    policy: Policy,
+    *,
+    rollouts: int,
+    gamma: float,
+    seed: int,
+    screen_text: bool = False,
+    batch: int = 256,
+) -> list[np.ndarray]:
+    """Q of the behaviour policy, per candidate of each start: take it, then ``policy`` until success or the step limit.
+
+    ``starts`` are (device at a stored state, task, the episode's actions
+    before it, candidates). Digi-Q's TD critic estimates exactly this when
+    ``policy`` is the one that collected the data: its V target is Q of the
+    data's own action, so Q is the collecting policy's value, and Best-of-N
+    over it is one step of improvement on that policy. Where every candidate
+    is worth 0 here (the policy fails after any of them), that objective
+    prefers nothing, however well a critic learns it. Invalid candidates are
+    worth 0 and not rolled out; identical texts share one estimate, as in
+    :func:`candidate_values`. The policy acts on every live rollout at once,
+    ``batch`` at a time, seeing the prompts the data's policy saw.
+    """
+    branches: list[_Branch] = []
+    for j, (device, task, earlier, candidates) in enumerate(starts):
+        for c, text in enumerate(dict.fromkeys(candidates)):
+            action = parse_action(text)
+            if not action.is_valid:
+                continue
+            for r in range(rollouts):
+                branches.append(_Branch(j, text, device.clone(seed=stable_int("behaviour", seed, j, c, r)), task,
+                                        [*earlier, text], task.max_steps - len(earlier), action))  # fmt: skip
+    live = branches
+    while live:
+        for b in live:
+            b.device.step(b.action)
+            if b.task.goal.check(b.device.state):
+                b.value, b.done = gamma**b.taken, True
+            b.taken += 1
+            b.done = b.done or b.action.type in _ENDING or b.taken >= b.steps_left
+        live = [b for b in live if not b.done]
+        for start in range(0, len(live), batch):
+            chunk = live[start : start + batch]
+            prompts = [observation_text(b.history, b.task.instruction,
+                                        screen=describe(hierarchy_xml(b.device.screen().widgets)) if screen_text else None)
+                       for b in chunk]  # fmt: skip
+            shots = np.stack([b.device.screenshot() for b in chunk])
+            for b, text in zip(chunk, policy.act(RolloutBatch(shots, prompts, [])), strict=True):
+                b.action = parse_action(text)
+                b.history.append(text)
+    totals: list[dict[str, list[float]]] = [{} for _ in starts]
+    for b in branches:
+        totals[b.state].setdefault(b.text, []).append(b.value)
+    return [np.array([float(np.mean(totals[j].get(text, [0.0]))) for text in candidates])
+            for j, (_, _, _, candidates) in enumerate(starts)]  # fmt: skip
+
+
 def expert_equivalent(device: SimDevice, task: Task, candidates: Sequence[str]) -> np.ndarray:
     """Which candidates do what the noiseless expert would do here (a perfect critic's picks).
 
@@ -198,9 +279,8 @@ def ranking_report(
     """
     o = np.where(valid, oracle, -np.inf)
     best = o.max(1, keepdims=True)
-    worst = np.where(valid, oracle, np.inf).min(1, keepdims=True)
     truly_best = valid & (o >= best - tolerance)
-    informative = (best - worst)[:, 0] > tolerance
+    informative = _spread(oracle, valid) > tolerance
     report: dict[str, Any] = {"states": int(len(oracle)), "informative_states": int(informative.sum())}
     if not informative.any():
         return report
@@ -216,6 +296,31 @@ def ranking_report(
         report["top1_hit_rate"][name] = round(float(tb[rows, pick].mean()), 4)
         report["oracle_value_of_pick"][name] = round(float(orc[rows, pick].mean()), 4)
     return report
+
+
+def _spread(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """(S,) the best minus the worst value among each state's valid candidates."""
+    return np.where(valid, values, -np.inf).max(1) - np.where(valid, values, np.inf).min(1)
+
+
+def behaviour_report(oracle: np.ndarray, behaviour: np.ndarray, valid: np.ndarray, tolerance: float,
+                     task_sets: np.ndarray) -> dict[str, dict[str, float | int]]:  # fmt: skip
+    """Per task set: of the sampled states whose candidates differ in true value, the share where the behaviour values do not.
+
+    ``behaviour`` is :func:`behaviour_values` of the states, ``oracle`` their
+    true values (:func:`candidate_values`). A flat state is one where the
+    policy that collected the data fails after every candidate alike, so
+    Digi-Q's objective, one step of improvement on that policy, prefers none
+    of them, the right one included.
+    """
+    informative = _spread(oracle, valid) > tolerance
+    flat = _spread(behaviour, valid) <= 0.0
+    out: dict[str, dict[str, float | int]] = {}
+    for ts in ("all", *np.unique(task_sets)):
+        mask = informative & ((task_sets == ts) if ts != "all" else True)
+        if mask.any():
+            out[str(ts)] = {"states": int(mask.sum()), "flat": round(float(flat[mask].mean()), 4)}
+    return out
 
 
 def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray],

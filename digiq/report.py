@@ -105,6 +105,14 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
             "(the best a critic on those features could rank)."]  # fmt: skip
+    behaviour = oracle.get("behaviour_values")
+    if behaviour:
+        flat = "; ".join(f"{ts} {_pct(v['flat'])}% of {v['states']}" for ts, v in behaviour.items()
+                         if isinstance(v, dict))  # fmt: skip
+        out += ["", f"behaviour_value: the candidates' true values when the base policy continues after them "
+                f"(temperature {behaviour['temperature']}, {behaviour['rollouts']} rollouts each), which is what "
+                "Digi-Q's critic is trained to estimate; ties broken at random. Among the states above, every "
+                f"candidate is worth the same to it (it fails after each alike) at: {flat}."]  # fmt: skip
     shares = oracle.get("candidate_variance_within_state", {})
     if shares:
         out += ["", "Share of the candidate features' variance that lies between a state's candidates:", ""]

@@ -70,7 +70,7 @@ def _actor(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
                          "real devices")  # fmt: skip
     return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", p).seeds, ablations=ablations,
                      env=load_section(EnvConfig, "env", p),
-                     collect_seed=load_section(CollectConfig, "collect", p).seed)  # fmt: skip
+                     collect=load_section(CollectConfig, "collect", p))  # fmt: skip
 
 
 # The stages that train; what each returns is also in metrics/<name>.json (actor: actor.json and oracle.json).

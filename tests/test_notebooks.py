@@ -28,6 +28,7 @@ TINY = {
         "digirl_value_epochs": 2,
         "oracle_states": 6,
         "oracle_rollouts": 2,
+        "oracle_behaviour_rollouts": 2,
     },
     "eval": {"n_tasks": 6, "n_envs": 6},
     "experiment": {"seeds": 2},
@@ -113,6 +114,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
     oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}
+    behaviour = oracle["behaviour_values"]  # the same states continued by the base policy
+    assert behaviour["rollouts"] == 2 and all(0.0 <= v["flat"] <= 1.0 for k, v in behaviour.items() if k == "all")
+    if oracle["informative_states"]:
+        assert "behaviour_value" in oracle["top1_hit_rate"]
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:

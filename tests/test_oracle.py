@@ -3,11 +3,13 @@ import pytest
 
 from digiq.data import TrajectoryStore
 from digiq.env import Dynamics, parse_task
-from digiq.env.actions import format_action, press_home, tap, task_complete, type_text
+from digiq.env.actions import format_action, parse_action, press_home, tap, task_complete, type_text
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
 from digiq.oracle import (
     ExpertSkill,
+    behaviour_report,
+    behaviour_values,
     candidate_values,
     expert_equivalent,
     expert_pick_report,
@@ -69,6 +71,54 @@ def test_ranking_report_counts_hits_only_where_candidates_differ():
     assert report["top1_hit_rate"]["critic"] == 0.5  # right in state 1; in state 3 it picks 0.2 over 0.9
     assert report["top1_hit_rate"]["random"] == round((1 / 3 + 1 / 2) / 2, 4)
     assert report["oracle_value_of_pick"]["best"] == 0.95
+
+
+class _Scripted:
+    """A continuation policy that answers every prompt with one fixed action, and records what it saw."""
+
+    def __init__(self, action: str) -> None:
+        self.action, self.prompts = action, []
+
+    def act(self, batch: RolloutBatch) -> list[str]:
+        assert batch.screenshots.shape[0] == len(batch.observations)
+        self.prompts += batch.observations
+        return [self.action] * len(batch.observations)
+
+
+def test_behaviour_values_follow_the_continuation_policy_not_the_expert():
+    task = parse_task("Search for hotels in Paris")
+    dev = replay(task, 3, [], Dynamics.calm(), 108)
+    box = next_action(dev, task)  # tap the search box; then the expert types the query and presses Enter
+    after = dev.clone()
+    after.step(box)
+    query = format_action(next_action(after, task))
+    home, invalid = format_action(press_home()), "not an action"
+    candidates = [format_action(box), home, invalid, format_action(box)]
+    # A policy that only ever types the query: after the tap that focuses the box it types, but never presses
+    # Enter, so no candidate succeeds and the objective prefers none (a flat state).
+    typist = _Scripted(query)
+    values = behaviour_values([(dev, task, [], candidates)], typist, rollouts=2, gamma=0.9, seed=0)[0]
+    assert values.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert all(p.startswith("Previous Actions:") for p in typist.prompts)
+    decision = home.split("Action Decision: ")[-1]  # prompts show an action's decision part
+    assert any(decision in p for p in typist.prompts) and not any(invalid in p for p in typist.prompts)
+    # After typing: Enter as the candidate succeeds at once (worth 1); after Home, a policy that presses Enter
+    # has no query to submit and never succeeds.
+    after.step(parse_action(query))
+    enter = format_action(next_action(after, task))
+    values = behaviour_values([(after, task, [format_action(box), query], [enter, home])], _Scripted(enter),
+                              rollouts=2, gamma=0.9, seed=0)[0]  # fmt: skip
+    assert values.tolist() == [1.0, 0.0]
+
+
+def test_behaviour_report_counts_flat_states_among_informative_ones_per_task_set():
+    oracle = np.array([[1.0, 0.0], [1.0, 0.0], [0.5, 0.5], [0.9, 0.1]])
+    behaviour = np.array([[0.0, 0.0], [0.3, 0.0], [0.0, 0.0], [0.2, 0.2]])
+    valid = np.ones((4, 2), bool)
+    report = behaviour_report(oracle, behaviour, valid, 0.05, np.array(["general", "general", "webshop", "webshop"]))
+    # the third state is not informative (equal true values); the first and the fourth are flat
+    assert report == {"all": {"states": 3, "flat": 0.6667}, "general": {"states": 2, "flat": 0.5},
+                      "webshop": {"states": 1, "flat": 1.0}}  # fmt: skip
 
 
 def test_identical_candidates_share_one_value():

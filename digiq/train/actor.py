@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import AblationsConfig, ActorConfig, EnvConfig
+from digiq.config import AblationsConfig, ActorConfig, CollectConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.env.catalog import stable_int
@@ -37,6 +37,8 @@ from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
+    behaviour_report,
+    behaviour_values,
     expert_equivalent,
     expert_kind,
     expert_pick_report,
@@ -54,7 +56,7 @@ from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
 from digiq.train.critic_inputs import inputs_for
 from digiq.train.embed import load_features
-from digiq.train.policy_fit import FitRow, fit_policy, load_screens
+from digiq.train.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
 
 __all__ = ["run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
@@ -228,31 +230,43 @@ def _digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed
     return Picks.taken(np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold))
 
 
-def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect_seed: int, gamma: float, steps: pd.DataFrame,
+def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
                    cands: pd.DataFrame, base: AutoUIPolicy, store: TrajectoryStore) -> dict[str, Any]:  # fmt: skip
-    """Oracle values and the base policy's log-likelihoods of the candidates of sampled states."""
+    """Oracle values, the base policy's log-likelihoods and (``oracle_behaviour_rollouts``) its values of the candidates of sampled states."""
     rng = np.random.default_rng(cfg.seed)
     idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
     oracle = np.zeros((len(idx), len(cands.action_list.iat[0])))
     loglik = np.zeros_like(oracle)
+    starts = []
     for j, i in enumerate(tqdm(idx, desc="oracle values", leave=False)):
         r = steps.iloc[i]
         task = parse_task(r.task, r.task_set)
         earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
         candidates = list(cands.action_list.iat[i])
-        oracle[j] = stored_state_values(task, episode_seed(collect_seed, int(r.traj_id)), earlier, candidates,
+        oracle[j] = stored_state_values(task, episode_seed(collect.seed, int(r.traj_id)), earlier, candidates,
                                         dynamics=env.dynamics(), width=env.width, rollouts=cfg.oracle_rollouts,
                                         noise=cfg.oracle_noise, gamma=gamma,
                                         branch_seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
+        if cfg.oracle_behaviour_rollouts:
+            device = replay(task, episode_seed(collect.seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
+            starts.append((device, task, earlier, candidates))
         shot = base.screen.prepare(store.load_image(r.image_path)[None])
         shot = shot.expand(len(candidates), *shot.shape[1:])
         with torch.no_grad():
             loglik[j] = base.action_logprobs([r.observation] * len(candidates), shot, candidates).numpy()
-    return {"idx": idx, "oracle": oracle, "loglik": loglik, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
+    sample = {"idx": idx, "oracle": oracle, "loglik": loglik, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
+    if starts:
+        # The base continues as it collected the data; its sampling must not shift the random draws that follow.
+        with torch.random.fork_rng():
+            torch.manual_seed(stable_int("behaviour values", cfg.seed))
+            sample["behaviour"] = np.stack(behaviour_values(
+                starts, ModelPolicy(base, temperature=collect.temperature), rollouts=cfg.oracle_behaviour_rollouts,
+                gamma=gamma, seed=cfg.seed, screen_text=base.cfg.screen_text))  # fmt: skip
+    return sample
 
 
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
-              collect_seed: int) -> dict[str, Any]:  # fmt: skip
+              collect: CollectConfig) -> dict[str, Any]:  # fmt: skip
     """Train every policy for every seed, the ablations for the first ``ablations.seeds``.
 
     Writes ``metrics/actor.json`` and ``metrics/oracle.json``.
@@ -274,7 +288,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         # The oracle diagnostic only feeds metrics: the main process computes it, alone.
         oracle_on = cfg.oracle_states > 0 and parallel.is_main()
-        sample = _oracle_sample(cfg, env, collect_seed, gamma, steps, cands, base, store) if oracle_on else None
+        sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, base, store) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
         if sample is not None:  # what the critic's inputs allow, whatever the critic: once per VLM, not per seed
             for vlm, f in feats.items():
@@ -285,9 +299,18 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 oracle_metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
                     load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
                 )
+        behaviour: dict[str, np.ndarray] = {}
+        # A perfect Digi-Q critic ranks by the behaviour values; its ties (mostly all 0) are broken at random.
+        if sample is not None and "behaviour" in sample:
+            noise = np.random.default_rng(cfg.seed).uniform(0, 1e-9, sample["behaviour"].shape)
+            behaviour["behaviour_value"] = sample["behaviour"] + noise
+            oracle_metrics["behaviour_values"] = {
+                "rollouts": cfg.oracle_behaviour_rollouts, "temperature": collect.temperature,
+                **behaviour_report(sample["oracle"], sample["behaviour"], sample["valid"], cfg.oracle_tolerance,
+                                   steps.task_set.to_numpy()[sample["idx"]])}  # fmt: skip
         right = kinds = None
         if ablations.perfect_critic or oracle_on:
-            right, kinds = _expert_matrix(env, collect_seed, steps, cands)
+            right, kinds = _expert_matrix(env, collect.seed, steps, cands)
             metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), steps.family.to_numpy())
             metrics["expert_support_by_kind"] = support_report(right, steps.task_set.to_numpy(), kinds)
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # Digi-Q's rows, over seeds
@@ -338,7 +361,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 q = {vlm: _all_q(critic, feats[vlm]) for vlm, critic in critics.items()}
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
                                               {"critic": q["finetuned"][sample["idx"]], "base_likelihood": sample["loglik"],
-                                               "taken_action": _taken(sample["valid"]), **probes},
+                                               "taken_action": _taken(sample["valid"]), **probes, **behaviour},
                                               cfg.oracle_tolerance))  # fmt: skip
                 # every stored state: does each critic's argmax do what the expert would?
                 picks = {f"critic_{vlm}": scores for vlm, scores in q.items()}
