@@ -102,6 +102,9 @@ def test_behaviour_values_follow_the_continuation_policy_not_the_expert():
     assert all(p.startswith("Previous Actions:") for p in typist.prompts)
     decision = home.split("Action Decision: ")[-1]  # prompts show an action's decision part
     assert any(decision in p for p in typist.prompts) and not any(invalid in p for p in typist.prompts)
+    reader = _Scripted(query)  # a base that reads the screen's elements gets them in its prompts, as in collection
+    behaviour_values([(dev, task, [], [home])], reader, rollouts=1, gamma=0.9, seed=0, screen_text=True)
+    assert reader.prompts and all(" Screen: " in p for p in reader.prompts)
     # After typing: Enter as the candidate succeeds at once (worth 1); after Home, a policy that presses Enter
     # has no query to submit and never succeeds.
     after.step(parse_action(query))
