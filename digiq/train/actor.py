@@ -39,6 +39,7 @@ from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
     behaviour_report,
     behaviour_values,
+    candidate_values,
     expert_equivalent,
     expert_kind,
     expert_pick_report,
@@ -46,7 +47,6 @@ from digiq.oracle import (
     group_masks,
     ranking_report,
     replay,
-    stored_state_values,
     support_report,
     within_state_share,
 )
@@ -243,12 +243,11 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect: CollectConfig, gam
         task = parse_task(r.task, r.task_set)
         earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
         candidates = list(cands.action_list.iat[i])
-        oracle[j] = stored_state_values(task, episode_seed(collect.seed, int(r.traj_id)), earlier, candidates,
-                                        dynamics=env.dynamics(), width=env.width, rollouts=cfg.oracle_rollouts,
-                                        noise=cfg.oracle_noise, gamma=gamma,
-                                        branch_seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
-        if cfg.oracle_behaviour_rollouts:
-            device = replay(task, episode_seed(collect.seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
+        device = replay(task, episode_seed(collect.seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
+        oracle[j] = candidate_values(device, task, task.max_steps - len(earlier), candidates,
+                                     rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=gamma,
+                                     seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
+        if cfg.oracle_behaviour_rollouts:  # the same replayed state: candidate_values branches off copies of it
             starts.append((device, task, earlier, candidates))
         shot = base.screen.prepare(store.load_image(r.image_path)[None])
         shot = shot.expand(len(candidates), *shot.shape[1:])
