@@ -441,6 +441,11 @@ class EvalConfig:
     """Stage 07: roll every policy out on held-out test tasks."""
 
     n_tasks: int = _help("first tasks of each test list (protocol: 96)", 96)
+    train_tasks: int = _help(
+        "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
+        "columns (0 = off)",
+        96,
+    )
     temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8)
     n_envs: int = _help("devices stepped together", 48)
     seed: int = _help("seed of the devices", 7)
@@ -451,6 +456,8 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.train_tasks < 0:
+            raise ValueError(f"train_tasks must be >= 0 (0 = off), got {self.train_tasks}")
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]
         if unknown:
             raise ValueError(f"expert_skills: unknown {unknown}; known: {list(EXPERT_SKILLS)}")

@@ -29,6 +29,7 @@ __all__ = ["results_markdown", "update_readme", "save_results_chart", "expert_pi
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+TASK_SET_NAMES = {"general": "General", "webshop": "Web Shopping"}
 STAGES = ("tasks", "base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor", "eval")
 HEADLINES = {
     "base_policy": ("demo_episodes", "train_loss_last"),
@@ -55,21 +56,32 @@ def _rate(r: dict[str, Any]) -> str:
     return f"{_pct(r['success_rate'])} ± {_pct(r.get('success_rate_std', 0.0))}"
 
 
-def _success_table(results: dict[str, Any]) -> list[str]:
-    """One row per policy; a seeds column when the rows were repeated differently (ablations.seeds)."""
+def _success_table(results: dict[str, Any], train: dict[str, Any] | None = None) -> list[str]:
+    """One row per policy, test columns and, from ``train`` (eval_train.json), the paper's train columns beside them.
+
+    A seeds column when the rows were repeated differently (ablations.seeds).
+    """
+    train = {p: sets for p, sets in (train or {}).items() if isinstance(sets, dict)}
     seeds = {p: len(sets["general"].get("per_seed", [0])) for p, sets in results.items()}
     n = next(iter(results.values()))["general"]["n_episodes"]
-    if len(set(seeds.values())) == 1:
-        out = ["| policy | General test | Web Shopping test |", "|---|---|---|"]
-        out += [f"| {p} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |" for p, sets in results.items()]
-        over = f"{next(iter(seeds.values()))} seed(s)"
-    else:
-        out = ["| policy | seeds | General test | Web Shopping test |", "|---|---|---|---|"]
-        out += [f"| {p} | {seeds[p]} | {_rate(sets['general'])} | {_rate(sets['webshop'])} |"
-                for p, sets in results.items()]  # fmt: skip
-        over = "the row's seeds (± 0.0 with one)"
-    out += ["", f"Success rate (%), mean ± standard deviation over {over}, {n} test tasks per task set and seed."]
-    return out
+    columns: list[tuple[str, str, dict[str, Any]]] = []
+    for ts in TASK_SETS:
+        if any(ts in train.get(p, {}) for p in results):
+            columns.append((f"{TASK_SET_NAMES[ts]} train", ts, train))
+        columns.append((f"{TASK_SET_NAMES[ts]} test", ts, results))
+    varied = len(set(seeds.values())) > 1
+    head = ["policy", *(["seeds"] if varied else []), *(c[0] for c in columns)]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for p in results:
+        cells = [_rate(src[p][ts]) if ts in src.get(p, {}) else "-" for _, ts, src in columns]
+        out.append("| " + " | ".join([p, *([str(seeds[p])] if varied else []), *cells]) + " |")
+    over = "the row's seeds (± 0.0 with one)" if varied else f"{next(iter(seeds.values()))} seed(s)"
+    note = f"Success rate (%), mean ± standard deviation over {over}, {n} test tasks per task set and seed"
+    held_in = sorted({r["n_episodes"] for sets in train.values() for r in sets.values()})
+    if held_in:
+        counts = "/".join(map(str, held_in))
+        note += f"; train: the tasks of the first {counts} trajectories per task set in the offline data (stage 01)"
+    return out + ["", note + "."]
 
 
 def _family_table(results: dict[str, Any]) -> list[str]:
@@ -249,15 +261,15 @@ def _skills_table(skills: dict[str, Any]) -> list[str]:
 
 def results_markdown(paths: Paths) -> str:
     ev, ab, oracle = _load(paths, "eval"), _load(paths, "ablations"), _load(paths, "oracle")
-    skills = _load(paths, "skills")
+    skills, train = _load(paths, "skills"), _load(paths, "eval_train")
     out = []
     if ev:
-        out += _success_table(ev) + ["", "![results](plots/results.png)", ""] + _targets(ev)
+        out += _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + _targets(ev)
         out += ["", "Success by family (%, mean over seeds):", ""] + _family_table(ev)
     else:
         out.append("No `metrics/eval.json` yet: run `make repro`.")
     if ab:
-        out += ["", "Ablations (success rate %, mean ± std over seeds):", ""] + _success_table(ab)
+        out += ["", "Ablations (success rate %, mean ± std over seeds):", ""] + _success_table(ab, train)
         perfect = (_load(paths, "actor") or {}).get("perfect_critic")
         if perfect and "digiq_perfect_critic" in ab:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "

@@ -30,7 +30,7 @@ TINY = {
         "oracle_rollouts": 2,
         "oracle_behaviour_rollouts": 2,
     },
-    "eval": {"n_tasks": 6, "n_envs": 6},
+    "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
     "experiment": {"seeds": 2},
     "ablations": {"untuned_vlm": True, "n_candidates": [1], "seeds": 1},
 }
@@ -82,6 +82,12 @@ def test_pipeline_notebooks_run_in_order(workspace):
             assert r["n_episodes"] == 6 and len(r["per_seed"]) == (2 if policy in report else 1) and r["by_family"]
             assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
             assert sum(r["tasks_by_family"].values()) == 6 and set(r["tasks_by_family"]) == set(r["by_family"])
+    train = json.loads((workspace / "metrics" / "eval_train.json").read_text())  # the paper's train columns
+    assert set(train) == set(report) | set(ablations)
+    for policy, sets in train.items():  # the tasks of the first 5 of each task set's 8 collected trajectories
+        assert set(sets) == {"general", "webshop"} and all(r["n_episodes"] == 5 for r in sets.values())
+        seeds = len({**ablations, **report}[policy]["general"]["per_seed"])  # as many seeds as on the test tasks
+        assert all(len(r["per_seed"]) == seeds for r in sets.values())
     skills = json.loads((workspace / "metrics" / "skills.json").read_text())
     assert set(skills) == {"policy", "seed", "none", "type", "tap", "action_type"}
     for ts in ("general", "webshop"):  # "none" is the base policy's own first-seed run

@@ -3,8 +3,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
+from digiq.data.trajectories import Step
 from digiq.env import Dynamics, parse_task
 from digiq.env.taskgen import generate_tasks
+from digiq.evaluate import train_tasks
+from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 
 TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
@@ -72,3 +75,19 @@ def test_corrupt_or_missing_data_is_named(tmp_path):
     part.write_bytes(b"not parquet")
     with pytest.raises(DataError, match="corrupt trajectory part"):
         store.read()
+
+
+def test_eval_train_tasks_are_those_of_the_data_s_first_trajectories(tmp_path):
+    """The paper's train columns: per task set, the tasks of the first N trajectories, unparseable ones passed over."""
+    paths = Paths(tmp_path)
+    texts = [t.instruction for t in TASKS[:4]]
+    rows = [("general", texts[3]), ("general", "Teach my cat to juggle"), ("general", texts[0]), ("general", texts[3]),
+            ("general", texts[1])]  # fmt: skip
+    steps = [Step(traj_id=i, step_id=0, task=text, task_set=ts, family="", observation="", next_observation="",
+                  image_path="", next_image_path="", action="", valid=True, reward=0.0, done=True, mc_return=0.0,
+                  trajectory_reward=0.0) for i, (ts, text) in reversed(list(enumerate(rows)))]  # fmt: skip
+    TrajectoryStore(paths.offline).write_part(steps)
+    held_in = train_tasks(paths, 3)
+    assert list(held_in) == ["general"]  # no Web Shopping trajectory: no list, not an empty one
+    assert [t.instruction for t in held_in["general"]] == [texts[3], texts[0], texts[3]]  # traj_id order, repeats kept
+    assert len(train_tasks(paths, 10)["general"]) == 4  # fewer trajectories than asked: all of them

@@ -323,3 +323,20 @@ def test_demonstrations_start_in_apps_at_the_asked_rate_and_p0_changes_nothing()
     assert {t.start_app for t in moved} <= {a.key for a in DEFAULT_APPS} and len({t.start_app for t in moved}) > 10
     assert [replace(t, start_app="") for t in started] == tasks  # only where the episode starts changes
     assert started_in_apps(tasks, 0.0, seed=1) == tasks
+
+
+def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", {
+        "base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
+        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
+    })  # fmt: skip
+    write_metrics(paths, "eval_train", {"off": "eval.train_tasks is 0"})
+    assert "| policy | General test | Web Shopping test |" in results_markdown(paths)
+    train = {"base": {"general": {**_result([0.4, 0.4], "search"), "n_episodes": 50}},
+             "digiq": {"general": {**_result([0.7, 0.9], "search"), "n_episodes": 50}}}  # fmt: skip
+    write_metrics(paths, "eval_train", train)  # imported data with General trajectories only: no Web Shopping train
+    md = results_markdown(paths)
+    assert "| policy | General train | General test | Web Shopping test |" in md
+    assert "| base | 40.0 ± 0.0 | 25.0 ± 5.0 | 10.0 ± 0.0 |" in md and "| digiq | 80.0 ± 10.0 | 55.0 ± 5.0 |" in md
+    assert "train: the tasks of the first 50 trajectories per task set in the offline data" in md
