@@ -139,12 +139,15 @@ def _result(rates: list[float], family: str) -> dict:
             "n_episodes": 96, "by_family": {family: rates[0]}, "tasks_by_family": {family: 96}}  # fmt: skip
 
 
+def _base_and_digiq() -> dict:
+    """eval.json of two policies over two seeds."""
+    return {"base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
+            "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")}}  # fmt: skip
+
+
 def test_report_fills_the_readme_block_from_metrics(tmp_path):
     paths = Paths(tmp_path)
-    write_metrics(paths, "eval", {
-        "base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
-        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
-    })  # fmt: skip
+    write_metrics(paths, "eval", _base_and_digiq())
     write_metrics(paths, "ablations", {
         "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
         "digiq_perfect_critic": {"general": _result([0.7], "search"), "webshop": _result([0.6], "go_to_site")},
@@ -327,10 +330,7 @@ def test_demonstrations_start_in_apps_at_the_asked_rate_and_p0_changes_nothing()
 
 def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):
     paths = Paths(tmp_path)
-    write_metrics(paths, "eval", {
-        "base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
-        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
-    })  # fmt: skip
+    write_metrics(paths, "eval", _base_and_digiq())
     write_metrics(paths, "eval_train", {"off": "eval.train_tasks is 0"})
     assert "| policy | General test | Web Shopping test |" in results_markdown(paths)
     train = {"base": {"general": {**_result([0.4, 0.4], "search"), "n_episodes": 50}},
