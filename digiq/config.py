@@ -438,7 +438,7 @@ EXPERT_SKILLS = ("type", "tap", "action_type")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Stage 07: roll every policy out on held-out test tasks."""
+    """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int = _help("first tasks of each test list (protocol: 96)", 96)
     train_tasks: int = _help(

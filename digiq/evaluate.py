@@ -164,10 +164,10 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     write_metrics(paths, "eval", report)
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
     write_metrics(paths, "skills", skills)
-    train_summary: dict[str, Any] = {p: {ts: _summary(r) for ts, r in sets.items()} for p, sets in train_runs.items()}
-    if not held_in:
-        why = "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses (parse_task)"
-        train_summary = {"off": why}
-    write_metrics(paths, "eval_train", train_summary)
+    if held_in:
+        train: dict[str, Any] = {p: {ts: _summary(r) for ts, r in sets.items()} for p, sets in train_runs.items()}
+    else:
+        train = {"off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"}
+    write_metrics(paths, "eval_train", train)
     write_metrics(paths, "eval_timing", timing)
     return summary
