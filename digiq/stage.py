@@ -28,6 +28,7 @@ from digiq.config import (
     DeviceConfig,
     EnvConfig,
     ExperimentConfig,
+    TasksConfig,
     VLMFinetuneConfig,
     load_params,
     load_section,
@@ -40,7 +41,12 @@ __all__ = ["STAGES", "run_stage", "main"]
 def _base_policy(p: dict[str, Any], paths: Paths) -> dict[str, Any]:
     from digiq.train.base_policy import run_base_policy
 
-    return run_base_policy(load_section(BasePolicyConfig, "base_policy", p), load_section(EnvConfig, "env", p), paths)
+    return run_base_policy(
+        load_section(BasePolicyConfig, "base_policy", p),
+        load_section(EnvConfig, "env", p),
+        paths,
+        split_seed=load_section(TasksConfig, "tasks", p).split_seed,
+    )
 
 
 def _vlm_finetune(p: dict[str, Any], paths: Paths) -> dict[str, Any]:

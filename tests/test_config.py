@@ -35,6 +35,7 @@ def test_repository_params_load():
         ({"env": [1, 2]}, "env must be a mapping"),
         ({"base_policy": {"start_in_app": 1.2}}, "start_in_app is a probability in [0, 1], got 1.2"),
         ({"base_policy": {"copy_augment": -0.1}}, "copy_augment is a probability in [0, 1], got -0.1"),
+        ({"base_policy": {"demo_family_min": -1}}, "demo_family_min must be >= 0, got -1"),
     ],
 )
 def test_bad_values_name_the_key(group, needle):

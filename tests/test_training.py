@@ -2,6 +2,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -19,7 +20,7 @@ from digiq.paths import Paths
 from digiq.report import END, START, expert_pick_table, reach, results_markdown, save_results_chart, update_readme
 from digiq.stagekit import write_metrics
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
-from digiq.train.base_policy import randomize_copied_words, started_in_apps
+from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
 from digiq.train.critic import conservative_penalty, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
 
@@ -326,6 +327,23 @@ def test_demonstrations_start_in_apps_at_the_asked_rate_and_p0_changes_nothing()
     assert {t.start_app for t in moved} <= {a.key for a in DEFAULT_APPS} and len({t.start_app for t in moved}) > 10
     assert [replace(t, start_app="") for t in started] == tasks  # only where the episode starts changes
     assert started_in_apps(tasks, 0.0, seed=1) == tasks
+
+
+def test_family_top_up_makes_every_family_reach_the_minimum_from_train_entities_only():
+    listed = [parse_task(t, "general") for t in generate_tasks("general", "train", 400, seed=0)][:150]
+    have = Counter(t.family for t in listed)
+    assert have["search"] > 20 and min(have.values()) < 20  # AitW's proportions: many searches, few of the rest
+    extra = family_top_up(listed, "general", 20, seed=1, split_seed=0)
+    total = Counter(t.family for t in listed + extra)
+    assert all(total[f] == max(20, have[f]) for f in have)  # short families made up exactly, none topped past
+    assert extra == family_top_up(listed, "general", 20, seed=1, split_seed=0)  # the stage reruns the same
+    assert family_top_up(listed, "general", 0, seed=1, split_seed=0) == []
+    test = {t for n in range(3) for t in generate_tasks("general", "test", 400, seed=n, split_seed=0)}
+    assert not {t.instruction for t in extra} & test  # test-only entities stay unseen
+    # Each family draws from its own stream: another family's shortfall does not change its tasks.
+    fewer_maps = [t for t in listed if t.family != "maps"]
+    alarm = [t for t in extra if t.family == "alarm"]
+    assert [t for t in family_top_up(fewer_maps, "general", 20, 1, 0) if t.family == "alarm"] == alarm
 
 
 def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import string
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,8 @@ from digiq.config import BasePolicyConfig, EnvConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.catalog import DEFAULT_APPS, stable_int
-from digiq.env.tasks import TASK_SETS, Task
+from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
+from digiq.env.tasks import TASK_SETS, Task, parse_task
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
@@ -32,7 +34,7 @@ from digiq.rollout import ExpertPolicy, rollout
 from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
 from digiq.train.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 
-__all__ = ["run_base_policy", "randomize_copied_words", "started_in_apps"]
+__all__ = ["family_top_up", "run_base_policy", "randomize_copied_words", "started_in_apps"]
 
 _TYPED = re.compile(r'("typed_text": ")(.*?)(")')
 _WORD = re.compile(r"[A-Za-z0-9]{2,}")
@@ -86,6 +88,27 @@ def started_in_apps(tasks: Sequence[Task], p: float, seed: int) -> list[Task]:
     return [replace(t, start_app=rng.choice(apps)) if rng.random() < p else t for t in tasks]
 
 
+def family_top_up(tasks: Sequence[Task], task_set: str, minimum: int, seed: int, split_seed: int) -> list[Task]:
+    """Train-split tasks of each family of ``task_set`` that ``tasks`` hold fewer than ``minimum`` of, to make up the rest.
+
+    A list drawn in AitW's proportions is half searches, and the few
+    demonstrations of a rare family do not teach the base to solve it ever,
+    so the data it collects hold no success there to learn from. The extra
+    tasks come from the train entities (``split_seed`` as the task lists'),
+    one generator stream per family. Only the task set's own families are
+    counted and made up.
+    """
+    have = Counter(t.family for t in tasks)
+    extra: list[Task] = []
+    for family in FAMILY_WEIGHTS[task_set]:
+        need = minimum - have[family]
+        if need > 0:
+            lines = generate_tasks(task_set, "train", need, seed=stable_int("demo_top_up", seed, family),
+                                   split_seed=split_seed, families=[family])  # fmt: skip
+            extra += [parse_task(line, task_set) for line in lines]
+    return extra
+
+
 def _same_case(word: str, like: str) -> str:
     """``word`` capitalised as ``like`` is (all caps, first letter, or lower)."""
     if like.isupper() and len(like) > 1:
@@ -93,14 +116,21 @@ def _same_case(word: str, like: str) -> str:
     return word.capitalize() if like[:1].isupper() else word
 
 
-def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
-    """SFT on demonstrations, or (``cfg.checkpoint``) the released Auto-UI-Base, saved as the base policy."""
+def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_seed: int = 0) -> dict[str, Any]:
+    """SFT on demonstrations, or (``cfg.checkpoint``) the released Auto-UI-Base, saved as the base policy.
+
+    ``split_seed`` is the task lists' (``tasks.split_seed``): the tasks that
+    ``cfg.demo_family_min`` adds are drawn from the same train entities.
+    """
     if cfg.checkpoint:
         return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
         demo_tasks = {ts: cfg.demo_count(ts) for ts in TASK_SETS}
-        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", demo_tasks[ts], "base_policy")]
+        tasks = []
+        for ts in TASK_SETS:
+            listed = read_tasks(paths, ts, "train", demo_tasks[ts], "base_policy")
+            tasks += listed + family_top_up(listed, ts, cfg.demo_family_min, cfg.seed, split_seed)
         tasks = started_in_apps(tasks, cfg.start_in_app, cfg.seed)
         store = TrajectoryStore(paths.demos)
         tokenizer_dir = paths.base_policy / "tokenizer"
@@ -135,6 +165,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths) -> dict
     metrics.update(
         {
             "demo_episodes": len(demos),
+            "demo_episodes_by_family": dict(sorted(Counter(t.family for t in tasks).items())),
             "demo_success_rate": round(sum(d > 0 for d in demos) / len(demos), 4),
             "demo_steps": len(rows),
             "demo_started_in_app": sum(bool(t.start_app) for t in tasks),
