@@ -150,7 +150,7 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     paths = Paths(tmp_path)
     write_metrics(paths, "eval", _base_and_digiq())
     write_metrics(paths, "ablations", {
-        "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")},
+        "digiq": _base_and_digiq()["digiq"],
         "digiq_perfect_critic": {"general": _result([0.7], "search"), "webshop": _result([0.6], "go_to_site")},
     })  # fmt: skip
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
