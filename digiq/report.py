@@ -116,7 +116,8 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     out += ["", f"{oracle['informative_states']} of {oracle['states']} sampled states have candidates of different "
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
-            "(the best a critic on those features could rank)."]  # fmt: skip
+            "(what the true values of that many states teach a ranker on the critic's inputs; probe_* in the expert "
+            "picks below learns from every stored state)."]  # fmt: skip
     behaviour = oracle.get("behaviour_values")
     if behaviour:
         flat = "; ".join(f"{ts} {_pct(v['flat'])}% of {v['states']}" for ts, v in behaviour.items()
@@ -146,7 +147,8 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
                   f"of {pick['states']} stored states whose valid candidates include both such and other actions "
                   "(mean over seeds, critic_untuned over the ablations' seeds; critic_*: the argmax of Q of each "
-                  "VLM's critic)."]  # fmt: skip
+                  "VLM's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
+                  "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
 
 
 def _rows_table(actor: dict[str, Any]) -> list[str]:

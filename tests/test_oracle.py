@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from digiq.data import TrajectoryStore
 from digiq.env import Dynamics, parse_task
@@ -13,6 +14,7 @@ from digiq.oracle import (
     candidate_values,
     expert_equivalent,
     expert_pick_report,
+    expert_probe,
     feature_probe,
     ranking_report,
     replay,
@@ -178,6 +180,32 @@ def test_feature_probe_ranks_by_what_the_features_carry():
         "blind": feature_probe(state, blind, oracle, valid, seed=0)}, tolerance=0.05)  # fmt: skip
     assert report["top1_hit_rate"]["informative"] > 0.6
     assert report["top1_hit_rate"]["blind"] < 0.35  # a constant score picks one candidate blindly (random ~0.19)
+
+
+def test_expert_probe_picks_right_on_episodes_it_was_not_fit_on_and_leaves_torch_seeded():
+    rng = np.random.default_rng(1)
+    S, N = 400, 8
+    right = rng.uniform(size=(S, N)) < 0.3
+    valid = rng.uniform(size=(S, N)) < 0.9
+    episodes = np.repeat(np.arange(S // 4), 4)
+    state = rng.normal(size=(S, 32)).astype(np.float32)
+    # telling carries the label in one feature; blind is noise a probe could memorise, but only for the states it
+    # is fit on, so a probe that scored those would rise above random on it.
+    telling = np.concatenate([2 * right[..., None], rng.normal(size=(S, N, 31))], -1).astype(np.float32)
+    blind = rng.normal(size=(S, N, 32)).astype(np.float32)
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    scores = {
+        "telling": expert_probe(state, telling, right, valid, episodes, seed=0, epochs=20),
+        "blind": expert_probe(state, blind, right, valid, episodes, seed=0, epochs=20),
+    }
+    assert torch.equal(torch.rand(2), expected)  # the stage's actors draw the same numbers as without the probe
+    report = expert_pick_report(right, valid, scores, np.zeros(S, int))
+    rates = report["hit_rate"]
+    assert rates["telling"] > 0.9
+    assert abs(rates["blind"] - rates["random"]) < 0.1
+    assert np.array_equal(scores["telling"], expert_probe(state, telling, right, valid, episodes, seed=0, epochs=20))
 
 
 class _TypesGarbage(ExpertPolicy):

@@ -43,6 +43,7 @@ from digiq.oracle import (
     expert_equivalent,
     expert_kind,
     expert_pick_report,
+    expert_probe,
     feature_probe,
     group_masks,
     ranking_report,
@@ -308,10 +309,15 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 **behaviour_report(sample["oracle"], sample["behaviour"], sample["valid"], cfg.oracle_tolerance,
                                    steps.task_set.to_numpy()[sample["idx"]])}  # fmt: skip
         right = kinds = None
+        valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         if ablations.perfect_critic or oracle_on:
             right, kinds = _expert_matrix(env, collect.seed, steps, cands)
             metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), steps.family.to_numpy())
             metrics["expert_support_by_kind"] = support_report(right, steps.task_set.to_numpy(), kinds)
+        # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
+        expert_probes = {f"probe_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes,
+                                                      seed=cfg.seed)
+                         for vlm, f in feats.items()} if oracle_on else {}  # fmt: skip
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # Digi-Q's rows, over seeds
         if ablations.perfect_critic:
             perfect = _perfect_critic_picks(right)
@@ -324,7 +330,6 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         task_sets = steps.task_set.to_numpy()
         curves: dict[str, list[float]] = {}
         reports, expert_reports = [], []
-        valid = np.stack(cands.valid_list.to_numpy())
         for s in range(seeds):
             seed = cfg.seed + s
             ablating = s < ablations.seeds  # the ablations repeat only the first seeds
@@ -364,7 +369,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                                               cfg.oracle_tolerance))  # fmt: skip
                 # every stored state: does each critic's argmax do what the expert would?
                 picks = {f"critic_{vlm}": scores for vlm, scores in q.items()}
-                expert_reports.append(expert_pick_report(right, valid, {**picks, "taken_action": _taken(valid)},
+                expert_reports.append(expert_pick_report(right, valid, {**picks, **expert_probes,
+                                                                        "taken_action": _taken(valid)},
                                                          steps.task_set.to_numpy()))  # fmt: skip
     metrics["states"] = len(steps)
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
