@@ -12,7 +12,9 @@ whether a failure of Digi-Q comes from the critic (it ranks badly) or from
 the actor (the ranking is right but the policy does not learn from it).
 :func:`behaviour_values` continues with the policy that collected the data
 instead: the values Digi-Q's critic is trained towards, which say whether its
-objective prefers the right candidate at all.
+objective prefers the right candidate at all. :func:`expert_probe` fits a
+ranker on the critic's own inputs to the expert's choices, which says whether
+those inputs, or the signal TD gets from the data, limit the critic.
 """
 
 from __future__ import annotations
