@@ -135,7 +135,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:
-        assert set(pick["hit_rate"]) == {"random", "critic_finetuned", "critic_untuned", "taken_action"}
+        assert set(pick["hit_rate"]) == {"random", "critic_finetuned", "critic_untuned", "taken_action",
+                                         "probe_finetuned", "probe_untuned"}  # fmt: skip
     assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
