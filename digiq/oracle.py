@@ -467,7 +467,6 @@ def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, v
             torch.manual_seed(seed)
             net = mlp(s.shape[1] + c.shape[2], hidden)
             opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
-
             train = np.flatnonzero(fit & informative)
             for _ in range(epochs if len(train) else 0):
                 for batch in np.array_split(rng.permutation(train), max(1, len(train) // 64)):
