@@ -216,11 +216,14 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
 class BasePolicyConfig:
     """Stage 00: SFT of the base policy on noisy expert demonstrations."""
 
-    demo_tasks: int = _help("demonstrated train tasks per task set (few: the base must stay weak)", 150)
-    # Web Shopping is one site whose skills the base picks up from fewer demonstrations: at 150 the base solved
-    # 46.5-47.2% of its test tasks (two stage-00 seeds), above issue 4's 15-45% band; at 100, 38.9-40.6% (README).
-    demo_tasks_webshop: int | None = _help("Web Shopping's own count of demonstrated tasks; null: demo_tasks", 100)
-    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.2)
+    # The base is weak by its slips more than by what it never saw, as AutoUI is on AitW (a trained model that
+    # mostly knows what to do and often does something else): 200 demonstrated tasks per set, 40% of their steps
+    # a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts out.
+    # 150 / 100 tasks at 0.2 gave a base weak by gaps (26.0 / 40.6): Digi-Q 22.6 / 46.2, below Filtered BC on
+    # General; at 0.5 the base fell to 7.3 / 26.0 (README, docs/results_log.md).
+    demo_tasks: int = _help("demonstrated train tasks per task set", 200)
+    demo_tasks_webshop: int | None = _help("Web Shopping's own count of demonstrated tasks; null: demo_tasks", None)
+    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4)
     vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024)
     d_model: int = _help("T5 width (AutoUI-Base: 768)", 128)
     num_layers: int = _help("T5 encoder (and decoder) layers", 2)
@@ -228,17 +231,18 @@ class BasePolicyConfig:
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
     copy_augment: float = _help("P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5)
-    # Every episode starting on the launcher, the demonstrations hold 4 Home presses in 1,619 steps and the base
-    # never presses Home to leave a wrong app. At 0.3 (74 presses) the base fell from 26.0 to 20.1% General
-    # test success, Digi-Q from 22.6 / 46.2 to 19.1 / 43.1, and its critic still hardly picks Home (log).
+    # With 150 / 100 tasks at noise 0.2, every episode starting on the launcher, the demonstrations held 4 Home
+    # presses in 1,619 steps and the base never pressed Home to leave a wrong app. At 0.3 (74 presses) the base
+    # fell from 26.0 to 20.1% General test success, Digi-Q from 22.6 / 46.2 to 19.1 / 43.1, and its critic still
+    # hardly picked Home (log).
     start_in_app: float = _help("P(a demonstration starts in a random default app, as a phone found in use)", 0.0)
-    # Drawn in AitW's proportions, 150 General demonstrations hold 81 searches and 3 to 15 of each other family;
-    # the base then never solves alarm, chrome_tab or notifications, even in 8 attempts, and the offline data hold
-    # no success there for any method to learn. At 20 (demo_tasks_webshop 75) the perfect critic's actor gained
-    # 21.4 points on General; Digi-Q, on its own critic, gained none (docs/results_log.md).
+    # Drawn in AitW's proportions, 150 General demonstrations (noise 0.2) held 81 searches and 3 to 15 of each
+    # other family; that base never solved alarm, chrome_tab or notifications, even in 8 attempts, and its data
+    # held no success there for any method to learn. At 20 (demo_tasks_webshop 75) the perfect critic's actor
+    # gained 21.4 points on General; Digi-Q, on its own critic, gained none (docs/results_log.md).
     demo_family_min: int = _help("each family is demonstrated at least this often: short families get more "
                                  "train-split tasks, generated beyond the list (0: the list's first tasks only)", 0)  # fmt: skip
-    # Seed 0 with these counts gave 14.9% General test success, 0.1 under issue 4's band; seed 1 26.0% (README).
+    # Seed 0 with 150 / 100 tasks at noise 0.2 gave 14.9% General test success, 0.1 under issue 4's band (log).
     seed: int = _help("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
