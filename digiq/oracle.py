@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from digiq.config import EXPERT_SKILLS
@@ -48,6 +49,8 @@ __all__ = [
     "expert_equivalent",
     "ranking_report",
     "expert_pick_report",
+    "action_kinds",
+    "wrong_pick_report",
     "support_report",
     "group_masks",
     "expert_kind",
@@ -354,6 +357,46 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
                 name: round(float(r[mask].mean()), 4) for name, r in rates.items()
             }
     return report
+
+
+def action_kinds(action_lists: Sequence[Sequence[str]]) -> np.ndarray:
+    """(S, N) str: each candidate's kind of action (``DUAL_POINT``, ``PRESS_BACK`` ...), ``invalid`` where it does not parse."""
+    return np.array([[a.type.name if a.is_valid else "invalid" for a in map(parse_action, row)]
+                     for row in action_lists])  # fmt: skip
+
+
+def wrong_pick_report(right: np.ndarray, valid: np.ndarray, scores: Sequence[np.ndarray], kinds: np.ndarray,
+                      expert_kinds: np.ndarray, task_sets: np.ndarray) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Per task set: where a ranking's top pick is not the expert's, which kind of action it picks instead.
+
+    Over the informative states (as in :func:`expert_pick_report`) whose
+    top valid candidate under ``scores`` (one (S, N) array per seed, pooled)
+    is not an expert's: the share of those picks of each kind (``kinds``,
+    :func:`action_kinds`), beside the kind of the data's own action (column
+    0) and of the expert's (``expert_kinds``, (S,)) at the same states. A
+    kind the critic picks far more often than the expert takes it is a bias
+    of the critic, not noise: a conservative term raises Q of whatever the
+    data took, so the base's commonest slip (Back) rises with it (README,
+    results).
+    """
+    ok = np.asarray(valid, bool)
+    hit = np.asarray(right, bool) & ok
+    informative = hit.any(1) & (ok & ~hit).any(1)
+    rows, kinds, task_sets = np.arange(len(hit)), np.asarray(kinds), np.asarray(task_sets)
+    frames = []
+    for s in scores:
+        pick = np.where(ok, s, -np.inf).argmax(1)
+        wrong = informative & ~hit[rows, pick]
+        frames.append(pd.DataFrame({"task_set": task_sets[wrong], "critic": kinds[rows, pick][wrong],
+                                    "data": kinds[wrong, 0], "expert": np.asarray(expert_kinds)[wrong]}))  # fmt: skip
+    out: dict[str, dict[str, Any]] = {}
+    for ts, picks in pd.concat(frames).groupby("task_set"):
+        shares = {column: picks[column].value_counts(normalize=True) for column in ("critic", "data", "expert")}
+        names = sorted(set().union(*(x.index for x in shares.values())), key=lambda k: (-shares["critic"].get(k, 0.0), k))
+        out[str(ts)] = {"wrong_picks": round(len(picks) / len(scores), 1),
+                        "kinds": {str(k): {c: round(float(x.get(k, 0.0)), 4) for c, x in shares.items()}
+                                  for k in names}}  # fmt: skip
+    return out
 
 
 def group_masks(task_sets: np.ndarray, groups: np.ndarray) -> Iterator[tuple[str, str, np.ndarray]]:

@@ -151,6 +151,30 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
 
 
+def _wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
+    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06)."""
+    out = ["| task set | action kind | critic's wrong picks (%) | data's action there (%) | expert's action there (%) |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for ts, r in wrong.items():
+        for kind, share in r["kinds"].items():
+            out.append(f"| {ts} | {kind} | {_pct(share['critic'])} | {_pct(share['data'])} | {_pct(share['expert'])} |")
+    counts = ", ".join(f"{ts} {r['wrong_picks']}" for ts, r in wrong.items())
+    return out + ["", "Over the informative stored states where the argmax of the critic's Q (critic_finetuned above) "
+                  f"does not do what the expert would ({counts} per seed, pooled over seeds): the kind of action it "
+                  "picks, the kind the data took there, and the kind the expert would take."]  # fmt: skip
+
+
+def _rewarded_table(rewarded: dict[str, Any]) -> list[str]:
+    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 05)."""
+    out = ["| task set | family | rewarded steps trained on | critic's Q of their action (target 1.0) |",
+           "|---|---|---|---|"]  # fmt: skip
+    for ts, families in rewarded.items():
+        for family, r in families.items():
+            out.append(f"| {ts} | {family} | {r['steps']:g} | {r['q_taken']:.3f} |")
+    return out + ["", "A rewarded step ends its episode, so its TD target is exactly the reward, 1 (mean over the "
+                  "seeds' critics, each over the steps of the episodes it trained on; families with none left out)."]  # fmt: skip
+
+
 def _rows_table(actor: dict[str, Any]) -> list[str]:
     """Per policy: how many rows it imitates and how often their action is the expert's, per task set (stage 06)."""
     shares = actor["rows_expert_share"]
@@ -298,6 +322,11 @@ def results_markdown(paths: Paths) -> str:
         )
     if oracle and "expert_pick" in oracle:
         out += ["", "Expert picks over all stored states (stage 06):", ""] + expert_pick_table(oracle["expert_pick"])
+    if oracle and oracle.get("critic_wrong_picks"):
+        out += ["", "Where the critic's picks go wrong (stage 06):", ""] + _wrong_pick_table(oracle["critic_wrong_picks"])
+    rewarded = (_load(paths, "critic") or {}).get("rewarded_steps")
+    if rewarded:
+        out += ["", "The critic at the data's rewarded steps (stage 05):", ""] + _rewarded_table(rewarded)
     if skills:
         out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
                 "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip

@@ -4,11 +4,21 @@ import torch
 
 from digiq.data import TrajectoryStore
 from digiq.env import Dynamics, parse_task
-from digiq.env.actions import format_action, parse_action, press_home, tap, task_complete, type_text
+from digiq.env.actions import (
+    format_action,
+    parse_action,
+    press_back,
+    press_enter,
+    press_home,
+    tap,
+    task_complete,
+    type_text,
+)
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
 from digiq.oracle import (
     ExpertSkill,
+    action_kinds,
     behaviour_report,
     behaviour_values,
     candidate_values,
@@ -20,6 +30,7 @@ from digiq.oracle import (
     replay,
     support_report,
     within_state_share,
+    wrong_pick_report,
 )
 from digiq.rollout import ExpertPolicy, RolloutBatch, episode_seed, rollout
 
@@ -145,6 +156,29 @@ def test_expert_pick_report_counts_states_with_right_and_wrong_valid_candidates_
     assert report["states"] == 4 and report["informative_states"] == 2
     assert report["hit_rate"] == {"random": round((1 / 3 + 1 / 3) / 2, 4), "critic": 0.5}
     assert report["hit_rate_general"]["critic"] == 1.0 and report["hit_rate_webshop"]["critic"] == 0.0
+
+
+def test_wrong_pick_report_names_what_the_critic_picks_where_it_misses_the_expert():
+    back, tap_, enter = (format_action(a) for a in (press_back(), tap(0.5, 0.5), press_enter()))
+    lists = [[back, tap_, enter], [tap_, back, enter], [back, tap_, "garbage"], [tap_, tap_, tap_]]
+    kinds = action_kinds(lists)
+    assert kinds[0].tolist() == ["PRESS_BACK", "DUAL_POINT", "PRESS_ENTER"] and kinds[2, 2] == "invalid"
+    right = np.array([[False, True, False], [True, False, False], [False, True, False], [True, True, True]])
+    valid = kinds != "invalid"
+    expert = np.array(["DUAL_POINT", "DUAL_POINT", "DUAL_POINT", "DUAL_POINT"])
+    sets = np.array(["general", "general", "webshop", "general"])
+    seed_a = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 9.0], [1.0, 0.0, 0.0]])  # Back, Back, right (9: invalid)
+    seed_b = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])  # right, Enter, Back
+    report = wrong_pick_report(right, valid, [seed_a, seed_b], kinds, expert, sets)
+    # state 3 is not informative (every candidate right); seed A misses twice on general, seed B once on each set
+    assert report["general"]["wrong_picks"] == 1.5 and report["webshop"]["wrong_picks"] == 0.5
+    assert report["general"]["kinds"] == {
+        "PRESS_BACK": {"critic": round(2 / 3, 4), "data": round(1 / 3, 4), "expert": 0.0},
+        "DUAL_POINT": {"critic": 0.0, "data": round(2 / 3, 4), "expert": 1.0},
+        "PRESS_ENTER": {"critic": round(1 / 3, 4), "data": 0.0, "expert": 0.0},
+    }
+    assert list(report["general"]["kinds"])[0] == "PRESS_BACK"  # most picked first
+    assert report["webshop"]["kinds"]["PRESS_BACK"] == {"critic": 1.0, "data": 1.0, "expert": 0.0}
 
 
 def test_support_report_counts_the_taken_action_and_any_candidate_per_family():

@@ -21,7 +21,7 @@ from digiq.report import END, START, expert_pick_table, reach, results_markdown,
 from digiq.stagekit import write_metrics
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
 from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
-from digiq.train.critic import conservative_penalty, td_fit, td_step
+from digiq.train.critic import conservative_penalty, rewarded_fit, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
 
 
@@ -52,6 +52,25 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
     fit = td_fit(critic, batch, gamma=0.9)
     assert fit["q_td_rmse"] < 0.05 and abs(fit["q_taken_minus_v"]) < 0.05
     assert untrained["q_td_rmse"] > 0.3
+
+
+def test_rewarded_fit_reads_q_at_the_rewarded_steps_each_critic_trained_on_per_family():
+    import pandas as pd
+
+    torch.manual_seed(0)
+    critic = Critic(CriticNetConfig(feature_dim=2, hidden=8))
+    state = torch.randn(5, 2)
+    feats = {"state": state.numpy(), "candidates": state[:, None].numpy()}
+    q = torch.minimum(*critic.q(state, state)).detach().numpy()
+    steps = pd.DataFrame({"reward": [1.0, 0.0, 1.0, 1.0, 1.0], "task_set": ["webshop"] * 4 + ["general"],
+                          "family": ["select_first", "select_first", "select_first", "site_search", "search"]})  # fmt: skip
+    # seed A trained on rows 0-3, seed B on 0 and 4: the unrewarded row 1 and untrained rows never count
+    report = rewarded_fit([(critic, np.array([0, 1, 2, 3])), (critic, np.array([0, 4]))], feats, steps)
+    assert set(report) == {"general", "webshop"} and set(report["webshop"]) == {"select_first", "site_search"}
+    assert report["webshop"]["select_first"]["steps"] == 1.5  # 2 rows for seed A, 1 for seed B
+    expected = ((q[0] + q[2]) / 2 + q[0]) / 2
+    assert report["webshop"]["select_first"]["q_taken"] == pytest.approx(expected, abs=1e-4)
+    assert report["general"]["search"] == {"steps": 1.0, "q_taken": pytest.approx(q[4], abs=1e-4)}
 
 
 def test_conservative_term_keeps_untried_candidates_below_the_taken_action():
@@ -163,7 +182,8 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
                                    "expert_support_by_kind": {"webshop": {"PRESS_BACK": {"states": 12, "taken_is_expert": 0.1,
                                                                                          "expert_candidate": 0.6}}},
                                    "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}}})  # fmt: skip
-    write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7})
+    write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7,
+                                    "rewarded_steps": {"webshop": {"select_first": {"steps": 4.0, "q_taken": 0.0888}}}})  # fmt: skip
     write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
     write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
@@ -171,7 +191,9 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
                                     "expert_pick": {"states": 50, "informative_states": 30,
                                                     "hit_rate": {"random": 0.4, "critic_finetuned": 0.55},
                                                     "hit_rate_general": {"random": 0.3, "critic_finetuned": 0.35},
-                                                    "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}}})  # fmt: skip
+                                                    "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}},
+                                    "critic_wrong_picks": {"general": {"wrong_picks": 610.3, "kinds": {
+                                        "PRESS_BACK": {"critic": 0.373, "data": 0.2228, "expert": 0.0}}}}})  # fmt: skip
     write_metrics(paths, "skills", {"policy": "base", "seed": 0,
                                     "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
                                     "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
@@ -195,6 +217,8 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     # the data never solve search or go_to_site here (only select_first is in collect.json): nothing left to teach
     assert "| general | 96 | 96 (search) | 44 | - | - | - |" in md
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
+    assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
+    assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
     assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")

@@ -37,6 +37,7 @@ from digiq.models.critic import Critic, mlp
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
+    action_kinds,
     behaviour_report,
     behaviour_values,
     candidate_values,
@@ -50,6 +51,7 @@ from digiq.oracle import (
     replay,
     support_report,
     within_state_share,
+    wrong_pick_report,
 )
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
@@ -329,7 +331,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         expert: dict[str, list[dict[str, float | None]]] = {}  # the rows' share of expert actions, per seed
         task_sets = steps.task_set.to_numpy()
         curves: dict[str, list[float]] = {}
-        reports, expert_reports = [], []
+        reports, expert_reports, critic_q = [], [], []
         for s in range(seeds):
             seed = cfg.seed + s
             ablating = s < ablations.seeds  # the ablations repeat only the first seeds
@@ -363,6 +365,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                     curves[name] = [p["loss"] for p in curve]
             if sample is not None:  # Q of every stored state's candidates, from each VLM's critic
                 q = {vlm: _all_q(critic, feats[vlm]) for vlm, critic in critics.items()}
+                critic_q.append(q["finetuned"])
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
                                               {"critic": q["finetuned"][sample["idx"]], "base_likelihood": sample["loglik"],
                                                "taken_action": _taken(sample["valid"]), **probes, **behaviour},
@@ -386,6 +389,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         oracle_metrics["per_seed"] = reports
     if expert_reports:
         oracle_metrics["expert_pick"] = {**_mean_report(expert_reports), "per_seed": expert_reports}
+        oracle_metrics["critic_wrong_picks"] = wrong_pick_report(right, valid, critic_q,
+                                                                 action_kinds(cands.action_list.tolist()), kinds,
+                                                                 task_sets)  # fmt: skip
     if parallel.is_main():
         # A declared output even when the diagnostic is off (oracle_states 0, as with imported data).
         write_metrics(paths, "oracle", oracle_metrics or {"states": 0})

@@ -39,7 +39,7 @@ from digiq.train.augment import read_candidates
 from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates"]
+__all__ = ["run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
 
 
 def td_step(
@@ -163,7 +163,8 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
     transitions = {k: data[k][train_idx].to(dev) for k in ("state", "next_state", "action", "reward", "done")}
     fit = td_fit(critic, transitions, cfg.gamma)
-    return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx), **fit}
+    return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx),
+            "train_rows": train_idx, **fit}  # fmt: skip
 
 
 @torch.no_grad()
@@ -182,6 +183,35 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     return {"q_td_rmse": float(((q - target) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
 
 
+@torch.no_grad()
+def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.ndarray],
+                 steps: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
+    """Per task set and family: the rewarded steps each critic trained on, and its Q of their taken action.
+
+    ``critics`` pairs each seed's critic with the rows it trained on
+    (``fit_critic``'s ``train_rows``). A rewarded step ends its episode, so
+    its TD target is exactly the reward, 1: a Q far below it means the critic
+    cannot tell that step from the unrewarded ones it resembles, and no
+    candidate that would finish the task there can stand out to Best-of-N
+    (README, results: four of Web Shopping's select_first). Both numbers are
+    means over the seeds; families with no rewarded step are left out.
+    """
+    per_seed = []
+    for critic, rows in critics:
+        rows = rows[steps.reward.to_numpy()[rows] > 0]
+        dev = next(critic.parameters()).device
+        state = torch.from_numpy(np.asarray(feats["state"])[rows]).to(dev)
+        q = torch.minimum(*critic.q(state, torch.from_numpy(np.asarray(feats["candidates"])[rows, 0]).to(dev)))
+        frame = steps.iloc[rows][["task_set", "family"]].assign(q=q.cpu().numpy())
+        per_seed.append(frame.groupby(["task_set", "family"]).q.agg(["size", "mean"]))
+    pooled = pd.concat(per_seed).groupby(level=[0, 1]).mean()
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (ts, family), row in pooled.iterrows():
+        out.setdefault(str(ts), {})[str(family)] = {"steps": round(float(row["size"]), 1),
+                                                    "q_taken": round(float(row["mean"]), 4)}  # fmt: skip
+    return out
+
+
 def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = False,
                untuned_seeds: int | None = None) -> dict[str, Any]:  # fmt: skip
     """One critic per seed on the fine-tuned VLM's features, and for the ablation on the untuned ones.
@@ -193,7 +223,8 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
         require("critic", paths.features(vlm))
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        steps = TrajectoryStore(paths.offline).read().select(["traj_id", "reward", "done", "mc_return"]).to_pandas()
+        columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
+        steps = TrajectoryStore(paths.offline).read().select(columns).to_pandas()
         scored = scored_candidates(paths, cfg.tap_targets)
         curves: dict[str, list[float]] = {}
         for vlm in vlms:
@@ -201,13 +232,14 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
-            corrs, fits = [], []
+            corrs, fits, trained = [], [], []
             for seed in range(seeds if vlm == "finetuned" else min(seeds, untuned_seeds or seeds)):
                 fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored)
                 if parallel.is_main():
                     fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
                                        steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
                 corrs.append(round(fit["corr"], 4))
+                trained.append((fit["critic"], fit["train_rows"]))
                 fits.append({k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")})
                 if seed == 0:
                     curves.update({f"{name} loss ({vlm})": c for name, c in fit["curves"].items()})
@@ -219,6 +251,8 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
             metrics[key] = round(float(np.mean(corrs)), 4)
             metrics[key + "_per_seed"] = corrs
             metrics["td_fit" + ("" if vlm == "finetuned" else "_untuned") + "_per_seed"] = fits
+            if vlm == "finetuned":
+                metrics["rewarded_steps"] = rewarded_fit(trained, feats, steps)
     if parallel.is_main():
         save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
         write_metrics(paths, "critic", metrics)
