@@ -392,7 +392,8 @@ def wrong_pick_report(right: np.ndarray, valid: np.ndarray, scores: Sequence[np.
     out: dict[str, dict[str, Any]] = {}
     for ts, picks in pd.concat(frames).groupby("task_set"):
         shares = {column: picks[column].value_counts(normalize=True) for column in ("critic", "data", "expert")}
-        names = sorted(set().union(*(x.index for x in shares.values())), key=lambda k: (-shares["critic"].get(k, 0.0), k))
+        kinds_seen = set().union(*(x.index for x in shares.values()))
+        names = sorted(kinds_seen, key=lambda k: (-shares["critic"].get(k, 0.0), k))  # most picked first
         out[str(ts)] = {"wrong_picks": round(len(picks) / len(scores), 1),
                         "kinds": {str(k): {c: round(float(x.get(k, 0.0)), 4) for c, x in shares.items()}
                                   for k in names}}  # fmt: skip

@@ -151,8 +151,10 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
 
 
-def _wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
-    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06)."""
+def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
+    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06; notebook 06)."""
+    if not wrong:
+        return ["Wrong picks off (`actor.oracle_states: 0`), or the critic never missed the expert."]
     out = ["| task set | action kind | critic's wrong picks (%) | data's action there (%) | expert's action there (%) |",
            "|---|---|---|---|---|"]  # fmt: skip
     for ts, r in wrong.items():
@@ -164,8 +166,10 @@ def _wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
                   "picks, the kind the data took there, and the kind the expert would take."]  # fmt: skip
 
 
-def _rewarded_table(rewarded: dict[str, Any]) -> list[str]:
-    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 05)."""
+def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
+    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 05; notebook 05)."""
+    if not rewarded:
+        return ["No rewarded step among the transitions the critics trained on."]
     out = ["| task set | family | rewarded steps trained on | critic's Q of their action (target 1.0) |",
            "|---|---|---|---|"]  # fmt: skip
     for ts, families in rewarded.items():
@@ -322,11 +326,12 @@ def results_markdown(paths: Paths) -> str:
         )
     if oracle and "expert_pick" in oracle:
         out += ["", "Expert picks over all stored states (stage 06):", ""] + expert_pick_table(oracle["expert_pick"])
-    if oracle and oracle.get("critic_wrong_picks"):
-        out += ["", "Where the critic's picks go wrong (stage 06):", ""] + _wrong_pick_table(oracle["critic_wrong_picks"])
+    wrong = (oracle or {}).get("critic_wrong_picks")
+    if wrong:
+        out += ["", "Where the critic's picks go wrong (stage 06):", ""] + wrong_pick_table(wrong)
     rewarded = (_load(paths, "critic") or {}).get("rewarded_steps")
     if rewarded:
-        out += ["", "The critic at the data's rewarded steps (stage 05):", ""] + _rewarded_table(rewarded)
+        out += ["", "The critic at the data's rewarded steps (stage 05):", ""] + rewarded_table(rewarded)
     if skills:
         out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
                 "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip

@@ -167,8 +167,9 @@ def test_wrong_pick_report_names_what_the_critic_picks_where_it_misses_the_exper
     valid = kinds != "invalid"
     expert = np.array(["DUAL_POINT", "DUAL_POINT", "DUAL_POINT", "DUAL_POINT"])
     sets = np.array(["general", "general", "webshop", "general"])
-    seed_a = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 9.0], [1.0, 0.0, 0.0]])  # Back, Back, right (9: invalid)
-    seed_b = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])  # right, Enter, Back
+    # seed A picks Back, Back, the right tap (its 9.0 is on an invalid candidate); seed B right, Enter, Back
+    seed_a = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 9.0], [1.0, 0.0, 0.0]])
+    seed_b = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     report = wrong_pick_report(right, valid, [seed_a, seed_b], kinds, expert, sets)
     # state 3 is not informative (every candidate right); seed A misses twice on general, seed B once on each set
     assert report["general"]["wrong_picks"] == 1.5 and report["webshop"]["wrong_picks"] == 0.5

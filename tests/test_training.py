@@ -17,7 +17,17 @@ from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
-from digiq.report import END, START, expert_pick_table, reach, results_markdown, save_results_chart, update_readme
+from digiq.report import (
+    END,
+    START,
+    expert_pick_table,
+    reach,
+    results_markdown,
+    rewarded_table,
+    save_results_chart,
+    update_readme,
+    wrong_pick_table,
+)
 from digiq.stagekit import write_metrics
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
 from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
@@ -220,6 +230,7 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
     assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
+    assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     update_readme(readme, paths)
