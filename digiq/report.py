@@ -155,28 +155,25 @@ def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
     """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06; notebook 06)."""
     if not wrong:
         return ["Wrong picks off (`actor.oracle_states: 0`), or the critic never missed the expert."]
-    out = ["| task set | action kind | critic's wrong picks (%) | data's action there (%) | expert's action there (%) |",
-           "|---|---|---|---|---|"]  # fmt: skip
-    for ts, r in wrong.items():
-        for kind, share in r["kinds"].items():
-            out.append(f"| {ts} | {kind} | {_pct(share['critic'])} | {_pct(share['data'])} | {_pct(share['expert'])} |")
+    columns = [(f"{head} (%)", lambda ts, kind, r, key=key: _pct(r[key])) for head, key in
+               (("critic's wrong picks", "critic"), ("data's action there", "data"), ("expert's action there", "expert"))]  # fmt: skip
     counts = ", ".join(f"{ts} {r['wrong_picks']}" for ts, r in wrong.items())
-    return out + ["", "Over the informative stored states where the argmax of the critic's Q (critic_finetuned above) "
-                  f"does not do what the expert would ({counts} per seed, pooled over seeds): the kind of action it "
-                  "picks, the kind the data took there, and the kind the expert would take."]  # fmt: skip
+    return _grouped_table({ts: r["kinds"] for ts, r in wrong.items()}, "action kind", columns,
+                          "Over the informative stored states where the argmax of the critic's Q (critic_finetuned "
+                          f"above) does not do what the expert would ({counts} per seed, pooled over seeds): the kind "
+                          "of action it picks, the kind the data took there, and the kind the expert would take.")  # fmt: skip
 
 
 def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
     """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 05; notebook 05)."""
     if not rewarded:
         return ["No rewarded step among the transitions the critics trained on."]
-    out = ["| task set | family | rewarded steps trained on | critic's Q of their action (target 1.0) |",
-           "|---|---|---|---|"]  # fmt: skip
-    for ts, families in rewarded.items():
-        for family, r in families.items():
-            out.append(f"| {ts} | {family} | {r['steps']:g} | {r['q_taken']:.3f} |")
-    return out + ["", "A rewarded step ends its episode, so its TD target is exactly the reward, 1 (mean over the "
-                  "seeds' critics, each over the steps of the episodes it trained on; families with none left out)."]  # fmt: skip
+    columns: list[tuple[str, Cell]] = [("rewarded steps trained on", lambda ts, fam, r: f"{r['steps']:g}"),
+                                       ("critic's Q of their action (target 1.0)", lambda ts, fam, r: f"{r['q_taken']:.3f}")]  # fmt: skip
+    return _grouped_table(rewarded, "family", columns,
+                          "A rewarded step ends its episode, so its TD target is exactly the reward, 1 (mean over the "
+                          "seeds' critics, each over the steps of the episodes it trained on; families with none left "
+                          "out).")  # fmt: skip
 
 
 def _rows_table(actor: dict[str, Any]) -> list[str]:
