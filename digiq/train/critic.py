@@ -194,7 +194,8 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
     cannot tell that step from the unrewarded ones it resembles, and no
     candidate that would finish the task there can stand out to Best-of-N
     (README, results: four of Web Shopping's select_first). Both numbers are
-    means over the seeds; families with no rewarded step are left out.
+    means over the seeds whose training split holds any of the family's
+    rewarded steps; families with none in any split are left out.
     """
     per_seed = []
     for critic, rows in critics:
