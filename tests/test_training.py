@@ -31,7 +31,7 @@ from digiq.report import (
 from digiq.stagekit import write_metrics
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
 from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
-from digiq.train.critic import conservative_penalty, rewarded_fit, td_fit, td_step
+from digiq.train.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
 from digiq.train.policy_fit import FitRow, fit_policy
 
 
@@ -81,6 +81,16 @@ def test_rewarded_fit_reads_q_at_the_rewarded_steps_each_critic_trained_on_per_f
     expected = ((q[0] + q[2]) / 2 + q[0]) / 2
     assert report["webshop"]["select_first"]["q_taken"] == pytest.approx(expected, abs=1e-4)
     assert report["general"]["search"] == {"steps": 1.0, "q_taken": pytest.approx(q[4], abs=1e-4)}
+
+
+def test_moved_forward_keeps_steps_that_raised_the_value_or_whose_episode_succeeded():
+    target = Critic(CriticNetConfig(feature_dim=1, hidden=4))
+    target.v = lambda state: (state[:, 0], state[:, 0] + 1.0)  # V(s) = the feature (the lower head)
+    batch = {"state": torch.tensor([[0.5], [0.5], [0.5], [0.5]]), "next_state": torch.tensor([[0.9], [0.1], [0.1], [0.9]]),
+             "reward": torch.tensor([0.0, 0.0, 0.0, 1.0]), "done": torch.tensor([0.0, 0.0, 0.0, 1.0]),
+             "mc_return": torch.tensor([0.0, 0.0, 0.3, 0.0])}  # fmt: skip
+    # 0.95 * 0.9 > 0.5; 0.95 * 0.1 < 0.5 (a slip); the same, but its episode went on to succeed; a final success
+    assert moved_forward(target, batch, gamma=0.95).tolist() == [True, False, True, True]
 
 
 def test_conservative_term_keeps_untried_candidates_below_the_taken_action():

@@ -78,6 +78,20 @@ def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.
     return sum(torch.logsumexp(q.masked_fill(~ok, float("-inf")), 1) - q[:, 0] for q in q_all)
 
 
+@torch.no_grad()
+def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+    """(B,) bool: the data's step raised the target critic's value (r + gamma V(s') > V(s)), or its episode succeeded.
+
+    The conservative term lifts Q of the data's action against the other
+    candidates; at every step it also lifts the base's slips, and the
+    critic's wrong picks went to Back, the commonest (README, results).
+    ``critic.conservative_gate`` keeps the term to these steps.
+    """
+    v_next = torch.minimum(*target.v(batch["next_state"]))
+    gain = batch["reward"] + gamma * (1 - batch["done"]) * v_next - torch.minimum(*target.v(batch["state"]))
+    return (gain > 0) | (batch["mc_return"] > 0)
+
+
 def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     """(S, N) bool: the candidates the conservative term scores: those that parse, and with ``targets`` each action once.
 
@@ -117,6 +131,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
         "action": torch.from_numpy(np.asarray(feats["candidates"][:, 0])),  # index 0: the action taken
         "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
         "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
+        "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
     }
     if cfg.conservative > 0:
         data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
@@ -141,9 +156,13 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
                 q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
                 out = {"q": q_loss, "v": v_loss}
                 if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
-                    pen = torch.as_tensor([i for i, p in mine if p])
-                    term = (conservative_penalty(critic, data["state"][pen].to(dev), data["candidates"][pen].to(dev),
-                                                 data["scored"][pen].to(dev), cfg.conservative_floor).sum()
+                    pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
+                    rows = {k: t[pen].to(dev) for k, t in data.items()}
+                    marked = rows["scored"]
+                    if cfg.conservative_gate:
+                        marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
+                    term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked,
+                                                 cfg.conservative_floor).sum()
                             if len(pen) else q_loss * 0)  # fmt: skip
                     out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
                 return out
