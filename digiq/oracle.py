@@ -329,6 +329,21 @@ def behaviour_report(oracle: np.ndarray, behaviour: np.ndarray, valid: np.ndarra
     return out
 
 
+def _expert_hits(right: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(S, N) valid, (S, N) valid and expert-equivalent, and (S,) informative: states with both such and other valid candidates.
+
+    Elsewhere every pick is alike, so the expert-pick diagnostics count only the informative states.
+    """
+    ok = np.asarray(valid, bool)
+    hit = np.asarray(right, bool) & ok
+    return ok, hit, hit.any(1) & (ok & ~hit).any(1)
+
+
+def _top_valid(scores: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """(S,) the column of each state's highest-scored valid candidate."""
+    return np.where(ok, scores, -np.inf).argmax(1)
+
+
 def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray],
                        groups: np.ndarray) -> dict[str, Any]:  # fmt: skip
     """How often each ranking's top valid candidate does what the simulator's expert would, per group of states.
@@ -342,13 +357,11 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
     price of judging by the expert's next action instead of the true value.
     ``random`` is the expected rate of a uniform pick among the valid ones.
     """
-    ok = np.asarray(valid, bool)
-    hit = np.asarray(right, bool) & ok
-    informative = hit.any(1) & (ok & ~hit).any(1)
+    ok, hit, informative = _expert_hits(right, valid)
     report: dict[str, Any] = {"states": int(len(hit)), "informative_states": int(informative.sum())}
     rates = {"random": hit.sum(1) / np.maximum(ok.sum(1), 1)}
     for name, s in scores.items():
-        rates[name] = hit[np.arange(len(hit)), np.where(ok, s, -np.inf).argmax(1)].astype(float)
+        rates[name] = hit[np.arange(len(hit)), _top_valid(s, ok)].astype(float)
     groups = np.asarray(groups)
     for group in ["all", *sorted(set(groups.tolist()))]:
         mask = informative & (np.ones(len(hit), bool) if group == "all" else groups == group)
@@ -379,13 +392,11 @@ def wrong_pick_report(right: np.ndarray, valid: np.ndarray, scores: Sequence[np.
     data took, so the base's commonest slip (Back) rises with it (README,
     results).
     """
-    ok = np.asarray(valid, bool)
-    hit = np.asarray(right, bool) & ok
-    informative = hit.any(1) & (ok & ~hit).any(1)
+    ok, hit, informative = _expert_hits(right, valid)
     rows, kinds, task_sets = np.arange(len(hit)), np.asarray(kinds), np.asarray(task_sets)
     frames = []
     for s in scores:
-        pick = np.where(ok, s, -np.inf).argmax(1)
+        pick = _top_valid(s, ok)
         wrong = informative & ~hit[rows, pick]
         frames.append(pd.DataFrame({"task_set": task_sets[wrong], "critic": kinds[rows, pick][wrong],
                                     "data": kinds[wrong, 0], "expert": np.asarray(expert_kinds)[wrong]}))  # fmt: skip

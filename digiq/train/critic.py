@@ -42,13 +42,17 @@ from digiq.train.vlm_finetune import split_trajectories
 __all__ = ["run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
 
 
+def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+    """r + gamma * (1 - done) * V(s'), V the pessimistic minimum of ``net``'s twin heads."""
+    return batch["reward"] + gamma * (1 - batch["done"]) * torch.minimum(*net.v(batch["next_state"]))
+
+
 def td_step(
     critic: Critic, target: Critic, batch: dict[str, torch.Tensor], gamma: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Q and V losses of one batch of transitions."""
     with torch.no_grad():
-        v_next = torch.minimum(*target.v(batch["next_state"]))
-        q_target = batch["reward"] + gamma * (1 - batch["done"]) * v_next
+        q_target = _td_target(target, batch, gamma)
         v_target = torch.minimum(*target.q(batch["state"], batch["action"]))
     q1, q2 = critic.q(batch["state"], batch["action"])
     v1, v2 = critic.v(batch["state"])
@@ -87,8 +91,7 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
     critic's wrong picks went to Back, the commonest (README, results).
     ``critic.conservative_gate`` keeps the term to these steps.
     """
-    v_next = torch.minimum(*target.v(batch["next_state"]))
-    gain = batch["reward"] + gamma * (1 - batch["done"]) * v_next - torch.minimum(*target.v(batch["state"]))
+    gain = _td_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"]))
     return (gain > 0) | (batch["mc_return"] > 0)
 
 
@@ -197,7 +200,7 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     Q(s, a) - V(s) from -0.17 to +0.20 on General over three seeds; docs/results_log.md).
     """
     q = torch.minimum(*critic.q(data["state"], data["action"]))
-    target = data["reward"] + gamma * (1 - data["done"]) * torch.minimum(*critic.v(data["next_state"]))
+    target = _td_target(critic, data, gamma)
     gap = q - torch.minimum(*critic.v(data["state"]))
     return {"q_td_rmse": float(((q - target) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
 
