@@ -402,7 +402,7 @@ class CriticConfig:
     conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
                                              "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
     conservative_gate: bool = _help("the CQL term lifts the data's action only at steps that moved forward (one-step "
-                                    "advantage under the target critic > 0) or whose episode succeeded", False)  # fmt: skip
+                                    "advantage under the target critic > 0) or whose episode succeeded", True)  # fmt: skip
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip
     tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "
