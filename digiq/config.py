@@ -409,6 +409,8 @@ class CriticConfig:
                               "hierarchy (needs collect.view_hierarchy and text_features)", True)  # fmt: skip
     typed_match: bool = _help("also read, per TYPE candidate, how much of its text the goal holds (needs "
                               "text_features)", True)  # fmt: skip
+    list_entries: bool = _help("also read, per tap candidate, which entry of a list it lands on (the first result or "
+                               "a later one), from the view hierarchy (needs tap_targets)", True)  # fmt: skip
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:
@@ -418,6 +420,8 @@ class CriticConfig:
         for name in ("tap_targets", "typed_match"):
             if getattr(self, name) and not self.text_features:
                 raise ValueError(f"{name}: true needs text_features: true (it is one of the text features)")
+        if self.list_entries and not self.tap_targets:
+            raise ValueError("list_entries: true needs tap_targets: true (it reads the same view hierarchy)")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
-from digiq.env.hierarchy import elements_at
+from digiq.env.hierarchy import Tapped, tapped_elements
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -23,8 +23,10 @@ from digiq.train.critic_inputs import (
     critic_inputs,
     distinct_actions,
     encode_texts,
+    entry_features,
     previous_actions,
     tap_targets,
+    tapped,
     typed_match,
 )
 from digiq.train.embed import load_features
@@ -94,7 +96,7 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     assert (labels[:, 2] == "").all()  # Back is no tap
     for i in range(S):  # the fixed tap: whatever the stored screen has at TAP
         xml, size = store.load_hierarchy(steps.image_path.iat[i])
-        assert [labels[i, 1]] == elements_at(xml, [TAP], size)
+        assert [labels[i, 1]] == [hit.label for hit in tapped_elements(xml, [TAP], size)]
     assert len(set(labels[:, 1])) > 1 and "Search" in labels[:, 0]  # the expert taps search boxes
     policy = AutoUIPolicy.load(paths.base_policy)
     np.testing.assert_allclose(t["candidates"][:, :, -TEXT_D:].reshape(S * 3, -1),
@@ -131,8 +133,27 @@ def test_typed_match_comes_last_among_the_candidate_features(values_root):
     want = [[typed_match(task, a) for a in row] for task, row in zip(steps.task, lists, strict=True)]
     np.testing.assert_allclose(t["candidates"][:, :, -2:], np.array(want, np.float32).reshape(S, -1, 2))
     assert t["candidates"][:, :, -1].any()  # the expert types its goal's words somewhere
-    with pytest.raises(ValueError, match="targets and typed need text"):
+    with pytest.raises(ValueError, match="targets, typed and entries need text"):
         critic_inputs(paths, text=False, typed=True)
+
+
+def test_list_entries_say_which_entry_a_tap_lands_on_last_among_the_candidate_features(values_root):
+    np.testing.assert_allclose(entry_features([Tapped("Dell Xps Pro", 0), Tapped("Dell Xps Max", 2), Tapped("Go"),
+                                               Tapped("")]), [[1, 1], [1, 1 / 3], [0, 0], [0, 0]])  # fmt: skip
+    assert entry_features([]).shape == (0, 2)
+    paths = Paths(values_root)
+    x = critic_inputs(paths, text=True, targets=True, typed=True)
+    e = critic_inputs(paths, text=True, targets=True, typed=True, entries=True)
+    S, N = x["candidates"].shape[:2]
+    np.testing.assert_array_equal(e["candidates"][:, :, :-2], x["candidates"])
+    np.testing.assert_array_equal(e["state"], x["state"])
+    store = TrajectoryStore(paths.offline)
+    lists = read_candidates(paths).column("action_list").to_pylist()
+    hits = tapped(store, store.read().column("image_path").to_pylist(), lists)
+    np.testing.assert_array_equal(e["candidates"][:, :, -2:], entry_features(hits).reshape(S, N, 2))
+    assert any(hit.entry >= 0 for hit in hits)  # the stored screens hold lists, and candidates tap their entries
+    with pytest.raises(ValueError, match="list_entries: true needs tap_targets"):
+        CriticConfig(tap_targets=False)
 
 
 def test_each_distinct_action_counts_once():

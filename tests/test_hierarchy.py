@@ -12,8 +12,10 @@ from digiq.data.trajectories import DataError
 from digiq.env import AndroidSimEnv, Dynamics, generate_tasks, parse_task
 from digiq.env import actions as A
 from digiq.env.device import SimDevice
-from digiq.env.hierarchy import DUMP_TRAILER, describe, elements_at, hierarchy_xml, strip_dump_trailer
+from digiq.env.expert import Expert
+from digiq.env.hierarchy import DUMP_TRAILER, Tapped, describe, hierarchy_xml, strip_dump_trailer, tapped_elements
 from digiq.env.screens import NOOP
+from digiq.env.state import Page
 from digiq.env.ui import Widget
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -32,6 +34,14 @@ def entries(text: str) -> list[tuple[str, float, float]]:
         assert m, part
         out.append((m.group(1), float(m.group(2)), float(m.group(3))))
     return out
+
+
+def labels(xml: str, points: list[tuple[float, float]]) -> list[str]:
+    return [hit.label for hit in tapped_elements(xml, points)]
+
+
+def centre(w: Widget) -> tuple[float, float]:
+    return w.center[1] / 2280, w.center[0] / 1080
 
 
 def test_tapping_a_listed_element_taps_that_element():
@@ -63,19 +73,19 @@ def test_every_listed_point_hits_its_widget_on_many_screens():
 
 
 def test_a_tap_lands_on_the_element_the_device_taps():
-    """elements_at names what the simulator's own tap handling would touch, a dialog included."""
+    """tapped_elements names what the simulator's own tap handling would touch, a dialog included."""
     dev = SimDevice(Dynamics.calm(), 108)
     dev.reset(0)
     xml = hierarchy_xml(dev.screen().widgets)
     clock = next(w for w in dev.screen().widgets if w.label == "Clock")
     x, y = clock.center
     points = [(y / 2280, x / 1080), (y / 2280, (clock.box[2] - 1) / 1080), (0.995, 0.01), (0.02, 0.5)]
-    centre, off_centre, back, status = elements_at(xml, points)
+    centre, off_centre, back, status = labels(xml, points)
     assert centre == off_centre == "Clock"  # anywhere inside the box
     assert back != ""  # the navigation bar's Back: a tap of its own
     assert status == ""  # the status bar does nothing
-    assert elements_at(xml, points[::-1]) == [status, back, off_centre, centre]  # one label per point, in order
-    assert elements_at(xml, []) == []
+    assert labels(xml, points[::-1]) == [status, back, off_centre, centre]  # one label per point, in order
+    assert tapped_elements(xml, []) == []
     dev = SimDevice(replace(Dynamics.calm(), popup_rate=1.0), 108)  # every app opens behind a dialog
     dev.reset(0)
     dev.step(A.tap(y / 2280, x / 1080))
@@ -86,10 +96,84 @@ def test_a_tap_lands_on_the_element_the_device_taps():
     assert ids and all(i.startswith(("popup", "nav")) for i in ids)
     behind = [w for w in shown if not w.id.startswith(("popup", "nav")) and w.intent not in (None, NOOP) and w.label]
     assert behind  # the clock app's own buttons, which the dialog blocks
-    hits = elements_at(xml, [(w.center[1] / 2280, w.center[0] / 1080) for w in behind])
+    hits = labels(xml, [(w.center[1] / 2280, w.center[0] / 1080) for w in behind])
     assert all(hit != w.label for hit, w in zip(hits, behind, strict=True))
     later = next(w for w in shown if w.id == "popup.later")
-    assert elements_at(xml, [(later.center[1] / 2280, later.center[0] / 1080)]) == ["Not now"]
+    assert labels(xml, [(later.center[1] / 2280, later.center[0] / 1080)]) == ["Not now"]
+
+
+def test_a_lists_entries_are_one_containers_children_and_a_tap_knows_which():
+    """The first product of a results page is entry 0 of its list, whatever the sponsored entry above it."""
+    dev = SimDevice(Dynamics.calm(), 108)
+    dev.reset(0)
+    dev.state.page, dev.state.ad = Page("chrome", "site_results", query="dell xps", site="ebay"), True
+    widgets = dev.screen().widgets
+    products = [w for w in widgets if w.id.startswith("product:")]
+    ad = next(w for w in widgets if w.id == "ad")
+    assert len(products) > 3 and ad.box[3] <= products[0].box[1]  # the ad is drawn first, above the list
+    root = ET.fromstring(hierarchy_xml(widgets))
+    (box,) = [n for n in root.iter("node") if n.get("resource-id") == "product.list"]
+    assert box.get("class") == "androidx.recyclerview.widget.RecyclerView" and box.get("clickable") == "false"
+    assert [(n.get("index"), n.get("resource-id")) for n in box] == [
+        (str(k), f"product:{k}") for k in range(len(products))
+    ]
+    hits = tapped_elements(hierarchy_xml(widgets), [centre(w) for w in [*products, ad]])
+    assert [hit.entry for hit in hits] == [*range(len(products)), -1]
+    assert all(" ".join(w.label.split()).startswith(hit.label) and hit.label for w, hit in zip(products, hits))
+    assert hits[-1].label.startswith("Ad")
+    dev.step(A.tap(*centre(products[0])))
+    assert dev.state.page.name == "product" and dev.state.page.index == 0  # what the sim means by the first entry
+
+
+def test_the_nested_dump_is_hit_as_the_device_taps_on_every_screen_of_many_episodes():
+    """Nesting the lists keeps the drawing order: each tappable widget's centre names that widget and its place in its list."""
+    checked = entries_seen = 0
+    for task_set in ("general", "webshop"):
+        env = AndroidSimEnv(dynamics=Dynamics(), width=108)
+        for i, text in enumerate(generate_tasks(task_set, "train", 10, seed=3)):
+            task = parse_task(text, task_set)
+            env.reset(seed=i, options={"task": task})
+            expert = Expert(0.3, i)
+            for _ in range(task.max_steps):
+                widgets = env.device.screen().widgets
+                xml = hierarchy_xml(widgets)
+                shown = [w for w in widgets if env.device.state.popup is None or w.id.startswith(("popup", "nav"))]
+                for w, hit in zip(shown, tapped_elements(xml, [centre(w) for w in shown]), strict=True):
+                    x, y = w.center
+                    top = (
+                        next(v for v in reversed(shown) if v.intent is not None and v.contains(x, y))
+                        if any(v.intent is not None and v.contains(x, y) for v in shown)
+                        else None
+                    )
+                    if top is None or top.intent == NOOP:
+                        continue
+                    name, _, k = top.id.rpartition(":")
+                    same = [v for v in shown if v.id.rpartition(":")[0] == name] if k.isdigit() else []
+                    assert hit == Tapped(hit.label, same.index(top) if same else -1), (text, top.id, hit)
+                    assert " ".join(top.label.split()).startswith(hit.label), (text, top.id, hit)
+                    checked += 1
+                    entries_seen += hit.entry >= 0
+                _, _, done, _, _ = env.step(expert.act(env.device, task))
+                if done:
+                    break
+    assert checked > 500 and entries_seen > 50
+
+
+def test_a_devices_list_entry_is_its_rows_place_wherever_inside_the_row_the_tap_lands():
+    row = (
+        '<node class="android.widget.LinearLayout" clickable="true" bounds="[0,{y0}][1080,{y1}]">'
+        '<node class="android.widget.TextView" text="{name}" clickable="false" bounds="[40,{y0}][700,{y1}]"/>'
+        '<node class="android.widget.Button" text="Add" clickable="true" bounds="[800,{y0}][1040,{y1}]"/></node>'
+    )
+    rows = "".join(row.format(y0=400 + 200 * k, y1=600 + 200 * k, name=f"Item {k}") for k in range(3))
+    xml = ('<hierarchy rotation="0"><node class="android.widget.FrameLayout" bounds="[0,0][1080,2280]">'
+           '<node class="android.widget.Button" text="Filter" clickable="true" bounds="[0,200][1080,400]"/>'
+           '<node class="android.widget.FrameLayout" bounds="[0,400][1080,1000]">'
+           f'<node class="androidx.recyclerview.widget.RecyclerView" bounds="[0,400][1080,1000]">{rows}</node>'
+           "</node></node></hierarchy>")  # fmt: skip
+    y = lambda k: (500 + 200 * k) / 2280  # noqa: E731
+    hits = tapped_elements(xml, [(y(0), 0.2), (y(2), 0.2), (y(1), 0.85), (0.13, 0.5), (0.9, 0.5)])
+    assert hits == [Tapped("Item 0 Add", 0), Tapped("Item 2 Add", 2), Tapped("Add", 1), Tapped("Filter"), Tapped("")]
 
 
 def test_a_device_hierarchy_is_read_like_android_writes_it():
@@ -127,9 +211,9 @@ def test_dump_output_and_broken_hierarchies():
     with pytest.raises(ValueError, match=r"bounds '\[0,0\]', expected"):
         describe('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>')
     with pytest.raises(ValueError, match="not well-formed"):
-        elements_at("<hierarchy><node", [(0.5, 0.5)])
+        tapped_elements("<hierarchy><node", [(0.5, 0.5)])
     with pytest.raises(ValueError, match=r"bounds '\[0,0\]', expected"):
-        elements_at('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>', [(0.5, 0.5)])
+        tapped_elements('<hierarchy><node clickable="true" text="OK" bounds="[0,0]"/></hierarchy>', [(0.5, 0.5)])
 
 
 def test_typed_control_characters_are_dumped_and_read_as_dots():
@@ -137,10 +221,10 @@ def test_typed_control_characters_are_dumped_and_read_as_dots():
     field = Widget("site.search", "input", (0, 200, 1080, 300), "\x07 charge\x1f", intent=("focus",))
     xml = hierarchy_xml([field])
     assert ET.fromstring(xml).find(".//node[@resource-id='site.search']").get("text") == ". charge."
-    assert elements_at(xml, [(250 / 2280, 0.5)]) == [". charge."]
+    assert labels(xml, [(250 / 2280, 0.5)]) == [". charge."]
     # A dump stored before the writer replaced them (or from another tool) is read the same way.
     raw = xml.replace(". charge.", "\x07 charge\x1f")
-    assert elements_at(raw, [(250 / 2280, 0.5)]) == [". charge."]
+    assert labels(raw, [(250 / 2280, 0.5)]) == [". charge."]
 
 
 def test_rollout_prompts_carry_the_screen_when_asked(tmp_path):

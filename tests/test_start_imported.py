@@ -22,7 +22,7 @@ from digiq.train.embed import load_features
 OFF = {
     "actor": {"oracle_states": 0},
     "ablations": {"untuned_vlm": False, "perfect_critic": False},
-    "critic": {"tap_targets": False},
+    "critic": {"tap_targets": False, "list_entries": False},
 }
 
 
@@ -73,6 +73,8 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
         place_imported([digirl], paths, "augment_actions", {**OFF, "actor": {"oracle_states": 200}})
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
         place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
+    with pytest.raises(DataError, match="critic.list_entries must be false"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": False}})  # its default
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
@@ -98,7 +100,7 @@ def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
 TINY = {
     "tasks": {"n_train": 16, "n_test": 4},
     "base_policy": {"demo_tasks": 8, "demo_tasks_webshop": None, "epochs": 1, "d_model": 64},
-    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False, "typed_match": True},
+    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False, "list_entries": False, "typed_match": True},
     "actor": {
         "epochs": 1,
         "k_candidates": 3,

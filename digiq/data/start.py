@@ -55,9 +55,10 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
     if params.get("ablations", {}).get("perfect_critic", False):
         raise DataError("ablations.perfect_critic must be false with imported data: the simulator's expert picks "
                         "the perfect critic's candidates, and imported episodes did not happen there")  # fmt: skip
-    if params.get("critic", {}).get("tap_targets", CriticConfig.tap_targets):
-        raise DataError("critic.tap_targets must be false with imported data: it reads the view hierarchy stored "
-                        "beside each screenshot (collect.view_hierarchy), and released files have none")  # fmt: skip
+    for key in ("tap_targets", "list_entries"):
+        if params.get("critic", {}).get(key, getattr(CriticConfig, key)):
+            raise DataError(f"critic.{key} must be false with imported data: it reads the view hierarchy stored "
+                            "beside each screenshot (collect.view_hierarchy), and released files have none")  # fmt: skip
     if stage == "critic" and params.get("ablations", {}).get("untuned_vlm", False):
         raise DataError("ablations.untuned_vlm must be false when starting at the critic: the released files hold "
                         "only the fine-tuned VLM's features (start at vlm_finetune to compute both)")  # fmt: skip

@@ -14,7 +14,8 @@ element's position into its tap.
 
 One path for every backend: the simulator writes its widgets as the XML a
 real device would dump (:func:`hierarchy_xml`, also what the adb simulator
-answers to ``uiautomator dump``), and :func:`describe` reads any such XML.
+answers to ``uiautomator dump``), and :func:`describe` and
+:func:`tapped_elements` read any such XML.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import dataclass
 from xml.sax.saxutils import quoteattr
 
 from digiq.env.screens import NOOP
 from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["DUMP_TRAILER", "hierarchy_xml", "describe", "elements_at", "strip_dump_trailer", "xml_text"]
+__all__ = ["DUMP_TRAILER", "Tapped", "hierarchy_xml", "describe", "tapped_elements", "strip_dump_trailer", "xml_text"]
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -44,6 +46,12 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _MAX_WORDS, _MAX_CHARS = 4, 28
 # The status and navigation bars: the same on every screen, and Back and Home are actions of their own.
 _SYSTEM_UI = "com.android.systemui"
+# The simulator names entry k of a list L "L:k" (result:0, product:3, settings:2); its dump nests a list's
+# entries in one container of this class, as apps' dumps do.
+_ENTRY_ID = re.compile(r"^(?P<list>.+):(?P<k>\d+)$")
+_LIST_CLASS = "androidx.recyclerview.widget.RecyclerView"
+# Containers whose children are the entries of a list, on a device: which entry a tap lands on is its child's place.
+_LISTS = ("RecyclerView", "ListView", "GridView")
 
 
 def _tappable(w: Widget) -> bool:
@@ -51,32 +59,59 @@ def _tappable(w: Widget) -> bool:
 
 
 def hierarchy_xml(widgets: Sequence[Widget]) -> str:
-    """The widgets as a flat ``uiautomator dump`` hierarchy of the 1080x2280 screen.
+    """The widgets as a ``uiautomator dump`` hierarchy of the 1080x2280 screen.
 
     Icons carry their name as ``content-desc`` (as launcher icons do), other
     widgets as ``text``; a widget is clickable when tapping it does something.
-    While a dialog shows, only its window and the navigation bar are dumped,
-    as on a device: the screen behind it takes no taps.
+    The entries of a list are the children of one RecyclerView, in order,
+    placed where the first entry is drawn; all else hangs from the root. So a
+    reader can tell the first result from the third (:class:`Tapped`), as on
+    a device. While a dialog shows, only its window and the navigation bar are
+    dumped, as on a device: the screen behind it takes no taps.
     """
     if any(w.id.startswith("popup") for w in widgets):
         widgets = [w for w in widgets if w.id.startswith(ABOVE_DIALOG)]
+    top: list[Widget | list[Widget]] = []  # a widget, or the entries of one list
+    lists: dict[str, list[Widget]] = {}
+    for w in widgets:
+        m = _ENTRY_ID.match(w.id)
+        if m is None:
+            top.append(w)
+        elif m.group("list") in lists:
+            lists[m.group("list")].append(w)
+        else:
+            top.append(lists.setdefault(m.group("list"), [w]))
     nodes = []
-    for i, w in enumerate(widgets):
-        x0, y0, x1, y1 = w.box
-        text, desc = ("", w.label) if w.kind == "icon" else (w.label, "")
-        attrs = {
-            "index": str(i), "text": text, "resource-id": w.id, "class": _CLASS.get(w.kind, "android.view.View"),
-            "package": _SYSTEM_UI if w.id.split(".")[0] in ("status", "nav") else "digiq.sim",
-            "content-desc": desc, "checkable": str(w.kind == "toggle").lower(),
-            "checked": str(w.kind == "toggle" and w.on).lower(), "clickable": str(_tappable(w)).lower(),
-            "enabled": "true", "bounds": f"[{x0},{y0}][{x1},{y1}]",
-        }  # fmt: skip
-        nodes.append("<node " + " ".join(f"{k}={quoteattr(xml_text(v))}" for k, v in attrs.items()) + " />")
+    for i, item in enumerate(top):
+        if isinstance(item, Widget):
+            nodes.append(_node(item, i))
+            continue
+        x0, y0 = min(w.box[0] for w in item), min(w.box[1] for w in item)
+        x1, y1 = max(w.box[2] for w in item), max(w.box[3] for w in item)
+        name = _ENTRY_ID.match(item[0].id).group("list")  # type: ignore[union-attr]
+        entries = "".join(_node(w, k) for k, w in enumerate(item))
+        nodes.append(f'<node index="{i}" text="" resource-id={quoteattr(name + ".list")} class="{_LIST_CLASS}" '
+                     f'package="digiq.sim" content-desc="" clickable="false" enabled="true" '
+                     f'bounds="[{x0},{y0}][{x1},{y1}]">{entries}</node>')  # fmt: skip
     root = f'<node index="0" text="" class="android.widget.FrameLayout" bounds="[0,0][{SCREEN_W},{SCREEN_H}]">'
     return (
         "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>"
         f'<hierarchy rotation="0">{root}{"".join(nodes)}</node></hierarchy>'
     )
+
+
+def _node(w: Widget, index: int) -> str:
+    """One widget as a childless ``<node>``, ``index`` its place among its parent's children."""
+    x0, y0, x1, y1 = w.box
+    text, desc = ("", w.label) if w.kind == "icon" else (w.label, "")
+    attrs = {
+        "index": str(index), "text": text, "resource-id": w.id, "class": _CLASS.get(w.kind, "android.view.View"),
+        "package": _SYSTEM_UI if w.id.split(".")[0] in ("status", "nav") else "digiq.sim",
+        "content-desc": desc, "checkable": str(w.kind == "toggle").lower(),
+        "checked": str(w.kind == "toggle" and w.on).lower(), "clickable": str(_tappable(w)).lower(),
+        "enabled": "true", "bounds": f"[{x0},{y0}][{x1},{y1}]",
+    }  # fmt: skip
+    return "<node " + " ".join(f"{k}={quoteattr(xml_text(v))}" for k, v in attrs.items()) + " />"
 
 
 def xml_text(text: str) -> str:
@@ -123,28 +158,54 @@ def _actionable(node: ET.Element) -> bool:
     return node.tag == "node" and (node.get("clickable") == "true" or node.get("class", "").endswith("EditText"))
 
 
-def elements_at(
+@dataclass(frozen=True)
+class Tapped:
+    """What a tap lands on: the element's label ("" for none), and which entry of a list it is (0: the first; -1: none).
+
+    The entry is the place, among a list container's children (RecyclerView,
+    ListView, GridView), of the tapped element or of its ancestor that is one.
+    A pretrained VLM reads both off a screenshot ("the first result"); the
+    critic here gets them from the dump (``critic.tap_targets``,
+    ``critic.list_entries``).
+    """
+
+    label: str
+    entry: int = -1
+
+
+def tapped_elements(
     xml: str, points: Sequence[tuple[float, float]], size: tuple[int, int] = (SCREEN_W, SCREEN_H)
-) -> list[str]:
-    """The label of the element a tap at each point ((y, x) in [0, 1], AutoUI's order) lands on; "" for none.
+) -> list[Tapped]:
+    """What a tap at each point ((y, x) in [0, 1], AutoUI's order) lands on.
 
     The element is the last one in the dump, so the one drawn on top, that can
     be tapped or typed into and whose bounds hold the point; system bars count
-    (their Back button is a tap of its own). It tells the critic what a tap
-    candidate touches (``critic.tap_targets``), as a pretrained VLM reads it
-    off the screenshot. All of a screen's candidates are looked up in one
-    parse: stages 05 and 06 label 16 candidates of every stored screen.
+    (their Back button is a tap of its own). All of a screen's candidates are
+    looked up in one parse: stages 05 and 06 read 16 candidates of every
+    stored screen.
 
     Raises:
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
     width, height = size
-    boxes = [(_bounds(node), node) for node in _parse(xml).iter("node") if _actionable(node)]
+    root = _parse(xml)
+    parent = {child: node for node in root.iter() for child in node}
+    boxes = [(_bounds(node), node) for node in root.iter("node") if _actionable(node)]
     out = []
     for y, x in points:
         hits = [node for (x0, y0, x1, y1), node in boxes if x0 <= x * width < x1 and y0 <= y * height < y1]
-        out.append(_label(hits[-1]) if hits else "")
+        out.append(Tapped(_label(hits[-1]), _entry(hits[-1], parent)) if hits else Tapped(""))
     return out
+
+
+def _entry(node: ET.Element, parent: dict[ET.Element, ET.Element]) -> int:
+    """The place of ``node``, or of its nearest ancestor that is a list's child, in that list; -1 outside lists."""
+    while node in parent:
+        up = parent[node]
+        if up.get("class", "").endswith(_LISTS):
+            return list(up).index(node)
+        node = up
+    return -1
 
 
 def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:

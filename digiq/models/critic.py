@@ -36,6 +36,8 @@ class CriticNetConfig:
     targets: bool = False
     # Whether they end with the typed text's match with the goal (critic.typed_match; critic_inputs.typed_match).
     typed: bool = False
+    # Whether they end with which entry of a list a tap lands on (critic.list_entries; critic_inputs.entry_features).
+    entries: bool = False
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:

@@ -145,7 +145,8 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
     net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1],
-                          text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match)  # fmt: skip
+                          text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
+                          entries=cfg.list_entries)  # fmt: skip
     critic = Critic(net).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
@@ -251,7 +252,8 @@ def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = 
         scored = scored_candidates(paths, cfg.tap_targets)
         curves: dict[str, list[float]] = {}
         for vlm in vlms:
-            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match)
+            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
+                                  entries=cfg.list_entries)  # fmt: skip
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip

@@ -28,7 +28,7 @@ import pandas as pd
 from digiq import parallel
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
-from digiq.env.hierarchy import elements_at
+from digiq.env.hierarchy import Tapped, tapped_elements
 from digiq.models.critic import CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -40,7 +40,9 @@ __all__ = [
     "critic_inputs",
     "inputs_for",
     "action_text",
+    "tapped",
     "tap_targets",
+    "entry_features",
     "typed_match",
     "distinct_actions",
     "previous_actions",
@@ -49,6 +51,7 @@ __all__ = [
     "ACTION_TEXT",
     "TAP_TARGET",
     "TYPED_MATCH",
+    "LIST_ENTRY",
 ]
 
 # The text features appended to the VLM's, in order (each d_model wide).
@@ -57,6 +60,8 @@ ACTION_TEXT = ("action type", "typed text")
 TAP_TARGET = "tapped element"  # with critic.tap_targets, after ACTION_TEXT
 # With critic.typed_match, last: two numbers per candidate (typed_match).
 TYPED_MATCH = ("share of the typed text found in the goal", "typed text in the goal verbatim")
+# With critic.list_entries, after them: two numbers per candidate (entry_features).
+LIST_ENTRY = ("the tap lands on a list's entry", "1 / (1 + the entry's place in its list)")
 
 
 def action_text(action: str) -> tuple[str, str]:
@@ -69,25 +74,46 @@ def action_text(action: str) -> tuple[str, str]:
     return (parsed.type.name, parsed.text) if parsed.is_valid else (action, action)
 
 
-def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[str]:
-    """Per state (screenshot ``images[i]``) and candidate: the label of the element a tap lands on, else "".
+def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[Tapped]:
+    """Per state (screenshot ``images[i]``) and candidate, flat: what a tap lands on; ``Tapped("")`` for other actions.
 
     Read from the view hierarchy stored beside each screenshot
-    (``collect.view_hierarchy``). Digi-Q's critic gets this from LLaVA, which
-    reads the screen; the tiny VLM here cannot read a label at 96 pixels, so
-    without it a tap is only a point to the critic (README, results).
+    (``collect.view_hierarchy``), one parse per screen. Digi-Q's critic gets
+    this from LLaVA, which reads the screen; the tiny VLM here cannot read a
+    label at 96 pixels, so without it a tap is only a point to the critic
+    (README, results).
     """
     out = []
     for image, texts in zip(images, action_lists, strict=True):
         actions = [parse_action(text) for text in texts]
         taps = [i for i, action in enumerate(actions) if action.is_valid and action.is_tap]
-        labels = [""] * len(actions)
+        row = [Tapped("")] * len(actions)
         if taps:
             xml, size = store.load_hierarchy(image)
-            for i, label in zip(taps, elements_at(xml, [actions[i].touch for i in taps], size), strict=True):
-                labels[i] = label
-        out.extend(labels)
+            for i, hit in zip(taps, tapped_elements(xml, [actions[i].touch for i in taps], size), strict=True):
+                row[i] = hit
+        out.extend(row)
     return out
+
+
+def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[str]:
+    """Per state and candidate, flat: the label of the element a tap lands on, else "" (:func:`tapped`)."""
+    return [hit.label for hit in tapped(store, images, action_lists)]
+
+
+def entry_features(hits: Sequence[Tapped]) -> np.ndarray:
+    """(len(hits), 2): the :data:`LIST_ENTRY` numbers, (1, 1 / (1 + k)) for a tap on entry k of a list, else (0, 0).
+
+    A results page's entries differ in their labels, not in anything that
+    says which comes first; a VLM sees the order, the tiny one here does not.
+    Select-the-first-entry tasks hinge on it: without it the critics valued
+    the rewarded tap on the first product like the unrewarded taps on the
+    others (README, results). The first number keeps "no entry" apart from
+    a deep one.
+    """
+    return np.array([(1.0, 1.0 / (1 + h.entry)) if h.entry >= 0 else (0.0, 0.0) for h in hits], np.float32).reshape(
+        -1, 2
+    )
 
 
 def typed_match(goal: str, action: str) -> tuple[float, float]:
@@ -161,7 +187,13 @@ def _action_features(policy: AutoUIPolicy, actions: Sequence[str]) -> np.ndarray
 
 
 def critic_inputs(
-    paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False, typed: bool = False
+    paths: Paths,
+    vlm: str = "finetuned",
+    *,
+    text: bool,
+    targets: bool = False,
+    typed: bool = False,
+    entries: bool = False,
 ) -> dict[str, np.ndarray]:
     """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 05's critic trains on.
 
@@ -169,13 +201,15 @@ def critic_inputs(
     :data:`STATE_TEXT` features (s' has the step's own action as its previous
     one) and, per candidate, the :data:`ACTION_TEXT` features, read by the
     base policy in ``paths.base_policy``; with ``targets``, :data:`TAP_TARGET`,
-    and with ``typed``, the two :data:`TYPED_MATCH` numbers last. Stages 05 and 06 and the Q/V viewer
+    with ``typed``, the two :data:`TYPED_MATCH` numbers, and with ``entries``, the two
+    :data:`LIST_ENTRY` numbers last. Stages 05 and 06 and the Q/V viewer
     all call this, so the critic always sees the inputs it was trained on.
     """
     feats = load_features(paths, vlm)
     out = {name: feats[name] for name in ("state", "next_state", "candidates")}
-    if (targets or typed) and not text:
-        raise ValueError("the tapped element and the typed match are text features: targets and typed need text")
+    if (targets or typed or entries) and not text:
+        raise ValueError("the tapped element, the typed match and the list entry are text features: targets, typed "
+                         "and entries need text")  # fmt: skip
     if not text:
         return out
     require("critic (text features)", paths.base_policy / "config.json")
@@ -189,12 +223,15 @@ def critic_inputs(
     policy = AutoUIPolicy.load(paths.base_policy, device=str(parallel.device()))
     goal = encode_texts(policy, steps.task.tolist())
     candidates = _action_features(policy, [a for row in action_lists for a in row]).reshape(S, N, -1)
+    hits = tapped(store, steps.image_path.tolist(), action_lists) if targets or entries else []
     if targets:
-        labels = encode_texts(policy, tap_targets(store, steps.image_path.tolist(), action_lists)).reshape(S, N, -1)
+        labels = encode_texts(policy, [hit.label for hit in hits]).reshape(S, N, -1)
         candidates = np.concatenate([candidates, labels], 2)
     if typed:
         match = [typed_match(task, a) for task, row in zip(steps.task, action_lists, strict=True) for a in row]
         candidates = np.concatenate([candidates, np.array(match, np.float32).reshape(S, N, 2)], 2)
+    if entries:
+        candidates = np.concatenate([candidates, entry_features(hits).reshape(S, N, 2)], 2)
     before, taken = _action_features(policy, previous_actions(steps)), _action_features(policy, steps.action.tolist())
     return {
         "state": np.concatenate([out["state"], goal, before], 1),
@@ -205,4 +242,4 @@ def critic_inputs(
 
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
     """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 06, the Q/V viewer)."""
-    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed)
+    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
