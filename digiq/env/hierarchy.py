@@ -71,25 +71,25 @@ def hierarchy_xml(widgets: Sequence[Widget]) -> str:
     """
     if any(w.id.startswith("popup") for w in widgets):
         widgets = [w for w in widgets if w.id.startswith(ABOVE_DIALOG)]
-    top: list[Widget | list[Widget]] = []  # a widget, or the entries of one list
+    top: list[Widget | str] = []  # a widget, or the name of a list, where its first entry is drawn
     lists: dict[str, list[Widget]] = {}
     for w in widgets:
         m = _ENTRY_ID.match(w.id)
         if m is None:
             top.append(w)
-        elif m.group("list") in lists:
-            lists[m.group("list")].append(w)
-        else:
-            top.append(lists.setdefault(m.group("list"), [w]))
+            continue
+        if m.group("list") not in lists:
+            top.append(m.group("list"))
+        lists.setdefault(m.group("list"), []).append(w)
     nodes = []
     for i, item in enumerate(top):
         if isinstance(item, Widget):
             nodes.append(_node(item, i))
             continue
-        x0, y0 = min(w.box[0] for w in item), min(w.box[1] for w in item)
-        x1, y1 = max(w.box[2] for w in item), max(w.box[3] for w in item)
-        name = _ENTRY_ID.match(item[0].id).group("list")  # type: ignore[union-attr]
-        entries = "".join(_node(w, k) for k, w in enumerate(item))
+        name, entry_widgets = item, lists[item]
+        x0, y0 = min(w.box[0] for w in entry_widgets), min(w.box[1] for w in entry_widgets)
+        x1, y1 = max(w.box[2] for w in entry_widgets), max(w.box[3] for w in entry_widgets)
+        entries = "".join(_node(w, k) for k, w in enumerate(entry_widgets))
         nodes.append(f'<node index="{i}" text="" resource-id={quoteattr(name + ".list")} class="{_LIST_CLASS}" '
                      f'package="digiq.sim" content-desc="" clickable="false" enabled="true" '
                      f'bounds="[{x0},{y0}][{x1},{y1}]">{entries}</node>')  # fmt: skip

@@ -111,9 +111,8 @@ def entry_features(hits: Sequence[Tapped]) -> np.ndarray:
     others (README, results). The first number keeps "no entry" apart from
     a deep one.
     """
-    return np.array([(1.0, 1.0 / (1 + h.entry)) if h.entry >= 0 else (0.0, 0.0) for h in hits], np.float32).reshape(
-        -1, 2
-    )
+    rows = [(1.0, 1.0 / (1 + hit.entry)) if hit.entry >= 0 else (0.0, 0.0) for hit in hits]
+    return np.array(rows, np.float32).reshape(-1, 2)
 
 
 def typed_match(goal: str, action: str) -> tuple[float, float]:
