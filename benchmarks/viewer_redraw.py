@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from digiq.viz import ActionViewer, TrajectoryViewer, load_values
+from digiq.viz.values import load_values
+from digiq.viz.viewers import ActionViewer, TrajectoryViewer
 
 
 def _time(viewer, trajectories: list[int], oracle: bool | None = None) -> list[float]:

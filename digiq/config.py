@@ -32,6 +32,7 @@ __all__ = [
     "VLMFinetuneConfig",
     "EmbedConfig",
     "CriticConfig",
+    "load_variants",
     "ActorConfig",
     "EvalConfig",
     "load_params",
@@ -132,12 +133,18 @@ class JudgeConfig:
 
 @dataclass(frozen=True)
 class TasksConfig:
-    """Train and test task lists from disjoint entities."""
+    """Train, validation and test task lists from disjoint entities."""
 
     n_train: int = _help("tasks per task set in the train lists", 400)
-    n_test: int = _help("tasks per task set in the test lists (the protocol uses the first 96)", 96)
+    n_val: int = _help("tasks per task set in the validation lists (every choice is made on these)", 320)
+    n_test: int = _help("tasks per task set in the test lists (the paper's protocol reads the first 96)", 320)
     seed: int = _help("which tasks are drawn", 0)
-    split_seed: int = _help("which entities are test-only", 0)
+    split_seed: int = _help("which entities are in which split", 1)
+
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_val", "n_test"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def help_text(cls: type) -> str:
@@ -374,21 +381,19 @@ class AblationsConfig:
         "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
         True,
     )
-    # Each repeat costs a critic on the untuned VLM's features, one actor fit per variant and their evaluation (about
-    # 4.5 min on a 2-core CPU: 2 keep the pipeline within issue 4's 45 min); fewer saves that time where it is long
-    # (a released LLaVA's critic, a real device's evaluation). The main comparison always repeats experiment.seeds.
-    seeds: int = _help("how many of experiment.seeds the ablations repeat, the first ones (more: all of them)", 2)
 
     def __post_init__(self) -> None:
         if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
 
 
 @dataclass(frozen=True)
 class CriticConfig:
-    """Stage 05: double Q and V heads trained by TD on frozen features."""
+    """Stage 05: double Q and V heads trained by TD on frozen features.
+
+    The defaults are Digi-Q's critic (the ``digiq`` row): VLM and text features, plain TD. The CQL term and
+    the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
+    """
 
     gamma: float = _help("discount (Digi-Q: 0.95)", 0.95)
     tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1)
@@ -397,20 +402,20 @@ class CriticConfig:
     batch_size: int = _help("transitions per step", 256)
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
-    conservative: float = _help("weight of the CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.3)
+    conservative: float = _help("weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.0)
     penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
     conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
                                              "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
     conservative_gate: bool = _help("the CQL term lifts the data's action only at steps that moved forward (one-step "
-                                    "advantage under the target critic > 0) or whose episode succeeded", True)  # fmt: skip
+                                    "advantage under the target critic > 0) or whose episode succeeded", False)  # fmt: skip
     text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
                                 "(through the base policy's T5 encoder)", True)  # fmt: skip
     tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "
-                              "hierarchy (needs collect.view_hierarchy and text_features)", True)  # fmt: skip
+                              "hierarchy (needs collect.view_hierarchy and text_features)", False)  # fmt: skip
     typed_match: bool = _help("also read, per TYPE candidate, how much of its text the goal holds (needs "
-                              "text_features)", True)  # fmt: skip
+                              "text_features)", False)  # fmt: skip
     list_entries: bool = _help("also read, per tap candidate, which entry of a list it lands on (the first result or "
-                               "a later one), from the view hierarchy (needs tap_targets)", True)  # fmt: skip
+                               "a later one), from the view hierarchy (needs tap_targets)", False)  # fmt: skip
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:
@@ -422,6 +427,35 @@ class CriticConfig:
                 raise ValueError(f"{name}: true needs text_features: true (it is one of the text features)")
         if self.list_entries and not self.tap_targets:
             raise ValueError("list_entries: true needs tap_targets: true (it reads the same view hierarchy)")
+
+
+# Names of the ablation rows, which a variant must not take.
+ABLATION_NAMES = ("digiq_untuned", "digiq_perfect_critic")
+
+
+def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str, CriticConfig]:
+    """The named Digi-Q variants of group ``variants``: each is the ``critic`` group with the keys it changes.
+
+    A variant is its own row (``digiq_<name>``), trained and evaluated on the same seeds as ``digiq``;
+    the ``digiq`` row itself stays the paper's method.
+    """
+    raw = params.get("variants") or {}
+    where = f"{Path(path).name}: variants"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must map variant names to critic keys, got {type(raw).__name__}")
+    base = params.get("critic") or {}
+    out = {}
+    for name, changes in raw.items():
+        if not (isinstance(name, str) and name.startswith("digiq_") and name.isidentifier()):
+            raise ConfigError(f"{where}: variant name {name!r} must be an identifier starting with 'digiq_'")
+        if name in ABLATION_NAMES or name.removeprefix("digiq_n").isdigit():
+            raise ConfigError(f"{where}: variant name {name!r} is taken by an ablation row")
+        if not isinstance(changes, dict) or not changes:
+            raise ConfigError(f"{where}.{name} must be a non-empty mapping of critic keys to change")
+        if not isinstance(base, dict):
+            raise ConfigError(f"{Path(path).name}: critic must be a mapping of keys, got {type(base).__name__}")
+        out[name] = load_section(CriticConfig, f"variants.{name}", {f"variants.{name}": {**base, **changes}}, path)
+    return out
 
 
 @dataclass(frozen=True)
@@ -458,7 +492,8 @@ EXPERT_SKILLS = ("type", "tap", "action_type")
 class EvalConfig:
     """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
-    n_tasks: int = _help("first tasks of each test list (protocol: 96)", 96)
+    n_tasks: int = _help("first tasks of each test list: the whole list carries the intervals, its first 96 are the "
+                         "paper's protocol", 320)
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",
@@ -474,6 +509,8 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.n_tasks < 1:
+            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
         if self.train_tasks < 0:
             raise ValueError(f"train_tasks must be >= 0 (0 = off), got {self.train_tasks}")
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]

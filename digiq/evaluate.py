@@ -1,53 +1,90 @@
 """Stage 07: roll every policy out on held-out test tasks; success by task set and family.
 
-Protocol (DESIGN.md section 8): the first ``n_tasks`` tasks of each test list,
-in order; 10 steps for General, 20 for Web Shopping; success when the task's
-condition holds. Every seed's policies are evaluated with that seed's device
-and sampling seed (the base policy too, so its spread is sampling noise).
+Protocol (DESIGN.md section 8, PROTOCOL.md): the first ``n_tasks`` tasks of
+each test list, in order; 10 steps for General, 20 for Web Shopping; success
+when the task's condition holds. The paper's protocol is the first 96 tasks;
+the whole list (300 per task set) carries the confidence intervals. Every
+seed's policies are evaluated with that seed's device and sampling seed (the
+base policy too, so its spread is sampling noise), which pairs seed ``s`` of
+one policy with seed ``s`` of another for the paired bootstrap.
 
-Writes ``metrics/eval.json`` for the four policies of the paper's comparison
-and ``metrics/ablations.json`` for Digi-Q's variants, both as
-``{policy: {task_set: {"success_rate", "success_rate_std", "per_seed",
-"n_episodes", "by_family", "tasks_by_family"}}}`` (rates are means over seeds;
-``n_episodes`` and each family's test tasks per seed).
+Writes, as ``{policy: {task_set: summary}}`` with each summary
+``{"success_rate", "success_rate_std", "per_seed", "n_episodes", "by_family",
+"tasks_by_family", "first96": {"success_rate", "success_rate_std", "per_seed",
+"n_episodes"}}`` (rates are means over seeds, the std is the sample std over
+seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
 
-With ``eval.train_tasks`` it also rolls every policy out on train tasks,
-the tasks of the first trajectories per task set in the offline data, into
-``metrics/eval_train.json`` (same layout, main policies and ablations;
-``{"off": why}`` without them): the train columns of the paper's table,
-which tell a failure to generalise to unseen entities from a failure on
-the very tasks the data hold.
+- ``metrics/eval.json``: the base, the paper's comparison (``main``) and
+  Digi-Q's named ``variants`` (its rows beside the paper's method);
+- ``metrics/ablations.json``: Digi-Q and its ``ablations``;
+- ``metrics/eval_outcomes.json``: every episode's 0/1 success as
+  ``{policy: {task_set: ["0110...", one string per seed]}}``, in task-list order;
+- ``metrics/comparisons.json``: paired bootstrap intervals (:mod:`digiq.stats`)
+  as ``{task_set: {"A-B": {"diff", "ci95", "n_tasks", "seeds"}}}`` in
+  percentage points, for Digi-Q minus each other policy of ``eval.json`` and
+  each variant or ablation minus Digi-Q.
+
+With ``eval.train_tasks`` it also rolls the base, main and variant policies
+out on train tasks, the tasks of the first trajectories per task set in the
+offline data, into ``metrics/eval_train.json`` (same layout; ``{"off": why}``
+without them): the train columns of the paper's table, which tell a failure
+to generalise to unseen entities from a failure on the very tasks the data hold.
 
 On the simulator it also writes ``metrics/skills.json``: the base policy of
-the first seed again, with one skill at a time taken from the expert
+the first seed again on the first 96 test tasks, with one skill at a time taken from the expert
 (:class:`digiq.oracle.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
-"n_episodes", "by_family"}}}`` beside ``none``, the base alone on the same devices.
+"n_episodes", "by_family", "tasks_by_family"}}}`` beside ``none``, the base
+alone on the same devices.
+
+``python -m digiq.evaluate`` runs any checkpoint on any task file with the
+same code (see :func:`main`).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import sys
 from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.config import (
+    PARAMS,
+    DeviceConfig,
+    EnvConfig,
+    EvalConfig,
+    ExperimentConfig,
+    JudgeConfig,
+    load_params,
+    load_section,
+)
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
+from digiq.env.gym_env import PhoneEnv
+from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
+from digiq.io import atomic_write_text
 from digiq.judge import evaluator_for
 from digiq.models.checkpoint import read_config
 from digiq.models.policy import AutoUIPolicy
 from digiq.oracle import ExpertSkill
 from digiq.paths import Paths
-from digiq.rollout import rollout, success_by
+from digiq.rollout import EpisodeResult, Policy, rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
+from digiq.stats import comparisons, sample_std
 from digiq.train.policy_fit import ModelPolicy
 
-__all__ = ["run_eval"]
+__all__ = [
+    "run_eval", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
+    "outcome_strings", "read_task_file", "train_tasks", "main",
+]  # fmt: skip
 
 
 def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
@@ -79,95 +116,289 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
     return out
 
 
-def _summary(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and spread over seeds of one policy on one task set."""
-    rates = [r["success_rate"] for r in per_seed]
-    families = sorted({f for r in per_seed for f in r["by_family"]})
+def load_agent(checkpoint: Path, cfg: EvalConfig, seed: int) -> ModelPolicy:
+    """The checkpoint as a sampling policy on seed ``seed``'s own sampling stream (``cfg.seed + seed``).
+
+    Seeding before the load gives every policy of a seed the same stream, so
+    its episodes pair with the other policies' episodes of that seed.
+    """
+    torch.manual_seed(cfg.seed + seed)
+    model = AutoUIPolicy.load(checkpoint)
+    return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
+
+
+@contextmanager
+def device_pool(
+    devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, size: int
+) -> Iterator[Callable[[], PhoneEnv]]:
+    """An env factory cycling over ``size`` envs on ``devices``, reused by every rollout in the block.
+
+    A device backend has only so many devices, so the envs are made once;
+    success on a real emulator (or on ``adb-sim`` with ``judge.on_adb_sim``)
+    is the VLM ``judge``'s verdict (:func:`digiq.judge.evaluator_for`).
+    """
+    evaluator = evaluator_for(devices, judge)
+    with EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
+        pool = itertools.cycle([factory() for _ in range(max(1, size))])
+        yield lambda: next(pool)
+
+
+def evaluate_policy(agent: Policy, tasks: Mapping[str, Sequence[Task]], cfg: EvalConfig, env: EnvConfig, *,
+                    seed: int, env_factory: Callable[[], PhoneEnv], screen_text: bool = False,
+                    name: str = "policy") -> dict[str, list[EpisodeResult]]:  # fmt: skip
+    """One seed's episodes of ``agent`` on each task set's tasks, in list order.
+
+    The one rollout loop of stage 07 and of ``python -m digiq.evaluate``:
+    devices seeded by ``cfg.seed + seed`` (the same for every policy of a
+    seed), ``cfg.n_envs`` at a time, each task's own step limit.
+    """
     return {
-        "success_rate": round(float(np.mean(rates)), 4),
-        "success_rate_std": round(float(np.std(rates)), 4),
-        "per_seed": rates,
-        "n_episodes": per_seed[0]["n_episodes"],
-        "by_family": {f: round(float(np.mean([r["by_family"].get(f, 0.0) for r in per_seed])), 4) for f in families},
-        "tasks_by_family": per_seed[0]["tasks_by_family"],
+        ts: rollout(agent, listed, n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=env.dynamics(), width=env.width,
+                    desc=f"eval {name} {ts} (seed {seed})", env_factory=env_factory, screen_text=screen_text)
+        for ts, listed in tasks.items()
+    }  # fmt: skip
+
+
+def _rate(results: Sequence[EpisodeResult]) -> float:
+    return round(sum(r.success for r in results) / len(results), 4)
+
+
+def _std(rates: Sequence[float]) -> float | None:
+    std = sample_std(rates)
+    return None if std is None else round(std, 4)
+
+
+def seed_metrics(results: Sequence[EpisodeResult]) -> dict[str, Any]:
+    """One seed's success on one task set: overall, per family, and how many tasks each family has."""
+    return {
+        "success_rate": _rate(results),
+        "n_episodes": len(results),
+        "by_family": success_by(results, "family"),
+        "tasks_by_family": dict(sorted(Counter(r.family for r in results).items())),
     }
 
 
-def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             ablation_seeds: int | None = None, devices: DeviceConfig | None = None,
-             judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` (into eval.json) and ``ablations`` (into ablations.json).
+def summarize(per_seed: Sequence[Sequence[EpisodeResult]]) -> dict[str, Any]:
+    """Mean and sample spread over seeds of one policy on one task set, on the whole list and on its first 96.
 
-    The main policies for every seed, the ablations for the first ``ablation_seeds`` (default: every seed).
+    Every seed runs the same task list, so the first seed's counts stand for all.
+    """
+    rates = [_rate(r) for r in per_seed]
+    first = [_rate(r[:PROTOCOL_TASKS]) for r in per_seed]
+    metrics = [seed_metrics(r) for r in per_seed]
+    families = sorted({f for m in metrics for f in m["by_family"]})
+    return {
+        "success_rate": round(float(np.mean(rates)), 4),
+        "success_rate_std": _std(rates),
+        "per_seed": rates,
+        "n_episodes": metrics[0]["n_episodes"],
+        "by_family": {f: round(float(np.mean([m["by_family"].get(f, 0.0) for m in metrics])), 4) for f in families},
+        "tasks_by_family": metrics[0]["tasks_by_family"],
+        "first96": {
+            "success_rate": round(float(np.mean(first)), 4),
+            "success_rate_std": _std(first),
+            "per_seed": first,
+            "n_episodes": min(PROTOCOL_TASKS, metrics[0]["n_episodes"]),
+        },
+    }
+
+
+def outcome_strings(per_seed: Sequence[Sequence[EpisodeResult]]) -> list[str]:
+    """Each seed's episode successes as one "0110..." string, in task-list order (compact in JSON)."""
+    return ["".join("1" if r.success else "0" for r in results) for results in per_seed]
+
+
+def _outcome_array(per_seed: Sequence[Sequence[EpisodeResult]]) -> np.ndarray:
+    return np.array([[r.success for r in results] for results in per_seed], dtype=np.int8)
+
+
+def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
+             variants: Sequence[str] = (), devices: DeviceConfig | None = None,
+             judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
+
+    Every policy for every seed, so that each comparison pairs the same
+    seeds. Variants are Digi-Q with changes beyond the paper (``digiq_cql``...):
+    their rows stand beside the main ones, compared as "variant - digiq" like
+    the ablations. The train-task columns cover the rows of eval.json only;
+    the expert-skill diagnostic the protocol's first 96 test tasks.
 
     On ``devices`` (default: the in-process simulator); success on a real
     emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
+    Returns every policy's summary (:func:`summarize`) per task set.
     """
     devices = devices or DeviceConfig()
-    policies = ["base", *main, *ablations]
-
-    def trained(s: int) -> list[str]:
-        """The policies seed ``s`` has: the ablations only for the first ``ablation_seeds``."""
-        return policies if s < (ablation_seeds or seeds) else ["base", *main]
-
+    every_seed = ["base", *main, *variants]
+    policies = [*every_seed, *ablations]
     for s in range(seeds):
-        for p in trained(s):
+        for p in policies:
             require("eval", _checkpoint(paths, p, s) / "config.json")
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
-    train_runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {ts: [] for ts in held_in} for p in policies}
+    runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
+    train_runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in held_in} for p in every_seed}
     timing: dict[str, Any] = {}
-    evaluator = evaluator_for(devices, judge or JudgeConfig())
     # Every policy here descends from the base: its prompts read the screen when the base's did.
     screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
-    with timed(timing), EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
-        # One env per device, reused by every rollout below (a device backend has only so many).
-        longest = max([cfg.n_tasks, *map(len, held_in.values())])
-        pool = itertools.cycle([factory() for _ in range(min(cfg.n_envs, longest))])
+    longest = max(map(len, [*tasks.values(), *held_in.values()]))
+    with timed(timing), device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, longest)) as pool:
 
-        def run(agent: Any, policy: str, seed: int, split: str = "test") -> dict[str, dict[str, Any]]:
-            """One seed's episodes of ``agent`` on every task set's ``split`` tasks (test, or the data's train tasks)."""
-            out = {}
-            for ts, listed in (tasks if split == "test" else held_in).items():
-                results = rollout(agent, listed, n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=env.dynamics(),
-                                  width=env.width, desc=f"eval {policy} {ts} {split} (seed {seed})",
-                                  env_factory=lambda: next(pool), screen_text=screen_text)  # fmt: skip
-                out[ts] = {
-                    "success_rate": round(sum(r.success for r in results) / len(results), 4),
-                    "n_episodes": len(results),
-                    "by_family": success_by(results, "family"),
-                    "tasks_by_family": dict(sorted(Counter(r.family for r in results).items())),
-                }
-            return out
-
-        def agent(policy: str, seed: int) -> ModelPolicy:
-            """The checkpoint as a sampling policy, with the seed's own sampling stream."""
-            torch.manual_seed(cfg.seed + seed)
-            model = AutoUIPolicy.load(_checkpoint(paths, policy, seed))
-            return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
+        def run(agent: Policy, name: str, seed: int, listed: Mapping[str, Sequence[Task]]) -> dict[str, list[EpisodeResult]]:  # fmt: skip
+            return evaluate_policy(agent, listed, cfg, env, seed=seed, env_factory=pool, screen_text=screen_text,
+                                   name=name)  # fmt: skip
 
         for s in range(seeds):
-            for policy in trained(s):
-                for ts, r in run(agent(policy, s), policy, s).items():
+            for policy in policies:
+                for ts, r in run(load_agent(_checkpoint(paths, policy, s), cfg, s), policy, s, tasks).items():
                     runs[policy][ts].append(r)
-                if held_in:  # reloaded on the seed's own stream: these episodes do not hang on the test ones' draws
-                    for ts, r in run(agent(policy, s), policy, s, "train").items():
+                if held_in and policy in train_runs:  # reloaded on the seed's own stream: apart from the test draws
+                    train = run(load_agent(_checkpoint(paths, policy, s), cfg, s), f"{policy} train", s, held_in)
+                    for ts, r in train.items():
                         train_runs[policy][ts].append(r)
         skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
         if devices.backend == "sim":
-            skills = {"policy": "base", "seed": 0, "none": {ts: runs["base"][ts][0] for ts in TASK_SETS}}
+            protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
+            skills = {"policy": "base", "seed": 0,
+                      "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
             for skill in cfg.expert_skills:
-                skills[skill] = run(ExpertSkill(agent("base", 0), skill), f"base + expert {skill}", 0)
-    summary = {p: {ts: _summary(runs[p][ts]) for ts in TASK_SETS} for p in policies}
-    report = {p: summary[p] for p in ["base", *main]}
-    write_metrics(paths, "eval", report)
+                lent = ExpertSkill(load_agent(paths.base_policy, cfg, 0), skill)
+                skills[skill] = {ts: seed_metrics(r) for ts, r in run(lent, f"base + expert {skill}", 0, protocol).items()}
+    summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
+    write_metrics(paths, "eval", {p: summary[p] for p in every_seed})
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
+    write_metrics(
+        paths, "eval_outcomes", {p: {ts: outcome_strings(r) for ts, r in sets.items()} for p, sets in runs.items()}
+    )
+    pairs = [("digiq", p) for p in ["base", *main] if p != "digiq"] + [(v, "digiq") for v in [*variants, *ablations]]
+    arrays = {p: {ts: _outcome_array(r) for ts, r in sets.items()} for p, sets in runs.items()}
+    write_metrics(paths, "comparisons", comparisons(arrays, pairs))
     write_metrics(paths, "skills", skills)
     if held_in:
-        train: dict[str, Any] = {p: {ts: _summary(r) for ts, r in sets.items()} for p, sets in train_runs.items()}
+        train_summary: dict[str, Any] = {
+            p: {ts: summarize(r) for ts, r in sets.items()} for p, sets in train_runs.items()
+        }
     else:
-        train = {"off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"}
-    write_metrics(paths, "eval_train", train)
+        train_summary = {
+            "off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"
+        }
+    write_metrics(paths, "eval_train", train_summary)
     write_metrics(paths, "eval_timing", timing)
     return summary
+
+
+def read_task_file(path: Path, task_set: str | None = None) -> tuple[dict[str, list[Task]], list[dict[str, Any]]]:
+    """The tasks of a file of instructions, one a line, per task set; and the lines that do not parse.
+
+    Blank lines are skipped. Without ``task_set`` each instruction goes to
+    the task set its shape says (shopping-site instructions to ``webshop``,
+    the rest to ``general``; :func:`~digiq.env.tasks.parse_task`). A line the
+    simulator cannot check is reported as ``{"line": n, "text": ...}`` (1-based)
+    rather than stopping the run, so one odd line does not cost a whole list.
+    """
+    tasks: dict[str, list[Task]] = {}
+    unparsed: list[dict[str, Any]] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = parse_task(line.strip(), task_set)
+        except UnsupportedInstruction:
+            unparsed.append({"line": n, "text": line})
+            continue
+        tasks.setdefault(task.task_set, []).append(task)
+    return {ts: tasks[ts] for ts in TASK_SETS if ts in tasks}, unparsed
+
+
+def _table(runs: Mapping[str, Sequence[Sequence[EpisodeResult]]]) -> str:
+    """Success per task set and family: mean over seeds and sample std (in %), as a plain-text table."""
+
+    def row(ts: str, family: str, n: int, rates: Sequence[float]) -> str:
+        std = sample_std(rates)
+        spread = "-" if std is None else f"{100 * std:.1f}"
+        return f"{ts:<9} {family:<14} {n:>5} {100 * float(np.mean(rates)):>9.1f} {spread:>6}"
+
+    lines = [f"{'task set':<9} {'family':<14} {'tasks':>5} {'success %':>9} {'std':>6}"]
+    for ts, per_seed in runs.items():
+        lines.append(row(ts, "(all)", len(per_seed[0]), [_rate(r) for r in per_seed]))
+        for family, n in sorted(Counter(r.family for r in per_seed[0]).items()):
+            lines.append(row(ts, family, n, [_rate([e for e in r if e.family == family]) for r in per_seed]))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Evaluate one policy checkpoint on a file of instructions; print a table, optionally write JSON.
+
+    Runs :func:`evaluate_policy` as stage 07 does, with the params file's
+    ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
+    the stage's checkpoints on the stage's task lists give the stage's figures.
+    Bad input (a missing checkpoint or task file, a file with no parseable
+    line) exits with status 2 and a message naming it.
+    """
+    ap = argparse.ArgumentParser(
+        prog="python -m digiq.evaluate",
+        description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 07 does.",
+    )
+    ap.add_argument("--policy", required=True, type=Path, help="policy checkpoint folder (config.json + weights)")
+    ap.add_argument("--tasks", required=True, type=Path, help="text file, one instruction per line")
+    ap.add_argument("--task-set", choices=TASK_SETS, default=None,
+                    help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="seeds 0..N-1 (devices and sampling, as stage 07's); default: the params' experiment.seeds")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
+    ap.add_argument("--on-devices", action="store_true",
+                    help="step the params' devices backend (judge: its judge group) instead of the in-process simulator")  # fmt: skip
+    args = ap.parse_args(argv)
+
+    if not args.policy.is_dir():
+        ap.error(f"--policy {args.policy}: no such checkpoint folder")
+    try:
+        read_config(args.policy, "policy")
+        params = load_params(args.params)
+        cfg = load_section(EvalConfig, "eval", params, args.params)
+        env = load_section(EnvConfig, "env", params, args.params)
+        devices = load_section(DeviceConfig, "devices", params, args.params) if args.on_devices else DeviceConfig()
+        judge = load_section(JudgeConfig, "judge", params, args.params)
+        experiment = load_section(ExperimentConfig, "experiment", params, args.params)
+    except (FileNotFoundError, ValueError) as e:  # a ConfigError is a ValueError
+        ap.error(str(e))
+    seeds = args.seeds if args.seeds is not None else experiment.seeds
+    if seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {seeds}")
+    if not args.tasks.is_file():
+        ap.error(f"--tasks {args.tasks}: no such file")
+    tasks, unparsed = read_task_file(args.tasks, args.task_set)
+    for u in unparsed:
+        print(f"{args.tasks}:{u['line']}: cannot parse, skipped: {u['text']}", file=sys.stderr)
+    if not tasks:
+        ap.error(f"--tasks {args.tasks}: none of its {len(unparsed)} instruction(s) parses")
+
+    runs: dict[str, list[list[EpisodeResult]]] = {ts: [] for ts in tasks}
+    screen_text = bool(read_config(args.policy, "policy").get("screen_text", False))
+    with device_pool(devices, env, judge, min(cfg.n_envs, max(map(len, tasks.values())))) as pool:
+        for s in range(seeds):
+            agent = load_agent(args.policy, cfg, s)
+            results = evaluate_policy(agent, tasks, cfg, env, seed=s, env_factory=pool, screen_text=screen_text,
+                                      name=args.policy.name)  # fmt: skip
+            for ts, r in results.items():
+                runs[ts].append(r)
+    report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
+    report.update({
+        "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},
+        "unparsed": unparsed,
+        "policy": str(args.policy),
+        "tasks_file": str(args.tasks),
+        "seeds": seeds,
+    })  # fmt: skip
+    print(_table(runs))
+    if unparsed:
+        print(f"{len(unparsed)} line(s) of {args.tasks} not parsed (listed on stderr)")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -54,8 +54,9 @@ class Paths:
         """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
         return self.data / "features" / vlm
 
-    def critic(self, seed: int, vlm: str = "finetuned") -> Path:
-        return self.data / "models" / "critic" / f"seed{seed}" / vlm
+    def critic(self, seed: int, row: str = "digiq") -> Path:
+        """Stage-05 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
+        return self.data / "models" / "critic" / f"seed{seed}" / row
 
     def actor(self, name: str, seed: int) -> Path:
         return self.data / "models" / "actors" / f"seed{seed}" / name

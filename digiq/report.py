@@ -1,13 +1,14 @@
-"""Write the README's results from the metrics files, never by hand.
+"""Write the README's results and the experiments page's diagnostics from the metrics files, never by hand.
 
-``python -m digiq.report`` rebuilds the block between the markers
-``<!-- results:start -->`` and ``<!-- results:end -->`` in README.md from
-``metrics/*.json``: success rates per policy and task set (mean ± std over
-seeds), Digi-Q's margins, per-family success, the ablations, what each
-policy imitates, what base + 20 asks of the test tasks the data can teach,
-where the data can teach (by family and by the expert's kind of action),
-the oracle diagnostic, each stage's wall time and its headline numbers. The
-eval notebook draws the bar charts with :func:`save_results_chart`.
+``python -m digiq.report`` rebuilds the block between ``<!-- results:start -->``
+and ``<!-- results:end -->`` in README.md: success per policy and task set
+(mean ± sample std over seeds, on the whole test list and on its first 96
+tasks, the paper's protocol), each comparison with its paired bootstrap
+interval, the variants and the ablations. It also rebuilds the diagnostics
+block of docs/experiments.md: success per family, what each policy imitates,
+where the data can teach, the oracle diagnostic and the critic's picks, the
+base policy's missing skills, each stage's wall time. The eval notebook draws
+the bar charts with :func:`save_results_chart`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,11 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "update_readme", "save_results_chart", "expert_pick_table", "reach"]
+__all__ = ["results_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/experiments.md
 TASK_SET_NAMES = {"general": "General", "webshop": "Web Shopping"}
 STAGES = ("tasks", "base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor", "eval")
 HEADLINES = {
@@ -52,31 +54,43 @@ def _pct(x: float) -> str:
 
 
 def _rate(r: dict[str, Any]) -> str:
-    """``mean ± std`` in percent, over seeds."""
-    return f"{_pct(r['success_rate'])} ± {_pct(r.get('success_rate_std', 0.0))}"
+    """``mean ± std`` in percent over seeds; the mean alone with one seed, whose sample std is undefined (null)."""
+    std = r.get("success_rate_std")
+    return _pct(r["success_rate"]) + (f" ± {_pct(std)}" if std is not None else "")
 
 
 def _success_table(results: dict[str, Any], train: dict[str, Any] | None = None) -> list[str]:
     """One row per policy, test columns and, from ``train`` (eval_train.json), the paper's train columns beside them.
 
-    A seeds column when the rows were repeated differently (ablations.seeds).
+    A seeds column when the rows were repeated differently; when the test
+    list is longer than the paper's 96 tasks, its first 96 (the paper's
+    protocol) get their own columns beside the whole list's.
     """
     train = {p: sets for p, sets in (train or {}).items() if isinstance(sets, dict)}
     seeds = {p: len(sets["general"].get("per_seed", [0])) for p, sets in results.items()}
     n = next(iter(results.values()))["general"]["n_episodes"]
-    columns: list[tuple[str, str, dict[str, Any]]] = []
+    protocol = {r["first96"]["n_episodes"] for sets in results.values() for r in sets.values() if "first96" in r}
+    first = min(protocol) if protocol and min(protocol) < n else None
+    columns: list[tuple[str, str, dict[str, Any], bool]] = []  # (head, task set, results, the first tasks only)
     for ts in TASK_SETS:
         if any(ts in train.get(p, {}) for p in results):
-            columns.append((f"{TASK_SET_NAMES[ts]} train", ts, train))
-        columns.append((f"{TASK_SET_NAMES[ts]} test", ts, results))
+            columns.append((f"{TASK_SET_NAMES[ts]} train", ts, train, False))
+        if first is not None:
+            columns.append((f"{TASK_SET_NAMES[ts]} test, first {first}", ts, results, True))
+        columns.append((f"{TASK_SET_NAMES[ts]} test", ts, results, False))
     varied = len(set(seeds.values())) > 1
     head = ["policy", *(["seeds"] if varied else []), *(c[0] for c in columns)]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for p in results:
-        cells = [_rate(src[p][ts]) if ts in src.get(p, {}) else "-" for _, ts, src in columns]
+        cells = [
+            _rate(src[p][ts]["first96"] if part else src[p][ts]) if ts in src.get(p, {}) else "-"
+            for _, ts, src, part in columns
+        ]
         out.append("| " + " | ".join([p, *([str(seeds[p])] if varied else []), *cells]) + " |")
-    over = "the row's seeds (± 0.0 with one)" if varied else f"{next(iter(seeds.values()))} seed(s)"
-    note = f"Success rate (%), mean ± standard deviation over {over}, {n} test tasks per task set and seed"
+    over = "the row's seeds (no ± with one)" if varied else f"{next(iter(seeds.values()))} seed(s)"
+    note = f"Success rate (%), mean ± sample standard deviation over {over}, {n} test tasks per task set and seed"
+    if first is not None:
+        note += f" (first {first}: the paper's protocol, the first {first} tasks of the same list)"
     held_in = sorted({r["n_episodes"] for sets in train.values() for r in sets.values()})
     if held_in:
         counts = "/".join(map(str, held_in))
@@ -103,6 +117,35 @@ def _targets(ev: dict[str, Any]) -> list[str]:
         d = [100 * (ev["digiq"][ts]["success_rate"] - ev[p][ts]["success_rate"]) for ts in TASK_SETS]
         out.append(f"| {p} | {d[0]:+.1f} | {d[1]:+.1f} |")
     return out
+
+
+def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[str]:
+    """The paired comparisons of stage 07 between ``rows``: difference in points and its 95% bootstrap interval.
+
+    Empty when no comparison has both its policies among ``rows`` (a table of its own per results table).
+    """
+    keep = set(rows)
+    names = [n for n in dict.fromkeys(n for pairs in comparisons.values() for n in pairs) if set(n.split("-")) <= keep]
+    sets = [ts for ts in TASK_SETS if any(n in comparisons.get(ts, {}) for n in names)]
+    if not names:
+        return []
+    out = ["| comparison | " + " | ".join(f"{TASK_SET_NAMES[ts]} (points, 95% CI)" for ts in sets) + " |",
+           "|---|" + "---|" * len(sets)]  # fmt: skip
+    for name in names:
+        cells = []
+        for ts in sets:
+            c = comparisons[ts].get(name)
+            if c is None:
+                cells.append("-")
+                continue
+            lo, hi = c["ci95"]
+            verdict = "" if lo > 0 or hi < 0 else ", no detectable difference"
+            cells.append(f"{c['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]{verdict}")
+        out.append(f"| {name.replace('-', ' - ', 1)} | " + " | ".join(cells) + " |")
+    c = comparisons[sets[0]][next(n for n in names if n in comparisons[sets[0]])]
+    return out + ["", f"A - B in percentage points over the {c['n_tasks']} test tasks per task set and the seeds "
+                  "both rows have, with a 95% paired bootstrap interval (tasks and seeds resampled alike for both; "
+                  "digiq.stats). An interval holding 0 is no detectable difference."]  # fmt: skip
 
 
 def _oracle_table(oracle: dict[str, Any]) -> list[str]:
@@ -146,8 +189,7 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {_pct(rate)} | " + " | ".join(_pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
                   f"of {pick['states']} stored states whose valid candidates include both such and other actions "
-                  "(mean over seeds, critic_untuned over the ablations' seeds; critic_*: the argmax of Q of each "
-                  "VLM's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
+                  "(mean over seeds; critic_<row>: the argmax of Q of that row's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
                   "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
 
 
@@ -159,7 +201,7 @@ def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
                (("critic's wrong picks", "critic"), ("data's action there", "data"), ("expert's action there", "expert"))]  # fmt: skip
     counts = ", ".join(f"{ts} {r['wrong_picks']}" for ts, r in wrong.items())
     return _grouped_table({ts: r["kinds"] for ts, r in wrong.items()}, "action kind", columns,
-                          "Over the informative stored states where the argmax of the critic's Q (critic_finetuned "
+                          "Over the informative stored states where the argmax of Digi-Q's critic's Q (critic_digiq "
                           f"above) does not do what the expert would ({counts} per seed, pooled over seeds): the kind "
                           "of action it picks, the kind the data took there, and the kind the expert would take.")  # fmt: skip
 
@@ -233,47 +275,6 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
                           "The expert's action at each stored state, by kind; Digi-Q's columns pool its seeds.")  # fmt: skip
 
 
-def reach(results: dict[str, Any], success: dict[str, float], gain: float = 0.20) -> dict[str, dict[str, Any]]:
-    """Per task set: what Digi-Q would need on the test tasks whose family the collected data ever solve.
-
-    A family the data never solve offers no reward to learn from, so no
-    offline method can be expected to lift it; base + ``gain`` then has to
-    come from the other test tasks. ``results`` are eval.json (and
-    ablations.json) entries with ``tasks_by_family``; ``success`` is stage
-    01's success per family. Returns, per task set, the test tasks of
-    unsolved families, the success the rest would need, and each policy's
-    success on the rest.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for ts in TASK_SETS:
-        counts = results["base"][ts]["tasks_by_family"]
-        n = sum(counts.values())
-        unsolved = sorted(f for f in counts if success.get(f, 0.0) == 0.0)
-        rest = n - sum(counts[f] for f in unsolved)
-        need = int(np.ceil(round((results["base"][ts]["success_rate"] + gain) * n, 6)))
-        on_rest = {p: sum(r[ts]["by_family"].get(f, 0.0) * c for f, c in counts.items() if f not in unsolved) / rest
-                   for p, r in results.items()} if rest else {}  # fmt: skip
-        out[ts] = {"tasks": n, "unsolved_families": unsolved, "unsolved_tasks": n - rest, "needed_tasks": need,
-                   "needed_on_rest": need / rest if rest else None, "on_rest": on_rest}  # fmt: skip
-    return out
-
-
-def _reach_table(results: dict[str, Any], success: dict[str, float]) -> list[str]:
-    r = reach(results, success)
-    out = ["| task set | test tasks | in families the data never solve | base + 20 (tasks) | needed on the others (%) "
-           "| best policy on the others (%) | Digi-Q on the others (%) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for ts, x in r.items():
-        need = _pct(x["needed_on_rest"]) if x["needed_on_rest"] is not None else "-"
-        best = max(x["on_rest"], key=x["on_rest"].get) if x["on_rest"] else None
-        best_cell = f"{_pct(x['on_rest'][best])} ({best})" if best else "-"
-        digiq = _pct(x["on_rest"]["digiq"]) if "digiq" in x["on_rest"] else "-"
-        out.append(f"| {ts} | {x['tasks']} | {x['unsolved_tasks']} ({', '.join(x['unsolved_families']) or 'none'}) "
-                   f"| {x['needed_tasks']} | {need} | {best_cell} | {digiq} |")  # fmt: skip
-    return out + ["", "Families the data never solve: success 0 in stage 01's collected trajectories. Their test "
-                  "tasks offer an offline method no reward to learn from, so base + 20 has to come from the other "
-                  "test tasks (success per policy: mean over its seeds, ablations included)."]  # fmt: skip
-
-
 def _skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
     if "off" in skills:
@@ -287,28 +288,35 @@ def _skills_table(skills: dict[str, Any]) -> list[str]:
 
 
 def results_markdown(paths: Paths) -> str:
-    ev, ab, oracle = _load(paths, "eval"), _load(paths, "ablations"), _load(paths, "oracle")
-    skills, train = _load(paths, "skills"), _load(paths, "eval_train")
-    out = []
-    if ev:
-        out += _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + _targets(ev)
-        out += ["", "Success by family (%, mean over seeds):", ""] + _family_table(ev)
-    else:
-        out.append("No `metrics/eval.json` yet: run `make repro`.")
+    """The README's results: every row on the test lists, and each comparison with its interval."""
+    ev, ab = _load(paths, "eval"), _load(paths, "ablations")
+    train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
+    if not ev:
+        return "No `metrics/eval.json` yet: run `make repro`."
+    margins = _comparison_table(compared, ev) if compared else _targets(ev)
+    out = _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
-        out += ["", "Ablations (success rate %, mean ± std over seeds):", ""] + _success_table(ab, train)
+        out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)
+        ablated = _comparison_table(compared or {}, ab)
+        out += ["", *ablated] if ablated else []
         perfect = (_load(paths, "actor") or {}).get("perfect_critic")
         if perfect and "digiq_perfect_critic" in ab:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
                     f"the simulator's expert would; {_pct(perfect['states_with_expert_candidate'])}% of states have "
                     f"one, and the data's own action is it in {_pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
+    return "\n".join(out)
+
+
+def diagnostics_markdown(paths: Paths) -> str:
+    """The experiments page's diagnostics: per family, what each policy imitates, the critic's picks, stage times."""
+    ev, oracle, skills = _load(paths, "eval"), _load(paths, "oracle"), _load(paths, "skills")
     actor = _load(paths, "actor") or {}
+    success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
+    out: list[str] = []
+    if ev:
+        out += ["Success by family on the test list (%, mean over seeds):", ""] + _family_table(ev)
     if "rows_expert_share" in actor:
         out += ["", "What each policy imitates (stage 06):", ""] + _rows_table(actor)
-    success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
-    if ev and success and "tasks_by_family" in ev["base"]["general"]:
-        out += ["", "What base + 20 asks of the test tasks the data can teach (stages 01 and 07):", ""]
-        out += _reach_table({**ev, **(ab or {})}, success)
     if "expert_support" in actor:
         out += ["", "Where the data can teach (stages 01 and 06):", ""] + _support_table(
             actor["expert_support"], success
@@ -325,13 +333,14 @@ def results_markdown(paths: Paths) -> str:
         out += ["", "Expert picks over all stored states (stage 06):", ""] + expert_pick_table(oracle["expert_pick"])
     wrong = (oracle or {}).get("critic_wrong_picks")
     if wrong:
-        out += ["", "Where the critic's picks go wrong (stage 06):", ""] + wrong_pick_table(wrong)
+        out += ["", "Where Digi-Q's critic's picks go wrong (stage 06):", ""] + wrong_pick_table(wrong)
     rewarded = (_load(paths, "critic") or {}).get("rewarded_steps")
     if rewarded:
-        out += ["", "The critic at the data's rewarded steps (stage 05):", ""] + rewarded_table(rewarded)
+        out += ["", "Digi-Q's critic at the data's rewarded steps (stage 05):", ""] + rewarded_table(rewarded)
     if skills:
-        out += ["", "Where the base policy loses (stage 07, first seed; success % with one skill taken from the "
-                "simulator's expert, everything else the policy's own):", ""] + _skills_table(skills)  # fmt: skip
+        out += ["", "Where the base policy loses (stage 07, first seed, the first 96 test tasks; success % with one "
+                "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
+        out += _skills_table(skills)
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]
     timing = _load(paths, "eval_timing") or {}
     for stage in STAGES:
@@ -357,7 +366,7 @@ def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, p in enumerate(policies):
         means = [100 * results[p][ts]["success_rate"] for ts in TASK_SETS]
-        stds = [100 * results[p][ts].get("success_rate_std", 0.0) for ts in TASK_SETS]
+        stds = [100 * (results[p][ts].get("success_rate_std") or 0.0) for ts in TASK_SETS]  # null: one seed
         ax.bar(x + (i - (len(policies) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=p)
     ax.set_xticks(x, ["General test", "Web Shopping test"])
     ax.set_ylabel("success rate (%)")
@@ -372,20 +381,30 @@ def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
-def update_readme(readme: Path, paths: Paths) -> None:
-    text = readme.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise ValueError(f"{readme} has no {START} ... {END} block to fill")
-    block = f"{START}\n{results_markdown(paths)}\n{END}"
-    atomic_write_text(readme, re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+def _fill(path: Path, markers: tuple[str, str], body: str) -> None:
+    """Replace the block between ``markers`` in ``path`` with ``body``."""
+    start, end = markers
+    text = path.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no {start} ... {end} block to fill")
+    block = f"{start}\n{body}\n{end}"
+    atomic_write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
+
+
+def update_readme(readme: Path, paths: Paths, experiments: Path | None = None) -> None:
+    """The README's results block and, with ``experiments``, that page's diagnostics block, from the metrics."""
+    _fill(readme, (START, END), results_markdown(paths))
+    if experiments is not None:
+        _fill(experiments, DIAGNOSTICS, diagnostics_markdown(paths))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", default=str(Paths().root / "README.md"))
+    ap.add_argument("--experiments", default=str(Paths().root / "docs" / "experiments.md"))
     args = ap.parse_args()
-    update_readme(Path(args.readme), Paths())
-    print(f"updated {args.readme}")
+    update_readme(Path(args.readme), Paths(), Path(args.experiments))
+    print(f"updated {args.readme} and {args.experiments}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from digiq.config import (
 )
 from digiq.paths import Paths
 from digiq.stage import run_stage
+from digiq.train.actor import from_params as actor_stage
 
 
 def test_repository_params_load():
@@ -84,7 +85,7 @@ def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
         p = {k: {**v, **change.get(k, {})} if isinstance(v, dict) else v for k, v in params.items()}
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
         with pytest.raises(ValueError, match="actor.oracle_states must be 0 and ablations.perfect_critic false"):
-            run_stage("actor", Paths(tmp_path), tmp_path / "params.yaml")
+            run_stage(actor_stage, Paths(tmp_path), tmp_path / "params.yaml")
 
 
 def test_an_unknown_expert_skill_is_named():

@@ -153,7 +153,7 @@ def test_list_entries_say_which_entry_a_tap_lands_on_last_among_the_candidate_fe
     np.testing.assert_array_equal(e["candidates"][:, :, -2:], entry_features(hits).reshape(S, N, 2))
     assert any(hit.entry >= 0 for hit in hits)  # the stored screens hold lists, and candidates tap their entries
     with pytest.raises(ValueError, match="list_entries: true needs tap_targets"):
-        CriticConfig(tap_targets=False)
+        CriticConfig(tap_targets=False, list_entries=True)
 
 
 def test_each_distinct_action_counts_once():

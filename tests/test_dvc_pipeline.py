@@ -47,7 +47,8 @@ def test_every_notebook_is_one_stage_that_depends_on_it():
 
 
 def test_params_match_the_typed_configs_and_their_defaults():
-    assert set(PARAMS) == set(SECTIONS)
+    assert set(PARAMS) == set(SECTIONS) | {"variants"}  # variants: named critics, each the critic group changed
+    assert set(config.load_variants(PARAMS)) == {"digiq_cql", "digiq_hierarchy"}
     for name, cls in SECTIONS.items():
         cfg = config.load_section(cls, name, PARAMS)
         for f in dataclasses.fields(cls):

@@ -40,8 +40,11 @@ TINY = {
     },
     "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
     "experiment": {"seeds": 2},
-    "ablations": {"untuned_vlm": True, "n_candidates": [1], "seeds": 1},
+    "ablations": {"untuned_vlm": True, "n_candidates": [1]},
 }
+# One named variant, with both of the critic's additions beyond the paper (replaces params.yaml's variants).
+VARIANTS = {"digiq_hierarchy": {"conservative": 0.3, "conservative_gate": True, "tap_targets": True,
+                                "typed_match": True, "list_entries": True}}  # fmt: skip
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 STAGES = [n for n in NOTEBOOKS if n != "08_explore_values.ipynb"]
 
@@ -52,6 +55,7 @@ def workspace(tmp_path_factory) -> Path:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for group, values in TINY.items():
         params.setdefault(group, {}).update(values)
+    params["variants"] = VARIANTS
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     paths = Paths(root)
     paths.tasks.mkdir(parents=True)
@@ -81,17 +85,23 @@ def test_pipeline_notebooks_run_in_order(workspace):
             cwd=str(workspace),
         )
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
-    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline"}
+    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"}
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
     assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_perfect_critic"}
-    for policy, sets in [*report.items(), *ablations.items()]:
+    for sets in [*report.values(), *ablations.values()]:
         assert set(sets) == {"general", "webshop"}
-        for r in sets.values():  # the ablations repeat only the first of the two seeds (ablations.seeds)
-            assert r["n_episodes"] == 6 and len(r["per_seed"]) == (2 if policy in report else 1) and r["by_family"]
-            assert 0.0 <= r["success_rate"] <= 1.0 and r["success_rate_std"] >= 0.0
+        for r in sets.values():  # every row on both seeds, the ablations too
+            assert r["n_episodes"] == 6 and len(r["per_seed"]) == 2 and r["by_family"]
+            assert 0.0 <= r["success_rate"] <= 1.0 and r["first96"]["per_seed"] == r["per_seed"]  # 6 tasks: all of them
+            assert r["success_rate_std"] >= 0.0
             assert sum(r["tasks_by_family"].values()) == 6 and set(r["tasks_by_family"]) == set(r["by_family"])
+    outcomes = json.loads((workspace / "metrics" / "eval_outcomes.json").read_text())  # every episode, per seed
+    assert set(outcomes) == set(report) | set(ablations)
+    assert all(len(s) == 6 for sets in outcomes.values() for strings in sets.values() for s in strings)
+    comparisons = json.loads((workspace / "metrics" / "comparisons.json").read_text())
+    assert {"digiq-base", "digiq-filtered_bc", "digiq_hierarchy-digiq", "digiq_n1-digiq"} <= set(comparisons["general"])
     train = json.loads((workspace / "metrics" / "eval_train.json").read_text())  # the paper's train columns
-    assert set(train) == set(report) | set(ablations)
+    assert set(train) == set(report)  # the rows of eval.json only
     for policy, sets in train.items():  # the tasks of the first 5 of each task set's 8 collected trajectories
         assert set(sets) == {"general", "webshop"} and all(r["n_episodes"] == 5 for r in sets.values())
         seeds = len({**ablations, **report}[policy]["general"]["per_seed"])  # as many seeds as on the test tasks
@@ -102,8 +112,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
         assert skills["none"][ts]["success_rate"] == report["base"][ts]["per_seed"][0]
         assert all(skills[s][ts]["n_episodes"] == 6 for s in ("type", "tap", "action_type"))
     models = workspace / "data" / "models"
-    assert [(models / "critic" / f"seed{s}" / "untuned" / "config.json").exists() for s in (0, 1)] == [True, False]
-    assert sorted(p.name for p in (models / "actors" / "seed1").iterdir()) == sorted(report)[1:]
+    for s in (0, 1):  # one critic per row that needs one, on every seed
+        assert sorted(p.name for p in (models / "critic" / f"seed{s}").iterdir()) == [
+            "digiq", "digiq_hierarchy", "digiq_untuned"]  # fmt: skip
+    assert sorted(p.name for p in (models / "actors" / "seed1").iterdir()) == sorted({*report, *ablations} - {"base"})
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())
     perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
     assert actor["kept_rows"]["digiq_perfect_critic"] == round(
@@ -135,8 +147,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:
-        assert set(pick["hit_rate"]) == {"random", "critic_finetuned", "critic_untuned", "taken_action",
-                                         "probe_finetuned", "probe_untuned"}  # fmt: skip
+        assert set(pick["hit_rate"]) == {"random", "critic_digiq", "critic_digiq_hierarchy", "critic_digiq_untuned",
+                                         "taken_action", "probe_finetuned", "probe_untuned"}  # fmt: skip
     assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())

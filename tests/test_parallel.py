@@ -14,6 +14,8 @@ from digiq import parallel
 from digiq.models.critic import Critic
 from digiq.paths import Paths
 from digiq.stage import run_stage
+from digiq.train.collect import run_collect
+from digiq.train.critic import from_params as critic_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "parallel_fits.py"
@@ -64,8 +66,8 @@ def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, mo
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     one = Paths(_critic_root(values_root, tmp_path / "one", 1))
     two = Paths(_critic_root(values_root, tmp_path / "two", 2))
-    m1 = run_stage("critic", one, one.root / "params.yaml")
-    m2 = run_stage("critic", two, two.root / "params.yaml")  # accelerate launch, two CPU processes
+    m1 = run_stage(critic_stage, one, one.root / "params.yaml")
+    m2 = run_stage(critic_stage, two, two.root / "params.yaml")  # accelerate launch, two CPU processes
     assert m2["transitions_train"] == m1["transitions_train"]
     assert m2["q_loss_last"] == pytest.approx(m1["q_loss_last"], rel=1e-3)
     c1, c2 = Critic.load(one.critic(0)), Critic.load(two.critic(0))
@@ -80,6 +82,6 @@ def test_a_failing_launched_stage_reports_its_error(tmp_path):
     with pytest.raises(
         RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"
     ):
-        run_stage("critic", Paths(tmp_path), tmp_path / "params.yaml")
-    with pytest.raises(ValueError, match="unknown stage 'collect'"):
-        run_stage("collect", Paths(tmp_path), tmp_path / "params.yaml")
+        run_stage(critic_stage, Paths(tmp_path), tmp_path / "params.yaml")
+    with pytest.raises(ValueError, match="run_stage takes a digiq module's from_params, got digiq.train.collect.run_collect"):
+        run_stage(run_collect, Paths(tmp_path), tmp_path / "params.yaml")

@@ -37,8 +37,9 @@ def test_expert_rollout_writes_complete_trajectories(tmp_path):
         assert traj.done.iloc[-1] and not traj.done.iloc[:-1].any()
         assert traj.reward.iloc[-1] == 1.0 and traj.trajectory_reward.iloc[0] == 1.0
         assert np.allclose(traj.mc_return, mc_returns(list(traj.reward), 0.95))
-    row = table.iloc[1]
-    assert row.image_path == table.iloc[0].next_image_path
+    second = int(np.flatnonzero(table.step_id.to_numpy() == 1)[0])  # a step after another of its episode
+    row = table.iloc[second]
+    assert row.image_path == table.iloc[second - 1].next_image_path
     assert store.load_image(row.image_path).shape == (228, 108, 3)
 
 

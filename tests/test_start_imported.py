@@ -73,8 +73,8 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
         place_imported([digirl], paths, "augment_actions", {**OFF, "actor": {"oracle_states": 200}})
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
         place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
-    with pytest.raises(DataError, match="critic.list_entries must be false"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": False}})  # its default
+    with pytest.raises(DataError, match="variants.digiq_hierarchy.tap_targets must be false"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}})
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
@@ -128,6 +128,7 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for group, values in TINY.items():
         params[group].update(values)
+    params["variants"] = {"digiq_cql": {"conservative": 0.3}}  # a variant needs nothing the released files lack
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     general, _ = _imported(tmp_path, "g", "general")
     bin_dir = os.path.dirname(sys.executable)
@@ -147,7 +148,7 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     assert not (metrics / "collect.json").exists() and not (metrics / "embed.json").exists()  # skipped
     critic = json.loads((metrics / "critic.json").read_text())
     assert critic["wall_time_s"] >= 0
-    net = json.loads((repo / "data" / "models" / "critic" / "seed0" / "finetuned" / "config.json").read_text())
+    net = json.loads((repo / "data" / "models" / "critic" / "seed0" / "digiq" / "config.json").read_text())
     # The released shapes, then the text features the base policy's encoder adds (goal and previous action to
     # the state, type and typed text to each candidate), and the typed text's two match numbers (typed_match).
     d = json.loads((repo / "data" / "models" / "base_policy" / "config.json").read_text())["policy"]["d_model"]
@@ -156,7 +157,7 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     actor = json.loads((metrics / "actor.json").read_text())
     assert actor["states"] == 9
     report = json.loads((metrics / "eval.json").read_text())
-    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline"}
+    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_cql"}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert {"critic", "actor", "eval", "base_policy"} <= set(lock) and not {"collect", "embed"} & set(lock)
     assert pq.read_table(repo / "data" / "candidates" / "candidates.parquet").num_rows == 9

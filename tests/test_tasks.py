@@ -1,7 +1,12 @@
+import re
+from collections import Counter
+
 import pytest
 
+from digiq.config import TasksConfig, load_section
 from digiq.env import catalog
-from digiq.env.taskgen import POOLS, TEMPLATES, generate_tasks, split_pool
+from digiq.env.__main__ import main as env_cli
+from digiq.env.taskgen import POOLS, PROTOCOL_TASKS, SPLITS, TEMPLATES, family_counts, generate_tasks, split_pool
 from digiq.env.tasks import (
     GENERAL_FAMILIES,
     WEBSHOP_FAMILIES,
@@ -90,23 +95,98 @@ def test_unsupported_instructions_get_a_clear_error(instruction, needle):
         parse_task(instruction)
 
 
-def test_generated_test_entities_never_appear_in_train():
+@pytest.mark.parametrize("split_seed", [0, 1, 7])
+def test_every_pool_splits_into_three_disjoint_non_empty_parts(split_seed):
     for pool in POOLS:
-        if pool == "site":
+        parts = [set(split_pool(pool, split, split_seed)) for split in SPLITS]
+        if pool == "site":  # the five shop sites are shared, as in AitW
+            assert all(p == set(POOLS[pool]) for p in parts)
             continue
-        train, test = set(split_pool(pool, "train")), set(split_pool(pool, "test"))
-        assert train and test and not train & test and train | test == set(POOLS[pool])
+        assert all(parts), pool
+        assert not parts[0] & parts[1] and not parts[0] & parts[2] and not parts[1] & parts[2], pool
+        assert set.union(*parts) == set(POOLS[pool])
 
 
-def test_generated_test_tasks_are_unseen():
-    train = set(generate_tasks("general", "train", 400, seed=0)) | set(generate_tasks("webshop", "train", 400, seed=0))
+def _pipeline_lists() -> dict[tuple[str, str], list[str]]:
+    """The task lists stage ``tasks`` writes with the repository's params.yaml."""
+    cfg = load_section(TasksConfig, "tasks")
+    sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
+    return {(ts, split): generate_tasks(ts, split, sizes[split], cfg.seed, cfg.split_seed)
+            for ts in ("general", "webshop") for split in SPLITS}  # fmt: skip
+
+
+def test_pipeline_splits_share_no_task_and_no_entity():
+    lists = _pipeline_lists()
+    cfg = load_section(TasksConfig, "tasks")
     for ts in ("general", "webshop"):
-        test = generate_tasks(ts, "test", 200, seed=0)
-        # Only "Go to SITE" repeats: the five shop sites are shared, as in AitW.
-        assert all(parse_task(t).family == "go_to_site" for t in set(test) & train)
-        for line in test:  # every test task parses into its task set's families
-            fam = parse_task(line, ts).family
-            assert fam in (GENERAL_FAMILIES if ts == "general" else WEBSHOP_FAMILIES)
+        for a, b in [("train", "val"), ("train", "test"), ("val", "test")]:
+            shared = set(lists[ts, a]) & set(lists[ts, b])
+            # Only "Go to SITE" repeats across splits: the five shop sites are shared, as in AitW.
+            assert all(parse_task(t).family == "go_to_site" for t in shared), (ts, a, b)
+        for split in SPLITS:  # no entity of another split is named in a list
+            foreign = {e for pool in POOLS if pool != "site" for other in SPLITS if other != split
+                       for e in split_pool(pool, other, cfg.split_seed)} - SHARED_WORDS  # fmt: skip
+            for line in lists[ts, split]:
+                named = {e for e in foreign if re.search(rf"(?<![\w-]){re.escape(e)}(?![\w-])", line, re.I)}
+                # An entity may contain another split's shorter one as a word ("Mexico City" holds "Mexico").
+                assert all(any(e.lower() in own.lower() for own in _own_entities(line, split, cfg.split_seed))
+                           for e in named), (ts, split, line, named)  # fmt: skip
+            for line in lists[ts, split]:  # every task parses into its task set's families
+                assert parse_task(line, ts).family in (GENERAL_FAMILIES if ts == "general" else WEBSHOP_FAMILIES)
+
+
+# Entities that templates also spell out ("... on YouTube") or that are shop sites ("Costco"), which every
+# split shares: not a leak when a line names them.
+SHARED_WORDS = {
+    e
+    for pool in POOLS.values()
+    for e in pool
+    if e.lower().replace(" ", "") in POOLS["site"]
+    or any(re.search(rf"\b{re.escape(e)}\b", t, re.I) for ts in TEMPLATES.values() for t in ts)
+}
+
+
+def _own_entities(line: str, split: str, split_seed: int) -> list[str]:
+    return [
+        e for pool in POOLS if pool != "site" for e in split_pool(pool, split, split_seed) if e.lower() in line.lower()
+    ]
+
+
+# AitW's General test list (432 lines), family shares in percent; settings and notifications together.
+AITW_GENERAL_TEST = {"search": 70, "maps": 7, "app_settings+notifications": 5, "youtube": 4, "open_app": 4,
+                     "install_app": 4, "chrome_tab": 3, "alarm": 2.5}  # fmt: skip
+
+
+def _shares(lines: list[str], ts: str) -> dict[str, float]:
+    fams = Counter(parse_task(t, ts).family for t in lines)
+    fams["app_settings+notifications"] = fams.pop("app_settings", 0) + fams.pop("notifications", 0)
+    return {f: 100 * n / len(lines) for f, n in fams.items()}
+
+
+def test_test_lists_follow_aitw_mix_whole_and_in_the_protocols_first_96():
+    lists = _pipeline_lists()
+    for lines in (lists["general", "test"], lists["general", "test"][:PROTOCOL_TASKS]):
+        shares = _shares(lines, "general")
+        assert set(shares) == set(AITW_GENERAL_TEST)
+        assert all(abs(shares[f] - AITW_GENERAL_TEST[f]) <= 3 for f in AITW_GENERAL_TEST), shares
+    for lines in (lists["webshop", "test"], lists["webshop", "test"][:PROTOCOL_TASKS]):
+        assert all(abs(share - 100 / 3) <= 1 for share in _shares(lines, "webshop").values() if share)
+
+
+def test_test_lists_are_large_and_distinct():
+    lists = _pipeline_lists()
+    general, webshop = lists["general", "test"], lists["webshop", "test"]
+    assert len(general) >= 300 and len(set(general)) >= 300
+    # Web Shopping's "Go to SITE" has one instruction per site (as AitW's); every other line is distinct.
+    searches = [t for t in webshop if parse_task(t).family != "go_to_site"]
+    assert len(webshop) >= 300 and len(set(searches)) == len(searches)
+
+
+def test_family_counts_are_exact_shares():
+    counts = family_counts("general", 320)
+    assert sum(counts.values()) == 320 and counts["search"] == 225  # 70 of 99.5 points
+    assert min(family_counts("general", 9).values()) == 1  # small lists still cover every family
+    assert sum(family_counts("webshop", 0).values()) == 0
 
 
 def test_generation_is_deterministic_by_seed_and_covers_families():
@@ -122,6 +202,18 @@ def test_bad_generator_arguments():
         generate_tasks("desktop", "train", 3)
     with pytest.raises(ValueError, match="split"):
         generate_tasks("general", "validation", 3)
+    with pytest.raises(ValueError, match="n must be"):
+        generate_tasks("general", "train", -5)
+
+
+def test_generate_tasks_cli_names_a_bad_count(tmp_path, capsys):
+    out = tmp_path / "tasks.txt"
+    with pytest.raises(SystemExit) as stop:
+        env_cli(["generate-tasks", str(out), "--task-set", "general", "--split", "val", "-n", "-5"])
+    assert stop.value.code == 2 and "must be >= 0, got -5" in capsys.readouterr().err
+    assert not out.exists()
+    env_cli(["generate-tasks", str(out), "--task-set", "general", "--split", "val", "-n", "12"])
+    assert len(out.read_text().splitlines()) == 12
 
 
 def test_any_app_name_maps_to_a_key():

@@ -18,10 +18,11 @@ from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.report import (
+    DIAGNOSTICS,
     END,
     START,
+    diagnostics_markdown,
     expert_pick_table,
-    reach,
     results_markdown,
     rewarded_table,
     save_results_chart,
@@ -29,6 +30,7 @@ from digiq.report import (
     wrong_pick_table,
 )
 from digiq.stagekit import write_metrics
+from digiq.stats import sample_std
 from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
 from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
 from digiq.train.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
@@ -175,7 +177,7 @@ def test_expert_share_judges_the_picked_candidate_per_task_set():
 
 
 def _result(rates: list[float], family: str) -> dict:
-    return {"success_rate": float(np.mean(rates)), "success_rate_std": float(np.std(rates)), "per_seed": rates,
+    return {"success_rate": float(np.mean(rates)), "success_rate_std": sample_std(rates), "per_seed": rates,
             "n_episodes": 96, "by_family": {family: rates[0]}, "tasks_by_family": {family: 96}}  # fmt: skip
 
 
@@ -185,7 +187,7 @@ def _base_and_digiq() -> dict:
             "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")}}  # fmt: skip
 
 
-def test_report_fills_the_readme_block_from_metrics(tmp_path):
+def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     paths = Paths(tmp_path)
     write_metrics(paths, "eval", _base_and_digiq())
     write_metrics(paths, "ablations", {
@@ -218,50 +220,37 @@ def test_report_fills_the_readme_block_from_metrics(tmp_path):
                                     "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
                                     "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
     md = results_markdown(paths)
-    assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
-    assert "| base | 25.0 ± 5.0 | 10.0 ± 0.0 |" in md and "over 2 seed(s), 96 test tasks" in md
-    assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set
-    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
-    assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
-    # ablations.seeds 1 of 2: the ablation table says each row's seeds
+    assert "| base | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "over 2 seed(s), 96 test tasks" in md
+    assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set (no comparisons.json here)
+    # a row repeated on fewer seeds: the ablation table says each row's seeds
     assert (
-        "| digiq | 2 | 55.0 ± 5.0 | 40.0 ± 10.0 |" in md
-        and "| digiq_perfect_critic | 1 | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
+        "| digiq | 2 | 55.0 ± 7.1 | 40.0 ± 14.1 |" in md
+        and "| digiq_perfect_critic | 1 | 70.0 | 60.0 |" in md  # one seed: no sample std
     )
     assert "over the row's seeds" in md
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
+    md = diagnostics_markdown(paths)
+    assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
+    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
+    assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
-    # the data never solve search or go_to_site here (only select_first is in collect.json): nothing left to teach
-    assert "| general | 96 | 96 (search) | 44 | - | - | - |" in md
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
     assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
     assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
-    readme = tmp_path / "README.md"
+    readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
-    update_readme(readme, paths)
+    experiments.write_text(f"notes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
+    update_readme(readme, paths, experiments)
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
-
-
-def test_reach_asks_base_plus_20_of_the_test_tasks_whose_family_the_data_solve():
-    def result(rate: float, by_family: dict[str, float], counts: dict[str, int]) -> dict:
-        return {"success_rate": rate, "by_family": by_family, "tasks_by_family": counts}
-
-    counts = {"search": 8, "alarm": 2}
-    results = {
-        "base": {ts: result(0.4, {"search": 0.5, "alarm": 0.0}, counts) for ts in ("general", "webshop")},
-        "digiq": {ts: result(0.6, {"search": 0.75, "alarm": 0.0}, counts) for ts in ("general", "webshop")},
-    }
-    r = reach(results, {"search": 0.5, "alarm": 0.0})["general"]
-    # 0.4 + 0.2 of 10 tasks = 6, all from the 8 search tasks: 75% of them; Digi-Q solves 6 of 8 there
-    assert r["unsolved_families"] == ["alarm"] and r["unsolved_tasks"] == 2 and r["needed_tasks"] == 6
-    assert r["needed_on_rest"] == 0.75 and r["on_rest"] == {"base": 0.5, "digiq": 0.75}
-    assert reach(results, {"search": 0.5, "alarm": 0.1})["general"]["unsolved_tasks"] == 0
+    assert "old" not in experiments.read_text() and "| alone | 20.0 | 40.0 |" in experiments.read_text()
+    with pytest.raises(ValueError, match="no <!-- diagnostics:start -->"):
+        update_readme(readme, paths, readme)
 
 
 def test_keep_by_group_pools_seeds_per_task_set_and_kind():
@@ -401,5 +390,5 @@ def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):
     write_metrics(paths, "eval_train", train)  # imported data with General trajectories only: no Web Shopping train
     md = results_markdown(paths)
     assert "| policy | General train | General test | Web Shopping test |" in md
-    assert "| base | 40.0 ± 0.0 | 25.0 ± 5.0 | 10.0 ± 0.0 |" in md and "| digiq | 80.0 ± 10.0 | 55.0 ± 5.0 |" in md
+    assert "| base | 40.0 ± 0.0 | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "| digiq | 80.0 ± 14.1 | 55.0 ± 7.1 |" in md
     assert "train: the tasks of the first 50 trajectories per task set in the offline data" in md

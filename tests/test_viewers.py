@@ -7,7 +7,8 @@ import pytest
 from conftest import TAP  # candidate 1 of every state taps here
 
 from digiq.env.actions import parse_action
-from digiq.viz import ActionViewer, TrajectoryViewer, load_values
+from digiq.viz.values import load_values
+from digiq.viz.viewers import ActionViewer, TrajectoryViewer
 
 
 @pytest.fixture(scope="module")

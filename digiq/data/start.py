@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from digiq.config import CriticConfig
+from digiq.config import CriticConfig, load_section, load_variants
 from digiq.data.candidates import CANDIDATE_FIELDS
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.io import atomic_folder
@@ -55,10 +55,14 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
     if params.get("ablations", {}).get("perfect_critic", False):
         raise DataError("ablations.perfect_critic must be false with imported data: the simulator's expert picks "
                         "the perfect critic's candidates, and imported episodes did not happen there")  # fmt: skip
-    for key in ("tap_targets", "list_entries"):
-        if params.get("critic", {}).get(key, getattr(CriticConfig, key)):
-            raise DataError(f"critic.{key} must be false with imported data: it reads the view hierarchy stored "
-                            "beside each screenshot (collect.view_hierarchy), and released files have none")  # fmt: skip
+    critics = {"critic": load_section(CriticConfig, "critic", params)}
+    critics.update({f"variants.{name}": cfg for name, cfg in load_variants(params).items()})
+    for where, cfg in critics.items():
+        for key in ("tap_targets", "list_entries"):
+            if getattr(cfg, key):
+                raise DataError(f"{where}.{key} must be false with imported data (or the variant left out): it reads "
+                                "the view hierarchy stored beside each screenshot (collect.view_hierarchy), and "
+                                "released files have none")  # fmt: skip
     if stage == "critic" and params.get("ablations", {}).get("untuned_vlm", False):
         raise DataError("ablations.untuned_vlm must be false when starting at the critic: the released files hold "
                         "only the fine-tuned VLM's features (start at vlm_finetune to compute both)")  # fmt: skip

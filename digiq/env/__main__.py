@@ -7,6 +7,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -14,24 +15,30 @@ from digiq.env.adb_server import AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
-from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
+from digiq.env.taskgen import FAMILY_WEIGHTS, PROTOCOL_TASKS, SPLITS, generate_tasks
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
 from digiq.io import atomic_path, atomic_write_text
 from digiq.viz.draw import contact_sheet, draw_action
 
 
-def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str | None = None) -> dict[str, int]:
-    """Parse every line of ``files`` and have the noiseless expert solve each parsed task."""
+def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str | None = None) -> dict[str, Any]:
+    """Parse every line of ``files`` and have the noiseless expert solve each parsed task.
+
+    With ``metrics``, also writes per list its size, distinct instructions and family shares: what the
+    protocol asks of test lists (AitW's family mix, at least 300 distinct tasks) can be read off there.
+    """
     env = AndroidSimEnv(width=108)  # the expert reads widgets, not pixels: render small
     lines_by_family: Counter[str] = Counter()
     solved_by_family: Counter[str] = Counter()
     total = parsed = solved = 0
     unsupported: list[str] = []
+    lists: dict[str, dict[str, Any]] = {}
     for path in files:
         try:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as e:
             raise SystemExit(f"check-tasks: cannot read task list {path}: {e.strerror}") from None
+        families: Counter[str] = Counter()
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -42,10 +49,17 @@ def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str 
                 unsupported.append(f"{path}:{i + 1}: {e}")
                 continue
             parsed += 1
-            lines_by_family[task.family] += 1
+            families[task.family] += 1
             ok, _ = run_episode(env, task, seed + i, Expert())
             solved += ok
             solved_by_family[task.family] += ok
+        lines_by_family.update(families)
+        listed = [ln for ln in lines if ln.strip()]
+        lists[Path(path).name] = {
+            "tasks": len(listed),
+            "distinct": len(set(listed)),
+            "family_share": {f: round(n / max(1, len(listed)), 4) for f, n in sorted(families.items())},
+        }
     print(f"{'family':<16}{'tasks':>8}{'expert solved':>16}")
     for fam, n in sorted(lines_by_family.items()):
         print(f"{fam:<16}{n:>8}{solved_by_family[fam]:>16}")
@@ -53,13 +67,14 @@ def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str 
         print(f"unsupported: {msg}")
     if len(unsupported) > 20:
         print(f"... and {len(unsupported) - 20} more unsupported lines")
-    result = {"total": total, "parsed": parsed, "expert_success": solved}
+    result: dict[str, Any] = {"total": total, "parsed": parsed, "expert_success": solved}
     if metrics:
         out = {
             **result,
             "by_family": {
                 f: {"tasks": n, "expert_success": solved_by_family[f]} for f, n in sorted(lines_by_family.items())
             },
+            "lists": lists,
         }
         atomic_write_text(Path(metrics), json.dumps(out, indent=2) + "\n")
     print(json.dumps(result))
@@ -106,6 +121,17 @@ def adb_server(host: str, port: int, devices: int, width: int, calm: bool) -> No
             pass
 
 
+def _count(text: str) -> int:
+    """argparse type: a task count, named in the error when negative or not a number."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tasks, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"the number of tasks must be >= 0, got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m digiq.env", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -127,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate-tasks", help="write an AitW-style task list")
     g.add_argument("out")
     g.add_argument("--task-set", choices=sorted(FAMILY_WEIGHTS), required=True)
-    g.add_argument("--split", choices=["train", "test"], required=True)
-    g.add_argument("-n", type=int, default=96)
+    g.add_argument("--split", choices=list(SPLITS), required=True)
+    g.add_argument("-n", type=_count, default=PROTOCOL_TASKS, help="how many tasks (>= 0)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--split-seed", type=int, default=0, help="which entities are test-only")
+    g.add_argument("--split-seed", type=int, default=0, help="which entities are in which split")
     s = sub.add_parser("adb-server", help="serve simulated phones over adb's host protocol (for adb tools and adb-sim)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=5037, help="5037 is adb's own port; 0 picks a free one")

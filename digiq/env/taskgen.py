@@ -1,21 +1,33 @@
-"""Generate AitW-style train and test task lists with disjoint entities.
+"""Generate AitW-style train, validation and test task lists with disjoint entities.
 
 Each family has sentence templates in AitW's own style and pools of entities
 (cities, countries, products, queries, apps...). Every entity belongs to
-exactly one split, decided by a stable hash of (pool, entity, split_seed), so
-a test task never mentions a city, product, query or app seen in training:
-test tasks are truly unseen. Which tasks are drawn is decided by ``seed``.
+exactly one split (train, val or test), decided by a stable hash of (pool,
+entity, split_seed), so a validation or test task never mentions a city,
+product, query or app seen in training, and choices made on validation never
+see a test entity. Which tasks are drawn is decided by ``seed``.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Sequence
 
 from digiq.env.catalog import SHOP_SITES, stable_int
 
-__all__ = ["FAMILY_WEIGHTS", "POOLS", "TEMPLATES", "generate_tasks", "split_pool"]
+__all__ = [
+    "FAMILY_WEIGHTS",
+    "POOLS",
+    "PROTOCOL_TASKS",
+    "SPLITS",
+    "SPLIT_SHARES",
+    "TEMPLATES",
+    "family_counts",
+    "generate_tasks",
+    "split_pool",
+]
 
 POOLS: dict[str, tuple[str, ...]] = {
     "country": (
@@ -49,6 +61,30 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Jordan",
         "Mongolia",
         "Croatia",
+        "Canada",
+        "Mexico",
+        "India",
+        "Japan",
+        "Spain",
+        "Italy",
+        "Sweden",
+        "Denmark",
+        "Nigeria",
+        "Ethiopia",
+        "Pakistan",
+        "Indonesia",
+        "Malaysia",
+        "Philippines",
+        "Hungary",
+        "Romania",
+        "Belgium",
+        "Netherlands",
+        "Switzerland",
+        "Paraguay",
+        "Venezuela",
+        "Tunisia",
+        "Senegal",
+        "Latvia",
     ),
     "city": (
         "Chicago",
@@ -87,6 +123,34 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Montreal",
         "Istanbul",
         "Bangkok",
+        "San Diego",
+        "Las Vegas",
+        "Philadelphia",
+        "Minneapolis",
+        "Pittsburgh",
+        "Baltimore",
+        "Cleveland",
+        "Honolulu",
+        "Amsterdam",
+        "Barcelona",
+        "Munich",
+        "Stockholm",
+        "Copenhagen",
+        "Helsinki",
+        "Warsaw",
+        "Budapest",
+        "Athens",
+        "Dubai",
+        "Hong Kong",
+        "Melbourne",
+        "Auckland",
+        "Cape Town",
+        "Nairobi",
+        "Buenos Aires",
+        "Santiago",
+        "Bogota",
+        "Mexico City",
+        "Havana",
     ),
     "topic": (
         "space",
@@ -107,6 +171,17 @@ POOLS: dict[str, tuple[str, ...]] = {
         "travel",
         "energy",
         "aviation",
+        "art",
+        "business",
+        "fashion",
+        "food",
+        "history",
+        "law",
+        "nature",
+        "real estate",
+        "startups",
+        "crypto",
+        "biology",
     ),
     "chain": (
         "Starbucks",
@@ -129,6 +204,18 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Olive Garden",
         "Red Lobster",
         "Jack in the Box",
+        "McDonald's",
+        "KFC",
+        "Domino's",
+        "Papa John's",
+        "Chick-fil-A",
+        "Panda Express",
+        "In-N-Out",
+        "Qdoba",
+        "Jimmy John's",
+        "Little Caesars",
+        "Waffle House",
+        "Dairy Queen",
     ),
     "store": (
         "Target",
@@ -147,6 +234,17 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Staples",
         "GameStop",
         "Petco",
+        "Macy's",
+        "Nordstrom",
+        "Safeway",
+        "Aldi",
+        "Office Depot",
+        "REI",
+        "Dick's Sporting Goods",
+        "T-Mobile Store",
+        "AT&T Store",
+        "Barnes & Noble",
+        "Ulta",
     ),
     "animal": (
         "lion",
@@ -165,6 +263,20 @@ POOLS: dict[str, tuple[str, ...]] = {
         "octopus",
         "penguin",
         "koala",
+        "cheetah",
+        "dolphin",
+        "camel",
+        "kangaroo",
+        "moose",
+        "panda",
+        "ostrich",
+        "crocodile",
+        "leopard",
+        "bison",
+        "walrus",
+        "sloth",
+        "hedgehog",
+        "jaguar",
     ),
     "vehicle": (
         "car",
@@ -179,6 +291,14 @@ POOLS: dict[str, tuple[str, ...]] = {
         "rocket",
         "skateboard",
         "bus",
+        "truck",
+        "submarine",
+        "tram",
+        "sailboat",
+        "hovercraft",
+        "snowmobile",
+        "tractor",
+        "glider",
     ),
     "cuisine": (
         "Indian",
@@ -197,6 +317,16 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Lebanese",
         "Peruvian",
         "Brazilian",
+        "Moroccan",
+        "Indonesian",
+        "Filipino",
+        "Cuban",
+        "Caribbean",
+        "German",
+        "Russian",
+        "Polish",
+        "Nepalese",
+        "Persian",
     ),
     "product_kind": (
         "bronzer",
@@ -217,6 +347,20 @@ POOLS: dict[str, tuple[str, ...]] = {
         "picnic basket",
         "camping stove",
         "travel pillow",
+        "blender",
+        "toaster",
+        "air fryer",
+        "umbrella",
+        "wallet",
+        "sunglasses",
+        "tent",
+        "hiking boots",
+        "electric kettle",
+        "bath towel",
+        "desk chair",
+        "wall clock",
+        "throw pillow",
+        "laundry basket",
     ),
     "artist": (
         "Taylor Swift",
@@ -235,6 +379,16 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Post Malone",
         "Sia",
         "Imagine Dragons",
+        "Kendrick Lamar",
+        "Lady Gaga",
+        "Justin Bieber",
+        "Ariana Grande",
+        "Olivia Rodrigo",
+        "Bad Bunny",
+        "SZA",
+        "Maroon 5",
+        "Katy Perry",
+        "Lizzo",
     ),
     "channel": (
         "IGN",
@@ -251,6 +405,14 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Kurzgesagt",
         "Veritasium",
         "Vice News",
+        "MKBHD",
+        "Linus Tech Tips",
+        "Vsauce",
+        "SmarterEveryDay",
+        "Tasty",
+        "Bloomberg",
+        "Al Jazeera",
+        "ESPN",
     ),
     "app3p": (
         "Facebook",
@@ -277,6 +439,17 @@ POOLS: dict[str, tuple[str, ...]] = {
         "Venmo",
         "Telegram",
         "Discord",
+        "TikTok",
+        "LinkedIn",
+        "Tumblr",
+        "Hulu",
+        "Twitch",
+        "Signal",
+        "Slack",
+        "Dropbox",
+        "Evernote",
+        "Strava",
+        "DoorDash",
     ),
     "default_app": (
         "calculator",
@@ -320,6 +493,19 @@ POOLS: dict[str, tuple[str, ...]] = {
         "11pm",
         "5:50am",
         "12:05pm",
+        "4:30am",
+        "5:15am",
+        "6:45am",
+        "7:30am",
+        "8:20am",
+        "9:10am",
+        "10:30am",
+        "1:30pm",
+        "2:45pm",
+        "3pm",
+        "6:15pm",
+        "8:30pm",
+        "11:45pm",
     ),
     "place_kind": (
         "coffee shops",
@@ -334,6 +520,14 @@ POOLS: dict[str, tuple[str, ...]] = {
         "car washes",
         "hardware stores",
         "ice cream shops",
+        "hospitals",
+        "post offices",
+        "dentists",
+        "florists",
+        "pet stores",
+        "barbershops",
+        "laundromats",
+        "supermarkets",
     ),
     "shop_query": (
         "dell xps",
@@ -372,6 +566,48 @@ POOLS: dict[str, tuple[str, ...]] = {
         "netgear nighthawk",
         "western digital 1tb",
         "energizer aa",
+        "samsung galaxy tab",
+        "apple watch",
+        "ipad air",
+        "sony playstation 5",
+        "logitech webcam",
+        "razer mouse",
+        "asus zenbook",
+        "lg ultragear",
+        "samsung t7 ssd",
+        "kingston fury",
+        "crucial 16gb",
+        "nvidia rtx 3060",
+        "amd ryzen 5",
+        "intel core i7",
+        "google pixel 7",
+        "oneplus 9",
+        "roku express",
+        "fire tv stick",
+        "echo dot",
+        "ring doorbell",
+        "nest thermostat",
+        "dyson v8",
+        "instant pot",
+        "keurig k-mini",
+        "ninja blender",
+        "philips hue",
+        "tile mate",
+        "garmin forerunner",
+        "jabra elite",
+        "skullcandy indy",
+        "sennheiser hd 450",
+        "audio-technica m50x",
+        "blue yeti",
+        "elgato stream deck",
+        "wacom intuos",
+        "epson ecotank",
+        "brother laser printer",
+        "hp envy",
+        "dell ultrasharp",
+        "benq monitor",
+        "msi katana",
+        "gigabyte aorus",
     ),
     "site": tuple(SHOP_SITES),
 }
@@ -431,41 +667,60 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
     "select_first": ('Go to {site}.com, search for "{shop_query}", and select the first entry',),
 }
 
-# Roughly AitW's mix (General: mostly web questions; Web Shopping: a third each).
+# Family shares of every list. General follows AitW's General test list (its 432 lines: web search and
+# questions 70%, maps 7%, app settings and notifications 5% together, YouTube, open app and install app 4%
+# each, Chrome tabs 3%, alarms 2.5%); Web Shopping is a third each, as AitW's.
 FAMILY_WEIGHTS: dict[str, dict[str, float]] = {
     "general": {
-        "search": 0.55,
-        "maps": 0.08,
-        "youtube": 0.07,
-        "app_settings": 0.05,
-        "notifications": 0.05,
-        "alarm": 0.05,
-        "open_app": 0.06,
-        "install_app": 0.05,
-        "chrome_tab": 0.04,
+        "search": 0.70,
+        "maps": 0.07,
+        "youtube": 0.04,
+        "app_settings": 0.025,
+        "notifications": 0.025,
+        "alarm": 0.025,
+        "open_app": 0.04,
+        "install_app": 0.04,
+        "chrome_tab": 0.03,
     },
     "webshop": {"go_to_site": 1 / 3, "site_search": 1 / 3, "select_first": 1 / 3},
 }
 
-# Pools whose entities are split between train and test. Sites are shared (AitW has five, in train
-# and test alike), so "Go to SITE" is the one family whose test tasks also occur in training.
+SPLITS = ("train", "val", "test")
+PROTOCOL_TASKS = 96  # the paper evaluates the first 96 tasks of a test list
+# Each pool's entities are ranked by a stable hash and cut into these shares, so every split of every pool
+# is non-empty and a split's entities never appear in another split's tasks.
+SPLIT_SHARES: dict[str, float] = {"test": 0.3, "val": 0.2, "train": 0.5}
+
+# Pools whose entities are split. Sites are shared (AitW has five, in train and test alike), so "Go to
+# SITE" is the one family whose instructions occur in every split.
 _SPLIT_POOLS = frozenset(POOLS) - {"site"}
 _SLOT = re.compile(r"\{(\w+?)(2?)\}")
 
 
-def split_pool(pool: str, split: str, split_seed: int = 0, test_fraction: float = 0.3) -> tuple[str, ...]:
-    """The entities of ``pool`` that belong to ``split`` ("train" or "test")."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    items = POOLS[pool]
-    if pool not in _SPLIT_POOLS:
-        return items
-    cut = round(test_fraction * 1000)
-    test = tuple(e for e in items if stable_int(pool, e, split_seed) % 1000 < cut)
-    chosen = test if split == "test" else tuple(e for e in items if e not in test)
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+
+
+def _cut(items: tuple[str, ...], key: str, split: str, split_seed: int) -> tuple[str, ...]:
+    """``split``'s share of ``items``: ranked by a stable hash, test first, then val, then train."""
+    ranked = sorted(items, key=lambda e: (stable_int(key, e, split_seed), e))
+    bounds, start = {}, 0
+    for name in ("test", "val"):
+        stop = start + max(1, round(SPLIT_SHARES[name] * len(items)))
+        bounds[name], start = (start, stop), stop
+    bounds["train"] = (start, len(items))
+    lo, hi = bounds[split]
+    chosen = tuple(e for e in items if e in set(ranked[lo:hi]))  # in the pool's own order
     if not chosen:
-        raise ValueError(f"pool {pool!r} has no {split} entities with split_seed={split_seed}")
+        raise ValueError(f"{key!r} has too few entries ({len(items)}) for a {split} share with split_seed={split_seed}")
     return chosen
+
+
+def split_pool(pool: str, split: str, split_seed: int = 0) -> tuple[str, ...]:
+    """The entities of ``pool`` that belong to ``split`` ("train", "val" or "test")."""
+    _check_split(split)
+    return _cut(POOLS[pool], pool, split, split_seed) if pool in _SPLIT_POOLS else POOLS[pool]
 
 
 def _templates(family: str, split: str, split_seed: int) -> tuple[str, ...]:
@@ -473,24 +728,41 @@ def _templates(family: str, split: str, split_seed: int) -> tuple[str, ...]:
     temps = TEMPLATES[family]
     if any(_SLOT.search(t) for t in temps) or family == "go_to_site":
         return temps
-    cut = round(0.3 * 1000)
-    test = tuple(t for t in temps if stable_int("template", t, split_seed) % 1000 < cut) or temps[-1:]
-    return test if split == "test" else tuple(t for t in temps if t not in test)
+    return _cut(temps, "template", split, split_seed)
 
 
-def _fill(template: str, split: str, split_seed: int, rng: random.Random) -> str:
-    used: dict[str, str] = {}
+def _fillings(template: str, split: str, split_seed: int) -> list[str]:
+    """Every instruction ``template`` makes from ``split``'s entities (a second slot of a pool differs from the first)."""
+    slots = _SLOT.findall(template)
+    choices = [split_pool(pool, split, split_seed) for pool, _ in slots]
+    out = []
+    for combo in itertools.product(*choices):
+        firsts = {pool: value for (pool, second), value in zip(slots, combo, strict=True) if not second}
+        if any(second and value == firsts.get(pool) for (pool, second), value in zip(slots, combo, strict=True)):
+            continue
+        values = iter(combo)
+        out.append(_SLOT.sub(lambda _m, filled=values: next(filled), template))
+    return out
 
-    def sub(m: re.Match[str]) -> str:
-        pool, second = m.group(1), m.group(2)
-        choices = split_pool(pool, split, split_seed)
-        if second:  # a second, different entity from the same pool ("flights from A to B")
-            choices = tuple(c for c in choices if c != used.get(pool)) or choices
-            return rng.choice(choices)
-        used[pool] = rng.choice(choices)
-        return used[pool]
 
-    return _SLOT.sub(sub, template)
+def family_counts(task_set: str, n: int, families: Sequence[str] | None = None) -> dict[str, int]:
+    """How many of ``n`` tasks each family gets: its share of ``FAMILY_WEIGHTS`` by largest remainder.
+
+    Every family gets at least one task when ``n`` allows, so small lists still cover them all; the shares of
+    a list are then exact up to rounding, not a random draw around them.
+    """
+    weights = FAMILY_WEIGHTS[task_set]
+    fams = list(families) if families is not None else list(weights)
+    total = sum(weights[f] for f in fams)
+    exact = {f: weights[f] / total * n for f in fams}
+    counts = {f: int(exact[f]) for f in fams}
+    for f in sorted(fams, key=lambda f: (int(exact[f]) - exact[f], fams.index(f)))[: n - sum(counts.values())]:
+        counts[f] += 1
+    for f in fams:  # a family the rounding left out takes one task from the largest
+        if counts[f] == 0 and n >= len(fams):
+            counts[max(counts, key=counts.__getitem__)] -= 1
+            counts[f] = 1
+    return counts
 
 
 def generate_tasks(
@@ -498,17 +770,45 @@ def generate_tasks(
 ) -> list[str]:
     """``n`` AitW-style instructions of ``task_set`` from ``split``'s entities.
 
-    Every family of the task set appears at least once when ``n`` allows, so
-    small lists still cover them all.
+    Families get their shares of ``FAMILY_WEIGHTS`` (:func:`family_counts`), both in the first
+    ``PROTOCOL_TASKS`` lines (the paper's protocol reads those) and in the whole list; each part is shuffled.
+    Within a family, a template is drawn uniformly and then one of its instructions not yet used; an
+    instruction repeats only once its family has none left (Web Shopping's five "Go to SITE" instructions,
+    the few Chrome-tab phrasings), and each repeat is another episode.
     """
     if task_set not in FAMILY_WEIGHTS:
         raise ValueError(f"task_set must be one of {sorted(FAMILY_WEIGHTS)}, got {task_set!r}")
+    _check_split(split)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
     weights = FAMILY_WEIGHTS[task_set]
     fams = list(families) if families is not None else list(weights)
     unknown = [f for f in fams if f not in weights]
     if unknown:
         raise ValueError(f"unknown families for {task_set}: {unknown}")
     rng = random.Random(stable_int("taskgen", task_set, split, seed))
-    order = fams[:n] + rng.choices(fams, weights=[weights[f] for f in fams], k=max(0, n - len(fams)))
-    rng.shuffle(order)
-    return [_fill(rng.choice(_templates(f, split, split_seed)), split, split_seed, rng) for f in order]
+    total = family_counts(task_set, n, fams)
+    head_counts = family_counts(task_set, min(n, PROTOCOL_TASKS), fams)
+    head: list[str] = []
+    tail: list[str] = []
+    for family, count in total.items():
+        drawn = _draw(family, count, split, split_seed, rng)
+        cut = min(head_counts[family], count)
+        head += drawn[:cut]
+        tail += drawn[cut:]
+    rng.shuffle(head)
+    rng.shuffle(tail)
+    return head + tail
+
+
+def _draw(family: str, count: int, split: str, split_seed: int, rng: random.Random) -> list[str]:
+    """``count`` instructions of ``family``: a uniform template, then one of its unused instructions."""
+    everything = {t: _fillings(t, split, split_seed) for t in _templates(family, split, split_seed)}
+    unused: dict[str, list[str]] = {}
+    out = []
+    for _ in range(count):
+        if not any(unused.values()):  # none left (or the first draw): a new round over every instruction
+            unused = {t: rng.sample(pool, len(pool)) for t, pool in everything.items()}
+        template = rng.choice([t for t, pool in unused.items() if pool])
+        out.append(unused[template].pop())
+    return out

@@ -37,10 +37,14 @@ COORD_PIECES = [f"{i / 100:.2f}" for i in range(101)]
 ANSWER_PIECES = [" Yes", " No"]  # the VLM's answers, one token each
 
 
-def default_corpus(n_tasks: int = 2000, seed: int = 0) -> list[str]:
-    """Text like the models' inputs and outputs: train-split instructions and AutoUI actions."""
+def default_corpus(n_tasks: int = 2000, seed: int = 0, split_seed: int = 0) -> list[str]:
+    """Text like the models' inputs and outputs: train-split instructions and AutoUI actions.
+
+    ``split_seed`` must be the task lists' own, so that no validation or test entity enters the vocabulary.
+    """
     rng = random.Random(seed)
-    tasks = generate_tasks("general", "train", n_tasks, seed) + generate_tasks("webshop", "train", n_tasks // 2, seed)
+    tasks = (generate_tasks("general", "train", n_tasks, seed, split_seed)
+             + generate_tasks("webshop", "train", n_tasks // 2, seed, split_seed))  # fmt: skip
     lines = [f"Previous Actions: Goal: {t}" for t in tasks]
     for t in tasks:
         y, x = rng.random(), rng.random()

@@ -9,15 +9,19 @@ log-likelihood; they differ only in which (state, action) rows they imitate:
 - ``filtered_bc``: every step of the trajectories that succeeded.
 - ``digirl_offline``: the steps whose action beat a learned value baseline,
   MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
-- ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``) and
-  on the features of the VLM without the stage-03 fine-tune (``digiq_untuned``).
+- named variants (``digiq_cql``, ``digiq_hierarchy``): Best-of-N with a
+  critic beyond the paper's (stage 05, ``variants`` in params.yaml).
+- ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
+  on the features of the VLM without the stage-03 fine-tune
+  (``digiq_untuned``), and on a perfect critic's picks.
 
-Each is trained once per seed. The oracle diagnostic (:mod:`digiq.oracle`)
+Each is trained once per seed, every seed alike. The oracle diagnostic (:mod:`digiq.oracle`)
 checks the critic's ranking of candidates against their true values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,13 +31,22 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import AblationsConfig, ActorConfig, CollectConfig, EnvConfig
+from digiq.config import (
+    AblationsConfig,
+    ActorConfig,
+    CollectConfig,
+    DeviceConfig,
+    EnvConfig,
+    ExperimentConfig,
+    load_section,
+    load_variants,
+)
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.tasks import parse_task
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, mlp
+from digiq.models.critic import Critic, CriticNetConfig, mlp
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
@@ -62,27 +75,29 @@ from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
+__all__ = ["from_params", "run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
 
-def best_of_n_variants(ablations: AblationsConfig) -> dict[str, tuple[str, int | None]]:
-    """Every Best-of-N policy stage 06 trains: name -> (whose VLM features, candidates per state).
+def best_of_n_variants(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
+    """Every Best-of-N policy stage 06 trains: name -> (whose critic, candidates per state).
 
-    ``None`` candidates means ``actor.k_candidates`` (Digi-Q's own setting).
+    The critic is named by its row (stage 05, :func:`digiq.train.critic.critic_specs`); ``None``
+    candidates means ``actor.k_candidates`` (Digi-Q's own setting).
     """
-    variants: dict[str, tuple[str, int | None]] = {"digiq": ("finetuned", None)}
-    variants.update({f"digiq_n{n}": ("finetuned", n) for n in ablations.n_candidates})
+    out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
+    out.update({name: (name, None) for name in variants})
+    out.update({f"digiq_n{n}": ("digiq", n) for n in ablations.n_candidates})
     if ablations.untuned_vlm:
-        variants["digiq_untuned"] = ("untuned", None)
-    return variants
+        out["digiq_untuned"] = ("digiq_untuned", None)
+    return out
 
 
-def policy_names(ablations: AblationsConfig) -> tuple[list[str], list[str]]:
-    """The main policies and the ablation variants stage 06 trains (and stage 07 evaluates)."""
+def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """The policies stage 06 trains and stage 07 evaluates: the paper's comparison, the named variants, the ablations."""
     extra = [n for n in best_of_n_variants(ablations) if n != "digiq"]
-    return list(METHODS), extra + (["digiq_perfect_critic"] if ablations.perfect_critic else [])
+    return list(METHODS), list(variants), extra + (["digiq_perfect_critic"] if ablations.perfect_critic else [])
 
 
 def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
@@ -268,23 +283,32 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect: CollectConfig, gam
 
 
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
-              collect: CollectConfig) -> dict[str, Any]:  # fmt: skip
-    """Train every policy for every seed, the ablations for the first ``ablations.seeds``.
+              collect: CollectConfig, variants: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Train every policy (the paper's comparison, the named ``variants``, the ablations) for every seed.
 
     Writes ``metrics/actor.json`` and ``metrics/oracle.json``.
     """
-    require("actor", paths.base_policy / "config.json", *(paths.critic(s) / "config.json" for s in range(seeds)))
-    main, extra = policy_names(ablations)
+    plan = best_of_n_variants(ablations, variants)
+    critic_rows = sorted({row for row, _ in plan.values()})  # the stage-05 critics the Best-of-N policies use
+    require("actor", paths.base_policy / "config.json",
+            *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
+    main, named, extra = policy_names(ablations, variants)
     metrics: dict[str, Any] = {}
     oracle_metrics: dict[str, Any] = {}
     with timed(metrics):
         store = TrajectoryStore(paths.offline)
         steps = store.read().to_pandas()
         cands = read_candidates(paths).to_pandas()
-        vlms = ("finetuned", "untuned") if ablations.untuned_vlm else ("finetuned",)
-        # What the critics were trained on (stage 05's text features, in each critic's config).
-        net = Critic.load(paths.critic(0)).cfg
-        feats = {vlm: inputs_for(paths, vlm, net) for vlm in vlms}
+        # What each row's critics were trained on (in each critic's config), built once per distinct input set.
+        built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
+        feats: dict[str, dict[str, np.ndarray]] = {}
+        for row in critic_rows:
+            key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
+            if key not in built:
+                built[key] = inputs_for(paths, *key)
+            feats[row] = built[key]
+        # The paper's critic inputs on each VLM's features: what the probes read.
+        by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats["digiq_untuned"]} if "digiq_untuned" in feats else {})}
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
@@ -293,7 +317,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, base, store) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
         if sample is not None:  # what the critic's inputs allow, whatever the critic: once per VLM, not per seed
-            for vlm, f in feats.items():
+            for vlm, f in by_vlm.items():
                 s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
                 probes[f"feature_probe_{vlm}"] = feature_probe(
                     s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed
@@ -319,13 +343,13 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
         expert_probes = {f"probe_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes,
                                                       seed=cfg.seed)
-                         for vlm, f in feats.items()} if oracle_on else {}  # fmt: skip
+                         for vlm, f in by_vlm.items()} if oracle_on else {}  # fmt: skip
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # Digi-Q's rows, over seeds
         if ablations.perfect_critic:
             perfect = _perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
-        kept: dict[str, list[int]] = {name: [] for name in main + extra}
+        kept: dict[str, list[int]] = {name: [] for name in main + named + extra}
         not_taken: dict[str, list[float]] = {}
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
         expert: dict[str, list[dict[str, float | None]]] = {}  # the rows' share of expert actions, per seed
@@ -334,20 +358,17 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         reports, expert_reports, critic_q = [], [], []
         for s in range(seeds):
             seed = cfg.seed + s
-            ablating = s < ablations.seeds  # the ablations repeat only the first seeds
-            critics = {vlm: Critic.load(paths.critic(s, vlm)) for vlm in feats if ablating or vlm == "finetuned"}
+            critics = {row: Critic.load(paths.critic(s, row)) for row in critic_rows}
             plans: dict[str, Picks] = {}
-            for name, (vlm, k) in best_of_n_variants(ablations).items():
-                if name != "digiq" and not ablating:
-                    continue
+            for name, (row, k) in plan.items():
                 k = cfg.k_candidates if k is None else k
-                plans[name], stats = _best_of_n_picks(cfg, critics[vlm], feats[vlm], steps, valid, k, seed)
+                plans[name], stats = _best_of_n_picks(cfg, critics[row], feats[row], steps, valid, k, seed)
                 not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
-            if ablations.perfect_critic and ablating:
+            if ablations.perfect_critic:
                 plans["digiq_perfect_critic"] = perfect
             plans["filtered_bc"] = _filtered_bc_picks(steps)
-            plans["digirl_offline"] = _digirl_picks(cfg, feats["finetuned"]["state"], steps, seed)
+            plans["digirl_offline"] = _digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
             for name, picks in plans.items():
                 rows = _rows(steps, cands, picks)
                 if right is not None:
@@ -364,14 +385,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 if s == 0 and curve:
                     curves[name] = [p["loss"] for p in curve]
             if sample is not None:  # Q of every stored state's candidates, from each VLM's critic
-                q = {vlm: _all_q(critic, feats[vlm]) for vlm, critic in critics.items()}
-                critic_q.append(q["finetuned"])
+                q = {row: _all_q(critic, feats[row]) for row, critic in critics.items()}
+                critic_q.append(q["digiq"])
                 reports.append(ranking_report(sample["oracle"], sample["valid"],
-                                              {"critic": q["finetuned"][sample["idx"]], "base_likelihood": sample["loglik"],
+                                              {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],
                                                "taken_action": _taken(sample["valid"]), **probes, **behaviour},
                                               cfg.oracle_tolerance))  # fmt: skip
                 # every stored state: does each critic's argmax do what the expert would?
-                picks = {f"critic_{vlm}": scores for vlm, scores in q.items()}
+                picks = {f"critic_{row}": scores for row, scores in q.items()}
                 expert_reports.append(expert_pick_report(right, valid, {**picks, **expert_probes,
                                                                         "taken_action": _taken(valid)},
                                                          steps.task_set.to_numpy()))  # fmt: skip
@@ -433,7 +454,7 @@ def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None
 def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Average the numeric leaves of per-seed ranking reports.
 
-    A leaf that only some seeds have (the untuned VLM's critic exists for the ablation's seeds) is averaged over those.
+    A leaf that only some seeds have is averaged over those.
     """
     out: dict[str, Any] = {}
     for key, value in reports[0].items():
@@ -443,3 +464,17 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
+    if load_section(DeviceConfig, "devices", params).backend == "emulator" and (
+        actor.oracle_states or ablations.perfect_critic
+    ):
+        raise ValueError("actor.oracle_states must be 0 and ablations.perfect_critic false with devices.backend "
+                         "emulator: both replay the collected episodes in the simulator, and these happened on "
+                         "real devices")  # fmt: skip
+    return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+                     ablations=ablations, env=load_section(EnvConfig, "env", params),
+                     collect=load_section(CollectConfig, "collect", params), variants=list(load_variants(params)))  # fmt: skip

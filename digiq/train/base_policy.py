@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
-from digiq.config import BasePolicyConfig, EnvConfig
+from digiq.config import BasePolicyConfig, EnvConfig, TasksConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.catalog import DEFAULT_APPS, stable_int
@@ -34,7 +34,7 @@ from digiq.rollout import ExpertPolicy, rollout
 from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
 from digiq.train.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 
-__all__ = ["family_top_up", "run_base_policy", "randomize_copied_words", "started_in_apps"]
+__all__ = ["from_params", "family_top_up", "run_base_policy", "randomize_copied_words", "started_in_apps"]
 
 _TYPED = re.compile(r'("typed_text": ")(.*?)(")')
 _WORD = re.compile(r"[A-Za-z0-9]{2,}")
@@ -138,7 +138,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
             rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=env.dynamics(),
                     width=env.width, store=store, desc="demonstrations", screen_text=cfg.screen_text)  # fmt: skip
             # The tokenizer learns from train-split text only: test entities stay unseen.
-            corpus = default_corpus(seed=cfg.seed) + [t.instruction for t in tasks]
+            corpus = default_corpus(seed=cfg.seed, split_seed=split_seed) + [t.instruction for t in tasks]
             train_tokenizer(corpus, cfg.vocab_size).save_pretrained(tokenizer_dir)
         parallel.barrier()
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
@@ -199,3 +199,9 @@ def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
         write_metrics(paths, "base_policy", metrics)
     parallel.barrier()
     return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 00 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    return run_base_policy(load_section(BasePolicyConfig, "base_policy", params), load_section(EnvConfig, "env", params),
+                           paths, split_seed=load_section(TasksConfig, "tasks", params).split_seed)  # fmt: skip

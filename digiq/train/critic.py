@@ -6,22 +6,19 @@ This is Digi-Q's critic; the features stay frozen, so it trains in seconds.
 Its inputs are the VLM's features and, as in Digi-Q, text features of the
 goal and the actions (``text_features``; :mod:`digiq.train.critic_inputs`).
 
-One addition, ``conservative`` (a CQL term, Kumar et al. 2020): TD fits Q on
+Beyond the paper, as named variants with their own rows (``variants`` in
+params.yaml): ``conservative``, a CQL term (Kumar et al. 2020). TD fits Q on
 the taken action only, yet stage 06 takes the argmax over 16 candidates, so
-it picks whichever untaken candidate the heads happen to overestimate. On
-the oracle sample that plain critic ranked below a random pick (52.4% vs
-54.3% top-1, 1,000 states); with the term, which lowers the log-sum-exp of Q
-over a state's valid candidates against Q of the taken action, 64.2%.
-``conservative: 0`` gives Digi-Q's plain TD back. With ``tap_targets`` the
-term counts each distinct action of a state once (:func:`scored_candidates`):
-summed over the list, Back, a quarter of all candidates, was pushed down four
-times over and the critic never picked it where the expert would (README,
-results).
+it picks whichever untaken candidate the heads happen to overestimate; the
+term lowers the log-sum-exp of Q over a state's valid candidates against Q
+of the taken action. With ``tap_targets`` the term counts each distinct
+action of a state once (:func:`scored_candidates`), so that an action offered
+many times over (Back) is not pushed down many times over.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -30,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import CriticConfig
+from digiq.config import AblationsConfig, CriticConfig, ExperimentConfig, load_section, load_variants
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
@@ -39,7 +36,7 @@ from digiq.train.augment import read_candidates
 from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.train.vlm_finetune import split_trajectories
 
-__all__ = ["run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
+__all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
 
 
 def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
@@ -236,50 +233,83 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
     return out
 
 
-def run_critic(cfg: CriticConfig, paths: Paths, seeds: int = 1, untuned: bool = False,
-               untuned_seeds: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """One critic per seed on the fine-tuned VLM's features, and for the ablation on the untuned ones.
+class CriticSpec(NamedTuple):
+    """One critic stage 05 trains: whose VLM features it reads, and its settings."""
 
-    The ablation's critics cover the first ``untuned_seeds`` seeds (default: all).
+    vlm: str
+    cfg: CriticConfig
+
+
+def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], untuned: bool) -> dict[str, CriticSpec]:
+    """Every critic of stage 05, by the row whose actor uses it.
+
+    ``digiq`` is the paper's critic; each named variant changes some of its keys; the untuned-VLM
+    ablation is the paper's critic on the features of the VLM without the stage-03 fine-tune.
     """
-    vlms = ("finetuned", "untuned") if untuned else ("finetuned",)
-    for vlm in vlms:
-        require("critic", paths.features(vlm))
+    specs = {"digiq": CriticSpec("finetuned", critic)}
+    specs.update({name: CriticSpec("finetuned", cfg) for name, cfg in variants.items()})
+    if untuned:
+        specs["digiq_untuned"] = CriticSpec("untuned", critic)
+    return specs
+
+
+def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1) -> dict[str, Any]:
+    """One critic per (row, seed): ``data/models/critic/seed<s>/<row>``.
+
+    Metrics at the top level are Digi-Q's critic's; ``by_critic`` holds every critic's held-out
+    V-vs-return correlation and TD fit per seed.
+    """
+    for spec in specs.values():
+        require("critic", paths.features(spec.vlm))
     metrics: dict[str, Any] = {}
     with timed(metrics):
         columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
         steps = TrajectoryStore(paths.offline).read().select(columns).to_pandas()
-        scored = scored_candidates(paths, cfg.tap_targets)
+        scored: dict[bool, np.ndarray] = {}  # the conservative term's candidate mask, by tap_targets
         curves: dict[str, list[float]] = {}
-        for vlm in vlms:
-            feats = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
-                                  entries=cfg.list_entries)  # fmt: skip
+        by_critic: dict[str, Any] = {}
+        inputs: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}  # built once per distinct set of inputs
+        for name, (vlm, cfg) in specs.items():
+            key = (vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match, cfg.list_entries)
+            if key not in inputs:
+                inputs[key] = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets,
+                                            typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+            feats = inputs[key]
             if len(steps) != feats["state"].shape[0]:
                 raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                                 f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
+            if cfg.conservative > 0 and cfg.tap_targets not in scored:
+                scored[cfg.tap_targets] = scored_candidates(paths, cfg.tap_targets)
             corrs, fits, trained = [], [], []
-            for seed in range(seeds if vlm == "finetuned" else min(seeds, untuned_seeds or seeds)):
-                fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored)
+            for seed in range(seeds):
+                fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored.get(cfg.tap_targets))
                 if parallel.is_main():
-                    fit["critic"].save(paths.critic(seed, vlm), stage="critic", vlm=vlm, seed=cfg.seed + seed,
-                                       steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
+                    fit["critic"].save(paths.critic(seed, name), stage="critic", row=name, vlm=vlm,
+                                       seed=cfg.seed + seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
                 corrs.append(round(fit["corr"], 4))
                 trained.append((fit["critic"], fit["train_rows"]))
                 fits.append({k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")})
                 if seed == 0:
-                    curves.update({f"{name} loss ({vlm})": c for name, c in fit["curves"].items()})
-                    if vlm == "finetuned":
+                    curves.update({f"{loss} loss ({name})": c for loss, c in fit["curves"].items()})
+                    if name == "digiq":
                         metrics.update({"transitions_train": fit["train"], "transitions_heldout": fit["heldout"]})
-                        metrics.update({f"{name}_loss_last": round(float(np.mean(c[-50:])), 5)
-                                        for name, c in fit["curves"].items()})  # fmt: skip
-            key = "v_mc_return_corr_heldout" + ("" if vlm == "finetuned" else "_untuned")
-            metrics[key] = round(float(np.mean(corrs)), 4)
-            metrics[key + "_per_seed"] = corrs
-            metrics["td_fit" + ("" if vlm == "finetuned" else "_untuned") + "_per_seed"] = fits
-            if vlm == "finetuned":
+                        metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
+                                        for loss, c in fit["curves"].items()})  # fmt: skip
+            by_critic[name] = {"vlm": vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
+                               "v_mc_return_corr_heldout_per_seed": corrs, "td_fit_per_seed": fits}  # fmt: skip
+            if name == "digiq":
+                metrics["v_mc_return_corr_heldout"] = by_critic[name]["v_mc_return_corr_heldout"]
                 metrics["rewarded_steps"] = rewarded_fit(trained, feats, steps)
+        metrics["by_critic"] = by_critic
     if parallel.is_main():
         save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
         write_metrics(paths, "critic", metrics)
     parallel.barrier()
     return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
+                         load_section(AblationsConfig, "ablations", params).untuned_vlm)  # fmt: skip
+    return run_critic(specs, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds)

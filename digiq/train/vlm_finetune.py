@@ -17,14 +17,14 @@ import torch
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import VLMFinetuneConfig
+from digiq.config import VLMFinetuneConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
 from digiq.paths import Paths
 from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 
-__all__ = ["run_vlm_finetune", "split_trajectories", "labelled_pairs", "trainable", "add_lora", "merge_lora"]
+__all__ = ["from_params", "run_vlm_finetune", "split_trajectories", "labelled_pairs", "trainable", "add_lora", "merge_lora"]
 
 # The language model's linear layers (Llama names); the vision tower's q/k/v/out projections stay frozen.
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
@@ -194,3 +194,8 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         write_metrics(paths, "vlm_finetune", metrics)
     parallel.barrier()
     return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 03 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths)

@@ -1,16 +1,8 @@
-"""Pictures of screens, actions and values; the Q/V viewers."""
+"""Pictures of screens, actions and values; the Q/V viewers.
 
-from digiq.viz.draw import contact_sheet, draw_action
-from digiq.viz.values import ValueData, load_values
-from digiq.viz.viewers import ActionViewer, TrajectoryViewer, draw_candidates, snapshot
+- :mod:`digiq.viz.draw`: screenshots with actions drawn on them, contact sheets.
+- :mod:`digiq.viz.values`: the pipeline's data scored by a critic (:func:`~digiq.viz.values.load_values`).
+- :mod:`digiq.viz.viewers`: the ipywidgets trajectory and action viewers.
 
-__all__ = [
-    "contact_sheet",
-    "draw_action",
-    "ValueData",
-    "load_values",
-    "ActionViewer",
-    "TrajectoryViewer",
-    "draw_candidates",
-    "snapshot",
-]
+The package imports none of them itself, so that drawing a screen does not load the critic's code.
+"""

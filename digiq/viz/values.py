@@ -77,16 +77,17 @@ class ValueData:
                                    noise=self.actor.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
 
 
-def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finetuned") -> ValueData:
-    """Score the pipeline's data with seed ``seed``'s critic (stage 05) in one call."""
+def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq") -> ValueData:
+    """Score the pipeline's data with seed ``seed``'s critic of ``row`` (stage 05: ``digiq``, a variant...) in one call."""
     paths = Paths(Path(root) if root else ROOT)
-    require("viewer", paths.critic(seed, vlm) / "config.json", paths.offline, paths.candidates)
+    require("viewer", paths.critic(seed, row) / "config.json", paths.offline, paths.candidates)
     params = load_params(paths.root / "params.yaml")
     actor = load_section(ActorConfig, "actor", params)
     store = TrajectoryStore(paths.offline)
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
-    critic = Critic.load(paths.critic(seed, vlm))
+    critic = Critic.load(paths.critic(seed, row))
+    vlm = str(read_meta(paths.critic(seed, row)).get("vlm", "finetuned"))  # whose features the critic read
     feats = inputs_for(paths, vlm, critic.cfg)
     q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
                                  torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
@@ -108,6 +109,6 @@ def load_values(root: Path | str | None = None, seed: int = 0, vlm: str = "finet
         "chosen": (np.arange(N)[None, :] == chosen[:, None]).ravel(),
         "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
     })  # fmt: skip
-    gamma = float(read_meta(paths.critic(seed, vlm))["gamma"])  # the discount the critic was trained with
+    gamma = float(read_meta(paths.critic(seed, row))["gamma"])  # the discount the critic was trained with
     return ValueData(steps, table, store, load_section(EnvConfig, "env", params), actor,
                      load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip

@@ -3,7 +3,8 @@
 Digi-Q's own README starts by offering two browser apps for this; here they
 live in JupyterLab next to the data. Open them with one call each::
 
-    from digiq.viz import load_values, TrajectoryViewer, ActionViewer
+    from digiq.viz.values import load_values
+    from digiq.viz.viewers import TrajectoryViewer, ActionViewer
     data = load_values()            # the pipeline's outputs, seed 0's critic
     TrajectoryViewer(data).widget   # every step: screenshot + action, V, Q, Q - V, reward
     ActionViewer(data).widget       # one state's N candidates sorted by Q, Best-of-N's pick, oracle values

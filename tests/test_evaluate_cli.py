@@ -1,0 +1,205 @@
+"""Stage 07's per-episode outcomes and paired comparisons, and ``python -m digiq.evaluate`` on any task file.
+
+Every checkpoint here is a copy of the untrained tiny base policy of
+``values_root`` (conftest), which solves nothing. Where the outcomes are
+checked, a noisy scripted expert plays in its place (:func:`_expert`): Digi-Q's
+rows err less than the base, and one noise stream per seed stands for
+:func:`~digiq.evaluate.load_agent`'s sampling stream, so rows with the same
+noise play the very same episodes on a seed's devices.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from digiq import evaluate
+from digiq.config import EnvConfig, EvalConfig
+from digiq.env.taskgen import generate_tasks
+from digiq.evaluate import main, run_eval
+from digiq.paths import ROOT, Paths
+from digiq.report import results_markdown, save_results_chart
+from digiq.rollout import ExpertPolicy
+from digiq.stagekit import write_metrics
+
+N_TASKS = 3
+WIDTH = 108
+EVAL = {"n_envs": 3, "seed": 7, "temperature": 0.8}
+MAIN, VARIANTS, ABLATIONS = ["digiq"], ["digiq_cql"], ["digiq_n1"]
+
+
+def _expert(checkpoint: Path, cfg: EvalConfig, seed: int) -> ExpertPolicy:
+    """Stands in for :func:`~digiq.evaluate.load_agent`: a policy that solves some tasks and fails others."""
+    return ExpertPolicy(noise=0.2 if checkpoint.name.startswith("digiq") else 0.6, seed=cfg.seed + seed)
+
+
+@pytest.fixture(scope="module")
+def stage(values_root, tmp_path_factory) -> Paths:
+    """Stage 07 run on two seeds: main policies, a variant and an ablation, each on both."""
+    paths = Paths(tmp_path_factory.mktemp("eval"))
+    source = Paths(values_root)
+    shutil.copytree(source.base_policy, paths.base_policy)
+    shutil.copytree(source.offline, paths.offline)  # five General trajectories: the train columns' tasks
+    for seed in (0, 1):
+        for name in MAIN + VARIANTS + ABLATIONS:
+            shutil.copytree(source.base_policy, paths.actor(name, seed))
+    paths.tasks.mkdir(parents=True)
+    for ts in ("general", "webshop"):
+        paths.task_list(ts, "test").write_text("\n".join(generate_tasks(ts, "test", N_TASKS + 2)) + "\n")
+    cfg = EvalConfig(n_tasks=N_TASKS, train_tasks=2, expert_skills=["type"], **EVAL)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(evaluate, "load_agent", _expert)
+        run_eval(cfg, EnvConfig(width=WIDTH), paths, seeds=2, main=MAIN, ablations=ABLATIONS, variants=VARIANTS)
+    return paths
+
+
+def _metrics(paths: Paths, name: str) -> dict:
+    return json.loads((paths.metrics / f"{name}.json").read_text())
+
+
+def test_stage_writes_outcomes_summaries_and_paired_comparisons(stage):
+    ev, ab, outcomes = _metrics(stage, "eval"), _metrics(stage, "ablations"), _metrics(stage, "eval_outcomes")
+    assert list(ev) == sorted(["base", *MAIN, *VARIANTS]) and set(ab) == {"digiq", "digiq_n1"}
+    assert set(outcomes) == {"base", *MAIN, *VARIANTS, *ABLATIONS}
+    for policy, sets in [*ev.items(), *ab.items()]:
+        seeds = 2
+        for ts, r in sets.items():
+            strings = outcomes[policy][ts]
+            assert len(strings) == seeds and all(len(s) == N_TASKS and set(s) <= {"0", "1"} for s in strings)
+            assert r["per_seed"] == [round(s.count("1") / N_TASKS, 4) for s in strings]  # task-list order, per seed
+            assert r["n_episodes"] == N_TASKS and r["success_rate_std"] is not None
+            # Fewer than 96 tasks: the paper's protocol is the whole list.
+            assert r["first96"] == {"success_rate": r["success_rate"], "success_rate_std": r["success_rate_std"],
+                                    "per_seed": r["per_seed"], "n_episodes": N_TASKS}  # fmt: skip
+    played = "".join(s for sets in outcomes.values() for strings in sets.values() for s in strings)
+    assert "0" in played and "1" in played
+    # The same policy on one seed's devices and stream plays the same episodes: what pairs seed s with seed s.
+    assert outcomes["digiq_cql"] == outcomes["digiq"]
+    assert outcomes["digiq_n1"] == outcomes["digiq"]
+    comparisons = _metrics(stage, "comparisons")
+    pairs = {"digiq-base", "digiq_cql-digiq", "digiq_n1-digiq"}
+    assert set(comparisons) == {"general", "webshop"} and all(set(c) == pairs for c in comparisons.values())
+    for ts, c in comparisons.items():
+        diff = sum(a.count("1") - b.count("1") for a, b in zip(outcomes["digiq"][ts], outcomes["base"][ts]))
+        assert c["digiq-base"]["diff"] == round(100 * diff / (2 * N_TASKS), 2) and c["digiq-base"]["seeds"] == 2
+        assert c["digiq-base"]["ci95"][0] <= c["digiq-base"]["diff"] <= c["digiq-base"]["ci95"][1]
+        assert c["digiq_cql-digiq"] == {"diff": 0.0, "ci95": [0.0, 0.0], "n_tasks": N_TASKS, "seeds": 2}
+        assert c["digiq_n1-digiq"] == {"diff": 0.0, "ci95": [0.0, 0.0], "n_tasks": N_TASKS, "seeds": 2}
+
+
+def test_train_columns_cover_the_rows_of_eval_json_only(stage):
+    train, ev = _metrics(stage, "eval_train"), _metrics(stage, "eval")
+    assert set(train) == set(ev)  # no ablation
+    for sets in train.values():
+        assert set(sets) == {"general"} and sets["general"]["n_episodes"] == 2 and len(sets["general"]["per_seed"]) == 2
+    skills = _metrics(stage, "skills")
+    assert skills["none"]["general"]["success_rate"] == ev["base"]["general"]["per_seed"][0]
+    assert set(skills["type"]) == {"general", "webshop"} and skills["type"]["webshop"]["n_episodes"] == N_TASKS
+
+
+def test_report_reads_the_stage_s_intervals(stage, tmp_path):
+    md = results_markdown(stage)
+    same = "+0.0 [+0.0, +0.0], no detectable difference"
+    main_table, ablation_table = md.split("Ablations (")
+    assert f"| digiq_cql - digiq | {same} | {same} |" in main_table
+    c = _metrics(stage, "comparisons")["general"]["digiq-base"]
+    verdict = "" if c["ci95"][0] > 0 or c["ci95"][1] < 0 else ", no detectable difference"
+    assert f"| digiq - base | {c['diff']:+.1f} [{c['ci95'][0]:+.1f}, {c['ci95'][1]:+.1f}]{verdict} |" in main_table
+    assert "digiq_n1 - digiq" not in main_table and f"| digiq_n1 - digiq | {same} | {same} |" in ablation_table
+    ablations = _metrics(stage, "ablations")
+    assert save_results_chart(ablations, tmp_path / "ablations.png", "ablations").stat().st_size > 0
+
+
+def test_report_puts_the_paper_s_first_96_beside_the_whole_list(tmp_path):
+    def result(rate: float, first: float) -> dict:
+        return {"success_rate": rate, "success_rate_std": 0.01, "per_seed": [rate - 0.01, rate + 0.01],
+                "n_episodes": 300, "by_family": {"search": rate}, "tasks_by_family": {"search": 300},
+                "first96": {"success_rate": first, "success_rate_std": 0.02, "per_seed": [first] * 2, "n_episodes": 96}}  # fmt: skip
+
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", {p: {"general": result(r, f), "webshop": result(r, f)}
+                                  for p, r, f in (("base", 0.2, 0.25), ("digiq", 0.4, 0.5))})  # fmt: skip
+    md = results_markdown(paths)
+    assert "| policy | General test, first 96 | General test | Web Shopping test, first 96 | Web Shopping test |" in md
+    assert "| digiq | 50.0 ± 2.0 | 40.0 ± 1.0 | 50.0 ± 2.0 | 40.0 ± 1.0 |" in md
+    assert "300 test tasks per task set and seed (first 96: the paper's protocol" in md
+    assert "| base | +20.0 | +20.0 |" in md  # no comparisons.json: the plain margins
+
+
+@pytest.fixture(scope="module")
+def params_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("params") / "params.yaml"
+    path.write_text(yaml.safe_dump({"eval": EVAL, "env": {"width": WIDTH}, "experiment": {"seeds": 2}}))
+    return path
+
+
+def test_cli_runs_a_checkpoint_on_a_task_file_as_the_stage_does(stage, params_file, tmp_path, capsys, monkeypatch):
+    """The stage's base checkpoint on the stage's test lists, both in one file: the stage's figures and episodes."""
+    monkeypatch.setattr(evaluate, "load_agent", _expert)
+    lines = []
+    for ts in ("general", "webshop"):
+        lines += stage.task_list(ts, "test").read_text().splitlines()[:N_TASKS] + [""]
+    lines.insert(1, "Teach my cat to juggle")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out" / "base.json"
+    report = main(["--policy", str(stage.base_policy), "--tasks", str(tasks), "--out", str(out),
+                   "--params", str(params_file)])  # fmt: skip
+    assert json.loads(out.read_text()) == report
+    assert "2: cannot parse, skipped: Teach my cat to juggle" in capsys.readouterr().err
+    assert report["unparsed"] == [{"line": 2, "text": "Teach my cat to juggle"}]
+    assert report["seeds"] == 2 and report["policy"] == str(stage.base_policy) and report["tasks_file"] == str(tasks)
+    ev, outcomes = _metrics(stage, "eval")["base"], _metrics(stage, "eval_outcomes")["base"]
+    for ts in ("general", "webshop"):  # each line went to its own task set, in file order
+        assert report[ts]["n_episodes"] == N_TASKS and 0.0 <= report[ts]["success_rate"] <= 1.0
+        assert report[ts]["per_seed"] == ev[ts]["per_seed"] and report["outcomes"][ts] == outcomes[ts]
+
+
+def test_cli_as_a_module_with_one_task_set(stage, params_file, tmp_path):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n\nGo to costco.com\nfly me to the moon\n")
+    out = tmp_path / "general.json"
+    proc = subprocess.run([sys.executable, "-m", "digiq.evaluate", "--policy", str(stage.base_policy), "--tasks",
+                           str(tasks), "--task-set", "general", "--seeds", "1", "--out", str(out),
+                           "--params", str(params_file)], capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"{tasks}:4: cannot parse, skipped: fly me to the moon" in proc.stderr
+    assert "success %" in proc.stdout and "(all)" in proc.stdout and "go_to_site" in proc.stdout
+    report = json.loads(out.read_text())
+    assert set(report) == {"general", "outcomes", "unparsed", "policy", "tasks_file", "seeds"}
+    r = report["general"]  # the shopping line too: --task-set puts every line in General
+    assert r["n_episodes"] == 2 and r["tasks_by_family"] == {"go_to_site": 1, "search": 1}
+    assert r["success_rate_std"] is None and len(r["per_seed"]) == 1 and 0.0 <= r["success_rate"] <= 1.0
+    assert report["unparsed"] == [{"line": 4, "text": "fly me to the moon"}] and report["seeds"] == 1
+
+
+def _fails(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_names_bad_input(stage, params_file, tmp_path, capsys):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    common = ["--params", str(params_file)]
+    missing = tmp_path / "no_such_policy"
+    assert f"--policy {missing}: no such checkpoint folder" in _fails(["--policy", str(missing), "--tasks", str(tasks),
+                                                                       *common], capsys)  # fmt: skip
+    assert "config.json missing" in _fails(["--policy", str(tmp_path), "--tasks", str(tasks), *common], capsys)
+    policy = ["--policy", str(stage.base_policy), *common]
+    assert f"--tasks {tmp_path / 'none.txt'}: no such file" in _fails([*policy, "--tasks", str(tmp_path / "none.txt")],
+                                                                     capsys)  # fmt: skip
+    junk = tmp_path / "junk.txt"
+    junk.write_text("fly me to the moon\n\nteach my cat to juggle\n")
+    err = _fails([*policy, "--tasks", str(junk)], capsys)
+    assert "none of its 2 instruction(s) parses" in err and "3: cannot parse" in err
+    assert "--seeds must be >= 1" in _fails([*policy, "--tasks", str(tasks), "--seeds", "0"], capsys)
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "--task-set" in capsys.readouterr().out
