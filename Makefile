@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch goes first and pinned: the CPU build; an unpinned torch pulls CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test repro repro-from venv lint clean-venv
+.PHONY: test repro repro-from val venv lint clean-venv
 
 venv: $(VENV)/.installed
 
@@ -29,6 +29,16 @@ repro-from: venv
 	$(BIN)/python -m digiq.data start-at $(STAGE) $(DATA)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro base_policy
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro --downstream $(STAGE)
+
+# After `make repro`: the base, the paper's rows and the variants on the validation lists, where every
+# choice is made (docs/experiments.md); one JSON per row in metrics/val/, read by `python -m digiq.report`.
+VAL_ROWS ?= base digiq filtered_bc digirl_offline digiq_cql digiq_hierarchy
+val: venv
+	cat data/tasks/general_val.txt data/tasks/webshop_val.txt > data/val_tasks.txt
+	for row in $(VAL_ROWS); do \
+	  if [ $$row = base ]; then folders=data/models/base_policy; else folders="$$(ls -d data/models/actors/seed*/$$row)"; fi; \
+	  $(BIN)/python -m digiq.evaluate --policy $$folders --tasks data/val_tasks.txt --out metrics/val/$$row.json || exit 1; \
+	done
 
 lint: venv
 	$(BIN)/ruff check digiq tests benchmarks notebooks

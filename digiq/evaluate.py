@@ -326,11 +326,13 @@ def _table(runs: Mapping[str, Sequence[Sequence[EpisodeResult]]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Evaluate one policy checkpoint on a file of instructions; print a table, optionally write JSON.
+    """Evaluate a policy checkpoint on a file of instructions; print a table, optionally write JSON.
 
     Runs :func:`evaluate_policy` as stage 07 does, with the params file's
     ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
     the stage's checkpoints on the stage's task lists give the stage's figures.
+    One ``--policy`` folder runs on every seed; several (one per seed, as
+    stage 06 trains them) run seed ``s`` with the ``s``-th folder.
     Bad input (a missing checkpoint or task file, a file with no parseable
     line) exits with status 2 and a message naming it.
     """
@@ -338,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         prog="python -m digiq.evaluate",
         description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 07 does.",
     )
-    ap.add_argument("--policy", required=True, type=Path, help="policy checkpoint folder (config.json + weights)")
+    ap.add_argument("--policy", required=True, type=Path, nargs="+",
+                    help="policy checkpoint folder (config.json + weights); several: one per seed, in seed order")  # fmt: skip
     ap.add_argument("--tasks", required=True, type=Path, help="text file, one instruction per line")
     ap.add_argument("--task-set", choices=TASK_SETS, default=None,
                     help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
@@ -350,10 +353,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="step the params' devices backend (judge: its judge group) instead of the in-process simulator")  # fmt: skip
     args = ap.parse_args(argv)
 
-    if not args.policy.is_dir():
-        ap.error(f"--policy {args.policy}: no such checkpoint folder")
+    for folder in args.policy:
+        if not folder.is_dir():
+            ap.error(f"--policy {folder}: no such checkpoint folder")
     try:
-        read_config(args.policy, "policy")
+        for folder in args.policy:
+            read_config(folder, "policy")
         params = load_params(args.params)
         cfg = load_section(EvalConfig, "eval", params, args.params)
         env = load_section(EnvConfig, "env", params, args.params)
@@ -362,9 +367,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         experiment = load_section(ExperimentConfig, "experiment", params, args.params)
     except (FileNotFoundError, ValueError) as e:  # a ConfigError is a ValueError
         ap.error(str(e))
-    seeds = args.seeds if args.seeds is not None else experiment.seeds
+    seeds = args.seeds if args.seeds is not None else experiment.seeds if len(args.policy) == 1 else len(args.policy)
     if seeds < 1:
         ap.error(f"--seeds must be >= 1, got {seeds}")
+    if len(args.policy) > 1 and seeds != len(args.policy):
+        ap.error(f"--seeds {seeds} with {len(args.policy)} --policy folders: give one folder per seed")
     if not args.tasks.is_file():
         ap.error(f"--tasks {args.tasks}: no such file")
     tasks, unparsed = read_task_file(args.tasks, args.task_set)
@@ -374,19 +381,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ap.error(f"--tasks {args.tasks}: none of its {len(unparsed)} instruction(s) parses")
 
     runs: dict[str, list[list[EpisodeResult]]] = {ts: [] for ts in tasks}
-    screen_text = bool(read_config(args.policy, "policy").get("screen_text", False))
     with device_pool(devices, env, judge, min(cfg.n_envs, max(map(len, tasks.values())))) as pool:
         for s in range(seeds):
-            agent = load_agent(args.policy, cfg, s)
-            results = evaluate_policy(agent, tasks, cfg, env, seed=s, env_factory=pool, screen_text=screen_text,
-                                      name=args.policy.name)  # fmt: skip
+            folder = args.policy[s % len(args.policy)]
+            screen_text = bool(read_config(folder, "policy").get("screen_text", False))
+            results = evaluate_policy(load_agent(folder, cfg, s), tasks, cfg, env, seed=s, env_factory=pool,
+                                      screen_text=screen_text, name=folder.name)  # fmt: skip
             for ts, r in results.items():
                 runs[ts].append(r)
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
     report.update({
         "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},
         "unparsed": unparsed,
-        "policy": str(args.policy),
+        "policy": [str(folder) for folder in args.policy],
         "tasks_file": str(args.tasks),
         "seeds": seeds,
     })  # fmt: skip

@@ -26,11 +26,12 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
+__all__ = ["results_markdown", "validation_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/experiments.md
+VALIDATION = ("<!-- validation:start -->", "<!-- validation:end -->")  # in docs/experiments.md
 TASK_SET_NAMES = {"general": "General", "webshop": "Web Shopping"}
 STAGES = ("tasks", "base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor", "eval")
 HEADLINES = {
@@ -307,6 +308,22 @@ def results_markdown(paths: Paths) -> str:
     return "\n".join(out)
 
 
+def validation_markdown(paths: Paths) -> str:
+    """The rows on the validation lists (``make val``: one ``python -m digiq.evaluate`` JSON per row in metrics/val/)."""
+    found = sorted((paths.metrics / "val").glob("*.json"))
+    if not found:
+        return "No `metrics/val/` yet: run `make val` after `make repro`."
+    runs = {p.stem: json.loads(p.read_text()) for p in found}
+    sets = [ts for ts in TASK_SETS if any(ts in r for r in runs.values())]
+    out = ["| policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} val" for ts in sets) + " |", "|---" * (len(sets) + 1) + "|"]
+    for name, r in runs.items():
+        out.append(f"| {name} | " + " | ".join(_rate(r[ts]) if ts in r else "-" for ts in sets) + " |")
+    r = next(iter(runs.values()))
+    n = "/".join(str(r[ts]["n_episodes"]) for ts in sets)
+    return "\n".join(out + ["", f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
+                              "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s."])
+
+
 def diagnostics_markdown(paths: Paths) -> str:
     """The experiments page's diagnostics: per family, what each policy imitates, the critic's picks, stage times."""
     ev, oracle, skills = _load(paths, "eval"), _load(paths, "oracle"), _load(paths, "skills")
@@ -395,6 +412,7 @@ def update_readme(readme: Path, paths: Paths, experiments: Path | None = None) -
     """The README's results block and, with ``experiments``, that page's diagnostics block, from the metrics."""
     _fill(readme, (START, END), results_markdown(paths))
     if experiments is not None:
+        _fill(experiments, VALIDATION, validation_markdown(paths))
         _fill(experiments, DIAGNOSTICS, diagnostics_markdown(paths))
 
 

@@ -152,7 +152,7 @@ def test_cli_runs_a_checkpoint_on_a_task_file_as_the_stage_does(stage, params_fi
     assert json.loads(out.read_text()) == report
     assert "2: cannot parse, skipped: Teach my cat to juggle" in capsys.readouterr().err
     assert report["unparsed"] == [{"line": 2, "text": "Teach my cat to juggle"}]
-    assert report["seeds"] == 2 and report["policy"] == str(stage.base_policy) and report["tasks_file"] == str(tasks)
+    assert report["seeds"] == 2 and report["policy"] == [str(stage.base_policy)] and report["tasks_file"] == str(tasks)
     ev, outcomes = _metrics(stage, "eval")["base"], _metrics(stage, "eval_outcomes")["base"]
     for ts in ("general", "webshop"):  # each line went to its own task set, in file order
         assert report[ts]["n_episodes"] == N_TASKS and 0.0 <= report[ts]["success_rate"] <= 1.0
@@ -200,6 +200,26 @@ def test_cli_names_bad_input(stage, params_file, tmp_path, capsys):
     err = _fails([*policy, "--tasks", str(junk)], capsys)
     assert "none of its 2 instruction(s) parses" in err and "3: cannot parse" in err
     assert "--seeds must be >= 1" in _fails([*policy, "--tasks", str(tasks), "--seeds", "0"], capsys)
+    two = ["--policy", str(stage.actor("digiq", 0)), str(stage.actor("digiq", 1)), *common]
+    assert "give one folder per seed" in _fails([*two, "--tasks", str(tasks), "--seeds", "3"], capsys)
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--task-set" in capsys.readouterr().out
+
+
+def test_cli_runs_one_checkpoint_per_seed(stage, params_file, tmp_path, monkeypatch):
+    """Several --policy folders, as stage 06 trains one per seed: seed s runs the s-th, on seed s's devices."""
+    used: list[tuple[Path, int]] = []
+
+    def record(checkpoint: Path, cfg: EvalConfig, seed: int):
+        used.append((checkpoint, seed))
+        return _expert(checkpoint, cfg, seed)
+
+    monkeypatch.setattr(evaluate, "load_agent", record)
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("\n".join(stage.task_list("general", "test").read_text().splitlines()[:N_TASKS]) + "\n")
+    folders = [stage.actor("digiq", 0), stage.actor("digiq", 1)]
+    report = main(["--policy", *map(str, folders), "--tasks", str(tasks), "--params", str(params_file)])
+    assert used == [(folders[0], 0), (folders[1], 1)] and report["seeds"] == 2
+    assert report["policy"] == [str(f) for f in folders]
+    assert report["general"]["per_seed"] == _metrics(stage, "eval")["digiq"]["general"]["per_seed"]

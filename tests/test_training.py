@@ -21,12 +21,14 @@ from digiq.report import (
     DIAGNOSTICS,
     END,
     START,
+    VALIDATION,
     diagnostics_markdown,
     expert_pick_table,
     results_markdown,
     rewarded_table,
     save_results_chart,
     update_readme,
+    validation_markdown,
     wrong_pick_table,
 )
 from digiq.stagekit import write_metrics
@@ -244,13 +246,18 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
     readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
-    experiments.write_text(f"notes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
+    experiments.write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
     update_readme(readme, paths, experiments)
+    assert "run `make val` after `make repro`" in experiments.read_text()  # no metrics/val/ yet
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
     assert "old" not in experiments.read_text() and "| alone | 20.0 | 40.0 |" in experiments.read_text()
-    with pytest.raises(ValueError, match="no <!-- diagnostics:start -->"):
+    with pytest.raises(ValueError, match="no <!-- validation:start -->"):
         update_readme(readme, paths, readme)
+    for row, rate in (("base", 0.2), ("digiq", 0.35)):  # what `make val` writes, one python -m digiq.evaluate per row
+        run = {ts: {"success_rate": rate, "success_rate_std": 0.01, "n_episodes": 320} for ts in ("general", "webshop")}
+        write_metrics(paths, f"val/{row}", {**run, "seeds": 3})
+    assert "| digiq | 35.0 ± 1.0 | 35.0 ± 1.0 |" in validation_markdown(paths)
 
 
 def test_keep_by_group_pools_seeds_per_task_set_and_kind():
