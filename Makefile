@@ -33,10 +33,12 @@ repro-from: venv
 # After `make repro`: the base, the paper's rows and the variants on the validation lists, where every
 # choice is made (docs/experiments.md); one JSON per row in metrics/val/, read by `python -m digiq.report`.
 VAL_ROWS ?= base digiq filtered_bc digirl_offline digiq_cql digiq_hierarchy
+SEEDS = $$($(BIN)/python -c 'from digiq.config import ExperimentConfig, load_section; print(load_section(ExperimentConfig, "experiment").seeds)')
 val: venv
 	cat data/tasks/general_val.txt data/tasks/webshop_val.txt > data/val_tasks.txt
 	for row in $(VAL_ROWS); do \
-	  if [ $$row = base ]; then folders=data/models/base_policy; else folders="$$(ls -d data/models/actors/seed*/$$row)"; fi; \
+	  if [ $$row = base ]; then folders=data/models/base_policy; \
+	  else folders="$$(for s in $$(seq 0 $$(($(SEEDS) - 1))); do echo data/models/actors/seed$$s/$$row; done)"; fi; \
 	  $(BIN)/python -m digiq.evaluate --policy $$folders --tasks data/val_tasks.txt --out metrics/val/$$row.json || exit 1; \
 	done
 

@@ -137,12 +137,14 @@ class TasksConfig:
 
     n_train: int = _help("tasks per task set in the train lists", 400)
     n_val: int = _help("tasks per task set in the validation lists (every choice is made on these)", 320)
-    n_test: int = _help("tasks per task set in the test lists (the paper's protocol reads the first 96)", 320)
+    n_test: int = _help("tasks in General's test list (the paper's protocol reads the first 96)", 320)
+    n_test_webshop: int = _help("tasks in Web Shopping's test list: a third of its lines are the five go-to-site "
+                                "instructions, so it needs more lines than General's for as many distinct tasks", 450)  # fmt: skip
     seed: int = _help("which tasks are drawn", 0)
     split_seed: int = _help("which entities are in which split", 1)
 
     def __post_init__(self) -> None:
-        for name in ("n_train", "n_val", "n_test"):
+        for name in ("n_train", "n_val", "n_test", "n_test_webshop"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -227,7 +229,7 @@ class BasePolicyConfig:
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
     # out (on AitW, Filtered BC gains 31.6 points over AutoUI; REFERENCE.md).
     # 150 / 100 tasks at 0.2 gave a base weak by gaps (26.0 / 40.6): Digi-Q 22.6 / 46.2, below Filtered BC on
-    # General; at 0.5 the base fell to 7.3 / 26.0 (README, docs/results_log.md).
+    # General; at 0.5 the base fell to 7.3 / 26.0 (docs/results_log.md, earlier protocol).
     demo_tasks: int = _help("demonstrated train tasks per task set", 200)
     demo_tasks_webshop: int | None = _help("Web Shopping's own count of demonstrated tasks; null: demo_tasks", None)
     expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4)
@@ -249,7 +251,7 @@ class BasePolicyConfig:
     # gained 21.4 points on General; Digi-Q, on its own critic, gained none (docs/results_log.md).
     demo_family_min: int = _help("each family is demonstrated at least this often: short families get more "
                                  "train-split tasks, generated beyond the list (0: the list's first tasks only)", 0)  # fmt: skip
-    # Seed 0 with 150 / 100 tasks at noise 0.2 gave 14.9% General test success, 0.1 under issue 4's band (log).
+    # Seed 0 with 150 / 100 tasks at noise 0.2 gave a base just under a 15% band (docs/results_log.md, earlier protocol).
     seed: int = _help("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
@@ -285,7 +287,7 @@ class CollectConfig:
 
     tasks_per_set: int = _help("train tasks rolled out per task set", 200)
     # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5: at 1.0 it solved 6-9%
-    # of General train tasks where AutoUI solves about 28%; at 0.8 it solves 28% (README, results).
+    # of General train tasks where AutoUI solves about 28%; at 0.8 it solves 28% (docs/results_log.md).
     temperature: float = _help("sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8)
     n_envs: int = _help("devices stepped together", 32)
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
@@ -294,7 +296,7 @@ class CollectConfig:
                                  "reads; costs one more adb call per step on a device", True)  # fmt: skip
     # AutoUI solves its train tasks about as often as its test tasks (27.7 / 22.9 General; REFERENCE). A base that
     # rolls out the very tasks it was shown solves them from memory, so its data would not hold the mistakes it
-    # makes on new tasks, which are what offline RL has to correct (README, results).
+    # makes on new tasks, which are what offline RL has to correct.
     skip_demonstrated: bool = _help("roll out the train tasks after the ones the base policy was demonstrated "
                                     "(base_policy.demo_tasks, demo_tasks_webshop), which the "
                                     "base's demonstrations covered; false: from the first train task", True)  # fmt: skip
@@ -429,8 +431,9 @@ class CriticConfig:
             raise ValueError("list_entries: true needs tap_targets: true (it reads the same view hierarchy)")
 
 
-# Names of the ablation rows, which a variant must not take.
-ABLATION_NAMES = ("digiq_untuned", "digiq_perfect_critic")
+# The ablation rows with a name of their own (besides digiq_n<N>), which a variant must not take.
+UNTUNED_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_perfect_critic"
+ABLATION_NAMES = (UNTUNED_ROW, PERFECT_CRITIC_ROW)
 
 
 def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str, CriticConfig]:
@@ -444,6 +447,8 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must map variant names to critic keys, got {type(raw).__name__}")
     base = params.get("critic") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"{Path(path).name}: critic must be a mapping of keys, got {type(base).__name__}")
     out = {}
     for name, changes in raw.items():
         if not (isinstance(name, str) and name.startswith("digiq_") and name.isidentifier()):
@@ -452,8 +457,6 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
             raise ConfigError(f"{where}: variant name {name!r} is taken by an ablation row")
         if not isinstance(changes, dict) or not changes:
             raise ConfigError(f"{where}.{name} must be a non-empty mapping of critic keys to change")
-        if not isinstance(base, dict):
-            raise ConfigError(f"{Path(path).name}: critic must be a mapping of keys, got {type(base).__name__}")
         out[name] = load_section(CriticConfig, f"variants.{name}", {f"variants.{name}": {**base, **changes}}, path)
     return out
 
@@ -492,8 +495,8 @@ EXPERT_SKILLS = ("type", "tap", "action_type")
 class EvalConfig:
     """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
-    n_tasks: int = _help("first tasks of each test list: the whole list carries the intervals, its first 96 are the "
-                         "paper's protocol", 320)
+    n_tasks: int | None = _help("first tasks of each test list; null: the whole list, which carries the intervals "
+                                "(its first 96 are the paper's protocol)", None)
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",
@@ -509,8 +512,8 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.n_tasks < 1:
-            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
+        if self.n_tasks is not None and self.n_tasks < 1:
+            raise ValueError(f"n_tasks must be >= 1 or null (the whole list), got {self.n_tasks}")
         if self.train_tasks < 0:
             raise ValueError(f"train_tasks must be >= 0 (0 = off), got {self.train_tasks}")
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]

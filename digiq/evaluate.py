@@ -3,7 +3,7 @@
 Protocol (DESIGN.md section 8, PROTOCOL.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
 when the task's condition holds. The paper's protocol is the first 96 tasks;
-the whole list (300 per task set) carries the confidence intervals. Every
+the whole list (320 General, 450 Web Shopping) carries the confidence intervals. Every
 seed's policies are evaluated with that seed's device and sampling seed (the
 base policy too, so its spread is sampling noise), which pairs seed ``s`` of
 one policy with seed ``s`` of another for the paired bootstrap.
@@ -228,15 +228,15 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     Returns every policy's summary (:func:`summarize`) per task set.
     """
     devices = devices or DeviceConfig()
-    every_seed = ["base", *main, *variants]
-    policies = [*every_seed, *ablations]
+    table_rows = ["base", *main, *variants]  # the rows of eval.json; the ablations go to ablations.json
+    policies = [*table_rows, *ablations]
     for s in range(seeds):
         for p in policies:
             require("eval", _checkpoint(paths, p, s) / "config.json")
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
     runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
-    train_runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in held_in} for p in every_seed}
+    train_runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in held_in} for p in table_rows}
     timing: dict[str, Any] = {}
     # Every policy here descends from the base: its prompts read the screen when the base's did.
     screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
@@ -264,7 +264,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
                 lent = ExpertSkill(load_agent(paths.base_policy, cfg, 0), skill)
                 skills[skill] = {ts: seed_metrics(r) for ts, r in run(lent, f"base + expert {skill}", 0, protocol).items()}
     summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
-    write_metrics(paths, "eval", {p: summary[p] for p in every_seed})
+    write_metrics(paths, "eval", {p: summary[p] for p in table_rows})
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
     write_metrics(
         paths, "eval_outcomes", {p: {ts: outcome_strings(r) for ts, r in sets.items()} for p, sets in runs.items()}

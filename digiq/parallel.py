@@ -1,6 +1,6 @@
 """Data parallelism over processes through ``accelerate``: several GPUs, or two CPU processes in the tests.
 
-A stage started by ``accelerate launch --num_processes N -m digiq.stage NAME``
+A stage started by ``accelerate launch --num_processes N -m digiq.stage MODULE``
 (what :func:`digiq.stage.run_stage` does when ``compute.processes > 1``) runs
 the same code in N processes. Each process takes every N-th row of a global
 batch (:func:`shard`), and after ``backward`` the processes average their

@@ -63,35 +63,32 @@ def _rate(r: dict[str, Any]) -> str:
 def _success_table(results: dict[str, Any], train: dict[str, Any] | None = None) -> list[str]:
     """One row per policy, test columns and, from ``train`` (eval_train.json), the paper's train columns beside them.
 
-    A seeds column when the rows were repeated differently; when the test
-    list is longer than the paper's 96 tasks, its first 96 (the paper's
-    protocol) get their own columns beside the whole list's.
+    When a test list is longer than the paper's 96 tasks, its first 96 (the
+    paper's protocol) get their own column beside the whole list's.
     """
     train = {p: sets for p, sets in (train or {}).items() if isinstance(sets, dict)}
-    seeds = {p: len(sets["general"].get("per_seed", [0])) for p, sets in results.items()}
-    n = next(iter(results.values()))["general"]["n_episodes"]
-    protocol = {r["first96"]["n_episodes"] for sets in results.values() for r in sets.values() if "first96" in r}
-    first = min(protocol) if protocol and min(protocol) < n else None
+    some = next(iter(results.values()))
+    seeds = len(some["general"]["per_seed"])
     columns: list[tuple[str, str, dict[str, Any], bool]] = []  # (head, task set, results, the first tasks only)
+    sizes = []
     for ts in TASK_SETS:
+        n, first = some[ts]["n_episodes"], some[ts].get("first96", {}).get("n_episodes")
+        sizes.append(f"{n} {TASK_SET_NAMES[ts]}")
         if any(ts in train.get(p, {}) for p in results):
             columns.append((f"{TASK_SET_NAMES[ts]} train", ts, train, False))
-        if first is not None:
+        if first is not None and first < n:
             columns.append((f"{TASK_SET_NAMES[ts]} test, first {first}", ts, results, True))
         columns.append((f"{TASK_SET_NAMES[ts]} test", ts, results, False))
-    varied = len(set(seeds.values())) > 1
-    head = ["policy", *(["seeds"] if varied else []), *(c[0] for c in columns)]
+    head = ["policy", *(c[0] for c in columns)]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for p in results:
         cells = [
             _rate(src[p][ts]["first96"] if part else src[p][ts]) if ts in src.get(p, {}) else "-"
             for _, ts, src, part in columns
         ]
-        out.append("| " + " | ".join([p, *([str(seeds[p])] if varied else []), *cells]) + " |")
-    over = "the row's seeds (no ± with one)" if varied else f"{next(iter(seeds.values()))} seed(s)"
-    note = f"Success rate (%), mean ± sample standard deviation over {over}, {n} test tasks per task set and seed"
-    if first is not None:
-        note += f" (first {first}: the paper's protocol, the first {first} tasks of the same list)"
+        out.append("| " + " | ".join([p, *cells]) + " |")
+    note = (f"Success rate (%), mean ± sample standard deviation over {seeds} seed(s); {' and '.join(sizes)} test "
+            "tasks per seed (first 96: the paper's protocol, the first 96 tasks of the same list)")  # fmt: skip
     held_in = sorted({r["n_episodes"] for sets in train.values() for r in sets.values()})
     if held_in:
         counts = "/".join(map(str, held_in))
@@ -106,17 +103,6 @@ def _family_table(results: dict[str, Any]) -> list[str]:
         for f in sorted({f for p in policies for f in results[p][ts]["by_family"]}):
             vals = [_pct(results[p][ts]["by_family"][f]) if f in results[p][ts]["by_family"] else "-" for p in policies]
             out.append(f"| {ts} | {f} | " + " | ".join(vals) + " |")
-    return out
-
-
-def _targets(ev: dict[str, Any]) -> list[str]:
-    """Digi-Q's margins over each other policy, per task set (the claim under test)."""
-    if "digiq" not in ev:
-        return []
-    out = ["| Digi-Q minus | General (points) | Web Shopping (points) |", "|---|---|---|"]
-    for p in (q for q in ev if q != "digiq"):
-        d = [100 * (ev["digiq"][ts]["success_rate"] - ev[p][ts]["success_rate"]) for ts in TASK_SETS]
-        out.append(f"| {p} | {d[0]:+.1f} | {d[1]:+.1f} |")
     return out
 
 
@@ -143,10 +129,10 @@ def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[
             verdict = "" if lo > 0 or hi < 0 else ", no detectable difference"
             cells.append(f"{c['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]{verdict}")
         out.append(f"| {name.replace('-', ' - ', 1)} | " + " | ".join(cells) + " |")
-    c = comparisons[sets[0]][next(n for n in names if n in comparisons[sets[0]])]
-    return out + ["", f"A - B in percentage points over the {c['n_tasks']} test tasks per task set and the seeds "
-                  "both rows have, with a 95% paired bootstrap interval (tasks and seeds resampled alike for both; "
-                  "digiq.stats). An interval holding 0 is no detectable difference."]  # fmt: skip
+    sizes = " and ".join(f"{next(iter(comparisons[ts].values()))['n_tasks']} {TASK_SET_NAMES[ts]}" for ts in sets)
+    return out + ["", f"A - B in percentage points over the test tasks ({sizes}) and the seeds, with a 95% paired "
+                  "bootstrap interval (tasks and seeds resampled alike for both rows; digiq.stats). An interval "
+                  "holding 0 is no detectable difference."]  # fmt: skip
 
 
 def _oracle_table(oracle: dict[str, Any]) -> list[str]:
@@ -294,7 +280,7 @@ def results_markdown(paths: Paths) -> str:
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
         return "No `metrics/eval.json` yet: run `make repro`."
-    margins = _comparison_table(compared, ev) if compared else _targets(ev)
+    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 07."]
     out = _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)

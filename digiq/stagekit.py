@@ -33,9 +33,14 @@ def require(stage: str, *paths: Path) -> None:
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
+    """The first ``n`` tasks (all with ``None``) of a task list; a list shorter than ``n`` is an error, not a cut."""
     path = paths.task_list(task_set, split)
     require(stage, path)
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()][:n]
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if n is not None and len(lines) < n:
+        raise StageError(f"stage {stage}: {path} has {len(lines)} tasks, fewer than the {n} asked; regenerate the "
+                         "lists (dvc repro tasks) or ask for fewer")  # fmt: skip
+    lines = lines[:n]
     tasks = []
     for i, line in enumerate(lines):
         try:

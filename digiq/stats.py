@@ -80,21 +80,17 @@ def comparisons(outcomes: dict[str, dict[str, np.ndarray]], pairs: Sequence[tupl
     """``{task_set: {"A-B": paired_bootstrap(A, B)}}`` for each pair whose policies both have the task set.
 
     ``outcomes`` is ``{policy: {task_set: (seeds, tasks) array}}``. Pairs
-    naming a policy that is absent are passed over. Policies repeated over
-    different numbers of seeds (ablations repeat only the first seeds) are
-    compared on their common first seeds, which ``seeds`` reports; ``kw``
-    goes to :func:`paired_bootstrap`.
+    naming a policy that is absent are passed over. Both policies must have
+    the same seeds and tasks (every row runs every seed): a mismatch raises,
+    as :func:`paired_bootstrap` does. ``kw`` goes to :func:`paired_bootstrap`.
     """
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for first, second in pairs:
         if first not in outcomes or second not in outcomes:
             continue
         for ts, a in outcomes[first].items():
-            if ts not in outcomes[second]:
-                continue
-            x, y = np.atleast_2d(a), np.atleast_2d(outcomes[second][ts])
-            common = min(len(x), len(y))
-            out.setdefault(ts, {})[f"{first}-{second}"] = paired_bootstrap(x[:common], y[:common], **kw)
+            if ts in outcomes[second]:
+                out.setdefault(ts, {})[f"{first}-{second}"] = paired_bootstrap(a, outcomes[second][ts], **kw)
     return out
 
 

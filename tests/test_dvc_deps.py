@@ -44,7 +44,7 @@ def package_of(path: Path) -> str:
 
 
 def imported_modules(tree: ast.AST, package: str = "") -> set[str]:
-    """Every module an import anywhere in ``tree`` names, in functions too (stage.py imports stages lazily).
+    """Every module an import anywhere in ``tree`` names, in functions too (a lazy import runs as well).
 
     ``from a import b`` names ``a`` and, in case ``b`` is a submodule rather than a plain name, ``a.b``;
     callers keep only the names that resolve to a file. Relative imports resolve against ``package``.

@@ -126,8 +126,7 @@ def test_report_puts_the_paper_s_first_96_beside_the_whole_list(tmp_path):
     md = results_markdown(paths)
     assert "| policy | General test, first 96 | General test | Web Shopping test, first 96 | Web Shopping test |" in md
     assert "| digiq | 50.0 ± 2.0 | 40.0 ± 1.0 | 50.0 ± 2.0 | 40.0 ± 1.0 |" in md
-    assert "300 test tasks per task set and seed (first 96: the paper's protocol" in md
-    assert "| base | +20.0 | +20.0 |" in md  # no comparisons.json: the plain margins
+    assert "300 General and 300 Web Shopping test tasks per seed (first 96: the paper's protocol" in md
 
 
 @pytest.fixture(scope="module")

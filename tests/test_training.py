@@ -194,7 +194,7 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     write_metrics(paths, "eval", _base_and_digiq())
     write_metrics(paths, "ablations", {
         "digiq": _base_and_digiq()["digiq"],
-        "digiq_perfect_critic": {"general": _result([0.7], "search"), "webshop": _result([0.6], "go_to_site")},
+        "digiq_perfect_critic": {"general": _result([0.7, 0.7], "search"), "webshop": _result([0.6, 0.6], "go_to_site")},
     })  # fmt: skip
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395},
@@ -222,14 +222,9 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                     "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
                                     "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
     md = results_markdown(paths)
-    assert "| base | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "over 2 seed(s), 96 test tasks" in md
-    assert "| base | +30.0 | +30.0 |" in md  # Digi-Q's margin, per task set (no comparisons.json here)
-    # a row repeated on fewer seeds: the ablation table says each row's seeds
-    assert (
-        "| digiq | 2 | 55.0 ± 7.1 | 40.0 ± 14.1 |" in md
-        and "| digiq_perfect_critic | 1 | 70.0 | 60.0 |" in md  # one seed: no sample std
-    )
-    assert "over the row's seeds" in md
+    assert "| base | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "over 2 seed(s); 96 General and 96 Web Shopping" in md
+    assert "No `metrics/comparisons.json`" in md  # no margin is stated without its interval
+    assert "| digiq | 55.0 ± 7.1 | 40.0 ± 14.1 |" in md and "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     md = diagnostics_markdown(paths)
     assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md

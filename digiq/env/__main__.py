@@ -11,6 +11,7 @@ from typing import Any
 
 from PIL import Image
 
+from digiq.config import TasksConfig
 from digiq.env.adb_server import AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--split", choices=list(SPLITS), required=True)
     g.add_argument("-n", type=_count, default=PROTOCOL_TASKS, help="how many tasks (>= 0)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--split-seed", type=int, default=0, help="which entities are in which split")
+    g.add_argument("--split-seed", type=int, default=TasksConfig().split_seed,
+                   help="which entities are in which split (default: the pipeline's, tasks.split_seed)")  # fmt: skip
     s = sub.add_parser("adb-server", help="serve simulated phones over adb's host protocol (for adb tools and adb-sim)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=5037, help="5037 is adb's own port; 0 picks a free one")

@@ -32,6 +32,8 @@ from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import (
+    PERFECT_CRITIC_ROW,
+    UNTUNED_ROW,
     AblationsConfig,
     ActorConfig,
     CollectConfig,
@@ -80,7 +82,7 @@ __all__ = ["from_params", "run_actor", "best_of_n", "policy_names", "METHODS", "
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
 
-def best_of_n_variants(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
+def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
     """Every Best-of-N policy stage 06 trains: name -> (whose critic, candidates per state).
 
     The critic is named by its row (stage 05, :func:`digiq.train.critic.critic_specs`); ``None``
@@ -90,14 +92,14 @@ def best_of_n_variants(ablations: AblationsConfig, variants: Sequence[str] = ())
     out.update({name: (name, None) for name in variants})
     out.update({f"digiq_n{n}": ("digiq", n) for n in ablations.n_candidates})
     if ablations.untuned_vlm:
-        out["digiq_untuned"] = ("digiq_untuned", None)
+        out[UNTUNED_ROW] = (UNTUNED_ROW, None)
     return out
 
 
 def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
     """The policies stage 06 trains and stage 07 evaluates: the paper's comparison, the named variants, the ablations."""
-    extra = [n for n in best_of_n_variants(ablations) if n != "digiq"]
-    return list(METHODS), list(variants), extra + (["digiq_perfect_critic"] if ablations.perfect_critic else [])
+    extra = [n for n in best_of_n_plan(ablations) if n != "digiq"]
+    return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
 
 
 def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
@@ -288,7 +290,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
 
     Writes ``metrics/actor.json`` and ``metrics/oracle.json``.
     """
-    plan = best_of_n_variants(ablations, variants)
+    plan = best_of_n_plan(ablations, variants)
     critic_rows = sorted({row for row, _ in plan.values()})  # the stage-05 critics the Best-of-N policies use
     require("actor", paths.base_policy / "config.json",
             *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
@@ -308,7 +310,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 built[key] = inputs_for(paths, *key)
             feats[row] = built[key]
         # The paper's critic inputs on each VLM's features: what the probes read.
-        by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats["digiq_untuned"]} if "digiq_untuned" in feats else {})}
+        by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
         base = AutoUIPolicy.load(paths.base_policy)
         screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
@@ -366,7 +368,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
             if ablations.perfect_critic:
-                plans["digiq_perfect_critic"] = perfect
+                plans[PERFECT_CRITIC_ROW] = perfect
             plans["filtered_bc"] = _filtered_bc_picks(steps)
             plans["digirl_offline"] = _digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
             for name, picks in plans.items():

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import AblationsConfig, CriticConfig, ExperimentConfig, load_section, load_variants
+from digiq.config import UNTUNED_ROW, AblationsConfig, CriticConfig, ExperimentConfig, load_section, load_variants
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
@@ -249,7 +249,7 @@ def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], untune
     specs = {"digiq": CriticSpec("finetuned", critic)}
     specs.update({name: CriticSpec("finetuned", cfg) for name, cfg in variants.items()})
     if untuned:
-        specs["digiq_untuned"] = CriticSpec("untuned", critic)
+        specs[UNTUNED_ROW] = CriticSpec("untuned", critic)
     return specs
 
 
