@@ -33,14 +33,15 @@ def _first_tasks(cfg: CollectConfig, paths: Paths) -> dict[str, int]:
 
 def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) -> list[Task]:
     """``cfg.tasks_per_set`` train tasks of ``task_set`` from index ``first`` on, or a clear error."""
-    tasks = read_tasks(paths, task_set, "train", first + cfg.tasks_per_set, "collect")[first:]
+    # The whole list, so that a short one gets the message naming the knobs that set its length.
+    tasks = read_tasks(paths, task_set, "train", None, "collect")[first:]
     if len(tasks) < cfg.tasks_per_set:
         raise StageError(
             f"stage collect: {paths.task_list(task_set, 'train')} has {first + len(tasks)} tasks; collect.tasks_per_set "
             f"{cfg.tasks_per_set} after the {first} the base policy was demonstrated needs {first + cfg.tasks_per_set} "
             "(raise tasks.n_train, or lower base_policy.demo_tasks, demo_tasks_webshop or collect.tasks_per_set)"
         )
-    return tasks
+    return tasks[: cfg.tasks_per_set]
 
 
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
