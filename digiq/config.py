@@ -352,14 +352,21 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    """How many processes train stages 00, 03, 05 and 06 (digiq.parallel); each takes a GPU when there are GPUs."""
+    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (05-07)."""
 
     processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
+    workers: int = _help("CPU processes that share stages 05-07's independent (row, seed) fits and, on the "
+                         "simulator, evaluations (digiq.workers; 1: all in the stage's own process)", 1)
 
     def __post_init__(self) -> None:
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers > 1 and self.processes > 1:
+            raise ValueError(f"workers {self.workers} with processes {self.processes}: a stage either shares its "
+                             "jobs among workers or each job's batches among processes, not both")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
   percentage points, for Digi-Q minus each other policy of ``eval.json`` and
   each variant or ablation minus Digi-Q.
 
-With ``eval.train_tasks`` it also rolls the base, main and variant policies
-out on train tasks, the tasks of the first trajectories per task set in the
+With ``eval.train_tasks`` it also rolls the base and the paper's comparison
+(``main``) out on train tasks, the tasks of the first trajectories per task set in the
 offline data, into ``metrics/eval_train.json`` (same layout; ``{"off": why}``
 without them): the train columns of the paper's table, which tell a failure
 to generalise to unseen entities from a failure on the very tasks the data hold.
@@ -49,6 +49,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,12 @@ from digiq.oracle import ExpertSkill
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult, Policy, rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
+from digiq.workers import map_jobs
 from digiq.stats import comparisons, sample_std
 from digiq.train.policy_fit import ModelPolicy
 
 __all__ = [
-    "run_eval", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
+    "run_eval", "EvalJob", "evaluate_job", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
     "outcome_strings", "read_task_file", "train_tasks", "main",
 ]  # fmt: skip
 
@@ -212,20 +214,59 @@ def _outcome_array(per_seed: Sequence[Sequence[EpisodeResult]]) -> np.ndarray:
     return np.array([[r.success for r in results] for results in per_seed], dtype=np.int8)
 
 
+@dataclass(frozen=True)
+class EvalJob:
+    """One checkpoint's episodes on one seed, for :func:`evaluate_job` (here or in a worker process)."""
+
+    checkpoint: Path
+    name: str
+    seed: int
+    tasks: dict[str, list[Task]]
+    cfg: EvalConfig
+    env: EnvConfig
+    screen_text: bool
+    skill: str | None = None  # an expert skill lent to the checkpoint (:class:`~digiq.oracle.ExpertSkill`)
+
+
+# A worker process's own simulated devices, made on its first job (a worker steps the simulator only).
+_WORKER_ENVS: dict[tuple[EnvConfig, int], Callable[[], PhoneEnv]] = {}
+
+
+def _worker_envs(env: EnvConfig, size: int) -> Callable[[], PhoneEnv]:
+    if (env, size) not in _WORKER_ENVS:
+        factory = EnvFactory(DeviceConfig(), env.dynamics(), env.width, evaluator_for(DeviceConfig(), JudgeConfig()))
+        pool = itertools.cycle([factory() for _ in range(size)])
+        _WORKER_ENVS[(env, size)] = lambda: next(pool)
+    return _WORKER_ENVS[(env, size)]
+
+
+def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None) -> dict[str, list[EpisodeResult]]:
+    """:func:`evaluate_policy` of ``job``'s checkpoint, on ``env_factory`` (default: this process's simulated devices)."""
+    agent: Policy = load_agent(job.checkpoint, job.cfg, job.seed)
+    if job.skill is not None:
+        agent = ExpertSkill(agent, job.skill)
+    if env_factory is None:
+        env_factory = _worker_envs(job.env, min(job.cfg.n_envs, max(map(len, job.tasks.values()))))
+    return evaluate_policy(agent, job.tasks, job.cfg, job.env, seed=job.seed, env_factory=env_factory,
+                           screen_text=job.screen_text, name=job.name)  # fmt: skip
+
+
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             variants: Sequence[str] = (), devices: DeviceConfig | None = None,
-             judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
+             variants: Sequence[str] = (), devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
+             workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
 
     Every policy for every seed, so that each comparison pairs the same
     seeds. Variants are Digi-Q with changes beyond the paper (``digiq_cql``...):
     their rows stand beside the main ones, compared as "variant - digiq" like
-    the ablations. The train-task columns cover the rows of eval.json only;
-    the expert-skill diagnostic the protocol's first 96 test tasks.
+    the ablations. The train-task columns cover the paper's rows (the base
+    and ``main``); the expert-skill diagnostic the protocol's first 96 test tasks.
 
     On ``devices`` (default: the in-process simulator); success on a real
     emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
-    Returns every policy's summary (:func:`summarize`) per task set.
+    On the simulator the (policy, seed) evaluations are shared among
+    ``workers`` processes (:mod:`digiq.workers`); real devices are stepped
+    from this process. Returns every policy's summary (:func:`summarize`) per task set.
     """
     devices = devices or DeviceConfig()
     table_rows = ["base", *main, *variants]  # the rows of eval.json; the ablations go to ablations.json
@@ -235,34 +276,36 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
             require("eval", _checkpoint(paths, p, s) / "config.json")
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
-    runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in TASK_SETS} for p in policies}
-    train_runs: dict[str, dict[str, list[list[EpisodeResult]]]] = {p: {ts: [] for ts in held_in} for p in table_rows}
+    train_rows = ["base", *main] if held_in else []
     timing: dict[str, Any] = {}
     # Every policy here descends from the base: its prompts read the screen when the base's did.
     screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
+
+    def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str, skill: str | None = None) -> EvalJob:
+        return EvalJob(_checkpoint(paths, policy, seed), name, seed, listed, cfg, env, screen_text, skill)
+
+    # Each job reloads its checkpoint on its seed's own stream, so the train runs draw apart from the test runs.
+    jobs = [job(p, s, tasks, p) for s in range(seeds) for p in policies]
+    jobs += [job(p, s, held_in, f"{p} train") for s in range(seeds) for p in train_rows]
+    on_sim = devices.backend == "sim"
+    skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
+    if on_sim:
+        protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
+        jobs += [job("base", 0, protocol, f"base + expert {skill}", skill) for skill in cfg.expert_skills]
     longest = max(map(len, [*tasks.values(), *held_in.values()]))
-    with timed(timing), device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, longest)) as pool:
-
-        def run(agent: Policy, name: str, seed: int, listed: Mapping[str, Sequence[Task]]) -> dict[str, list[EpisodeResult]]:  # fmt: skip
-            return evaluate_policy(agent, listed, cfg, env, seed=seed, env_factory=pool, screen_text=screen_text,
-                                   name=name)  # fmt: skip
-
-        for s in range(seeds):
-            for policy in policies:
-                for ts, r in run(load_agent(_checkpoint(paths, policy, s), cfg, s), policy, s, tasks).items():
-                    runs[policy][ts].append(r)
-                if held_in and policy in train_runs:  # reloaded on the seed's own stream: apart from the test draws
-                    train = run(load_agent(_checkpoint(paths, policy, s), cfg, s), f"{policy} train", s, held_in)
-                    for ts, r in train.items():
-                        train_runs[policy][ts].append(r)
-        skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
-        if devices.backend == "sim":
-            protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
-            skills = {"policy": "base", "seed": 0,
-                      "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
-            for skill in cfg.expert_skills:
-                lent = ExpertSkill(load_agent(paths.base_policy, cfg, 0), skill)
-                skills[skill] = {ts: seed_metrics(r) for ts, r in run(lent, f"base + expert {skill}", 0, protocol).items()}
+    with timed(timing):
+        if on_sim and workers > 1:
+            results = map_jobs(evaluate_job, jobs, workers)
+        else:
+            with device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, longest)) as pool:
+                results = [evaluate_job(j, pool) for j in jobs]
+    done = dict(zip([(j.name, j.seed) for j in jobs], results, strict=True))
+    runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
+    if on_sim:
+        skills = {"policy": "base", "seed": 0,
+                  "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
+        for skill in cfg.expert_skills:
+            skills[skill] = {ts: seed_metrics(r) for ts, r in done[(f"base + expert {skill}", 0)].items()}
     summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
     write_metrics(paths, "eval", {p: summary[p] for p in table_rows})
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
@@ -275,14 +318,15 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     write_metrics(paths, "skills", skills)
     if held_in:
         train_summary: dict[str, Any] = {
-            p: {ts: summarize(r) for ts, r in sets.items()} for p, sets in train_runs.items()
+            p: {ts: summarize([done[(f"{p} train", s)][ts] for s in range(seeds)]) for ts in held_in}
+            for p in train_rows
         }
     else:
         train_summary = {
             "off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"
         }
     write_metrics(paths, "eval_train", train_summary)
-    write_metrics(paths, "eval_timing", timing)
+    write_metrics(paths, "eval_timing", {**timing, "workers": workers if on_sim else 1})
     return summary
 
 

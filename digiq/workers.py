@@ -1,0 +1,65 @@
+"""Independent jobs spread over CPU processes: one critic fit, one actor fit, one policy's evaluation on one seed.
+
+Stages 05-07 repeat the same work for every (row, seed) pair, and the pairs
+share nothing but their inputs on disk. The models are small, so two torch
+threads in one process leave much of a second core idle, while two
+one-thread processes keep both busy (``benchmarks/workers.py`` measures the
+ratio). With ``compute.workers`` N > 1 a stage hands its jobs to N spawned
+processes of ``cpu_count // N`` threads each; with 1 they run here, in order.
+
+A job must be a picklable value and its function a module-level one; it
+seeds itself, so its result does not depend on the process it lands in
+(float sums may differ in their last bits with the thread count, as they do
+between machines). Results come back in job order. A job that fails raises
+its error here, after the jobs already running have finished.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+import torch
+
+__all__ = ["map_jobs", "threads_per_worker", "in_worker"]
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+_IN_WORKER = False
+
+
+def threads_per_worker(workers: int) -> int:
+    """Torch threads for each of ``workers`` processes: the machine's cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def in_worker() -> bool:
+    """Whether this process is one of :func:`map_jobs`'s workers (which keep per-process caches)."""
+    return _IN_WORKER
+
+
+def _start_worker(threads: int) -> None:
+    global _IN_WORKER
+    _IN_WORKER = True
+    torch.set_num_threads(threads)
+
+
+def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int) -> list[R]:
+    """``[fn(job) for job in jobs]``, over ``workers`` processes when there is more than one job and worker.
+
+    Processes are spawned, not forked: a fork copies torch's thread pools in
+    whatever state they are, and a notebook kernel's too.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 or len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    n = min(workers, len(jobs))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(n, mp_context=context, initializer=_start_worker,
+                             initargs=(threads_per_worker(n),)) as pool:  # fmt: skip
+        return list(pool.map(fn, jobs))

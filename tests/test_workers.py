@@ -1,0 +1,58 @@
+"""``digiq.workers``: jobs in worker processes give what they give in the stage's own process, in job order."""
+
+import pytest
+import torch
+
+from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.env.taskgen import generate_tasks
+from digiq.env.tasks import parse_task
+from digiq.evaluate import EvalJob, device_pool, evaluate_job
+from digiq.paths import Paths
+from digiq.workers import map_jobs, threads_per_worker
+
+WIDTH = 108
+
+
+def _draws(seed: int) -> list[int]:
+    """A job that seeds itself and samples, as each critic, actor and evaluation job does."""
+    torch.manual_seed(seed)
+    x = torch.randn(64, 64)
+    return torch.multinomial(torch.softmax(x @ x.T / 8, -1), 1)[:, 0].tolist()
+
+
+def test_seeded_jobs_draw_the_same_in_workers_and_come_back_in_order():
+    seeds = [3, 1, 4, 1, 5]
+    here = [_draws(s) for s in seeds]
+    assert len({tuple(d) for d in here}) == 4  # the draws differ by seed: equality below is not vacuous
+    assert map_jobs(_draws, seeds, workers=2) == here
+
+
+def _jobs(checkpoint, n_tasks: int = 4) -> list[EvalJob]:
+    tasks = {ts: [parse_task(t, ts) for t in generate_tasks(ts, "test", n_tasks)] for ts in ("general", "webshop")}
+    cfg = EvalConfig(n_envs=3, seed=7, temperature=0.8)
+    return [EvalJob(checkpoint, f"seed {s}", s, tasks, cfg, EnvConfig(width=WIDTH), False) for s in (0, 1)]
+
+
+def test_evaluations_in_workers_match_the_stage_s_process(values_root):
+    """Stage 07's jobs on the untrained tiny base: workers make their own simulated devices, episodes in list order."""
+    jobs = _jobs(Paths(values_root).base_policy)
+    with device_pool(DeviceConfig(), EnvConfig(width=WIDTH), JudgeConfig(), 3) as pool:
+        here = [evaluate_job(job, pool) for job in jobs]
+    there = map_jobs(evaluate_job, jobs, workers=2)
+    assert there == here  # every episode: its task, success and number of steps
+    assert [r.index for r in there[1]["webshop"]] == list(range(4))
+    assert [r.task for r in there[0]["general"]] == [t.instruction for t in jobs[0].tasks["general"]]
+
+
+def test_a_failing_job_raises_its_error_here(values_root, tmp_path):
+    good, _ = _jobs(Paths(values_root).base_policy, n_tasks=1)
+    bad = EvalJob(tmp_path / "no_checkpoint", "missing", 0, good.tasks, good.cfg, good.env, False)
+    with pytest.raises(FileNotFoundError, match="no_checkpoint"):
+        map_jobs(evaluate_job, [good, bad], workers=2)
+
+
+def test_worker_counts_are_checked_and_share_the_cores():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        map_jobs(len, ["a"], workers=0)
+    assert map_jobs(len, ["a", "bb"], workers=1) == [1, 2]
+    assert threads_per_worker(1) >= threads_per_worker(2) >= 1 and threads_per_worker(10**6) == 1
