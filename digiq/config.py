@@ -475,7 +475,8 @@ class ActorConfig:
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
     threshold_webshop: float = _help("the same for Web Shopping", 0.05)
-    epochs: int = _help("passes over the kept actions", 3)
+    updates: int = _help("optimizer steps of each policy's fit: every method gets the same budget, however many "
+                         "rows it keeps", 80)
     batch_size: int = _help("rows per step", 32)
     lr: float = _help("learning rate", 0.0005)
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
@@ -488,6 +489,10 @@ class ActorConfig:
         "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
     )
     seed: int = _help("seed", 5)
+
+    def __post_init__(self) -> None:
+        if self.updates < 1:
+            raise ValueError(f"updates must be >= 1, got {self.updates}")
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""

@@ -57,11 +57,11 @@ def write_metrics(paths: Paths, stage: str, metrics: dict[str, Any]) -> Path:
 
 
 @contextmanager
-def timed(metrics: dict[str, Any]) -> Iterator[None]:
-    """Record the block's wall time as ``metrics["wall_time_s"]``."""
+def timed(metrics: dict[str, Any], key: str = "wall_time_s") -> Iterator[None]:
+    """Record the block's wall time as ``metrics[key]``."""
     t0 = time.perf_counter()
     yield
-    metrics["wall_time_s"] = round(time.perf_counter() - t0, 2)
+    metrics[key] = round(time.perf_counter() - t0, 2)
 
 
 def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylabel: str = "loss") -> Path:

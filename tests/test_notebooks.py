@@ -29,7 +29,7 @@ TINY = {
     "vlm_finetune": {"epochs": 1, "hidden": 64},
     "critic": {"epochs": 2, "hidden": 64},
     "actor": {
-        "epochs": 1,
+        "updates": 3,
         "k_candidates": 4,
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,

@@ -102,7 +102,7 @@ TINY = {
     "base_policy": {"demo_tasks": 8, "demo_tasks_webshop": None, "epochs": 1, "d_model": 64},
     "critic": {"epochs": 2, "hidden": 32, "tap_targets": False, "list_entries": False, "typed_match": True},
     "actor": {
-        "epochs": 1,
+        "updates": 3,
         "k_candidates": 3,
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,

@@ -1,13 +1,20 @@
 """``digiq.workers``: jobs in worker processes give what they give in the stage's own process, in job order."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.evaluate import EvalJob, device_pool, evaluate_job
+from digiq.models.critic import Critic
 from digiq.paths import Paths
+from digiq.stage import run_stage
+from digiq.train.critic import from_params as critic_stage
 from digiq.workers import map_jobs, threads_per_worker
 
 WIDTH = 108
@@ -56,3 +63,32 @@ def test_worker_counts_are_checked_and_share_the_cores():
         map_jobs(len, ["a"], workers=0)
     assert map_jobs(len, ["a", "bb"], workers=1) == [1, 2]
     assert threads_per_worker(1) >= threads_per_worker(2) >= 1 and threads_per_worker(10**6) == 1
+
+
+def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
+    shutil.copytree(values_root, dest)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["compute"] = {"workers": workers}
+    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})
+    params["experiment"]["seeds"] = 2
+    params["ablations"]["untuned_vlm"] = False
+    params["variants"] = {"digiq_cql": params["variants"]["digiq_cql"]}
+    (dest / "params.yaml").write_text(yaml.safe_dump(params))
+    return Paths(dest)
+
+
+def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_path):
+    """Four critics (two rows, two seeds) fitted in two worker processes: the stage's metrics and weights."""
+    one, two = (_critic_root(values_root, tmp_path / name, w) for name, w in (("one", 1), ("two", 2)))
+    m1, m2 = (run_stage(critic_stage, p, p.root / "params.yaml") for p in (one, two))
+    assert set(m1["by_critic"]) == {"digiq", "digiq_cql"}
+    for key in ("wall_time_s",):
+        m1.pop(key), m2.pop(key)
+    assert m2 == m1
+    for seed in (0, 1):
+        for row in ("digiq", "digiq_cql"):
+            a, b = Critic.load(one.critic(seed, row)).state_dict(), Critic.load(two.critic(seed, row)).state_dict()
+            for name, w in a.items():
+                torch.testing.assert_close(b[name], w, atol=1e-5, rtol=1e-5, msg=f"{row} seed {seed} {name}")
+    seed0, seed1 = (next(iter(Critic.load(one.critic(s)).state_dict().values())) for s in (0, 1))
+    assert not torch.equal(seed0, seed1)  # each job seeds itself: the seeds' critics differ

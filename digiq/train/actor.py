@@ -15,13 +15,15 @@ log-likelihood; they differ only in which (state, action) rows they imitate:
   on the features of the VLM without the stage-03 fine-tune
   (``digiq_untuned``), and on a perfect critic's picks.
 
-Each is trained once per seed, every seed alike. The oracle diagnostic (:mod:`digiq.oracle`)
+Each is trained once per seed, every seed alike, for the same number of
+optimizer steps (``actor.updates``) whatever the number of rows it keeps. The oracle diagnostic (:mod:`digiq.oracle`)
 checks the critic's ranking of candidates against their true values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,6 +39,7 @@ from digiq.config import (
     AblationsConfig,
     ActorConfig,
     CollectConfig,
+    ComputeConfig,
     DeviceConfig,
     EnvConfig,
     ExperimentConfig,
@@ -76,8 +79,9 @@ from digiq.train.critic_inputs import inputs_for
 from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
+from digiq.workers import map_jobs
 
-__all__ = ["from_params", "run_actor", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
+__all__ = ["from_params", "run_actor", "ActorFitJob", "fit_actor_job", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
@@ -284,9 +288,43 @@ def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect: CollectConfig, gam
     return sample
 
 
+class ActorFitJob(NamedTuple):
+    """One policy of stage 06: the base policy fit on a method's ``rows`` for seed ``seed`` (``fit_seed`` seeds it)."""
+
+    paths: Paths
+    name: str
+    seed: int
+    fit_seed: int
+    rows: list[FitRow]
+    cfg: ActorConfig
+
+
+# A process's screenshots at the policy's input size, loaded on its first fit and emptied when the stage ends.
+_SCREENS: dict[Path, dict[str, torch.Tensor]] = {}
+
+
+def fit_actor_job(job: ActorFitJob) -> list[float]:
+    """Fit and save one policy (the base itself where the method kept no row); its loss curve."""
+    model = AutoUIPolicy.load(job.paths.base_policy)
+    curve = []
+    if job.rows:
+        if job.paths.root not in _SCREENS:
+            store = TrajectoryStore(job.paths.offline)
+            _SCREENS[job.paths.root] = load_screens(model, store, store.read().column("image_path").to_pylist())
+        curve = fit_policy(model, job.rows, _SCREENS[job.paths.root], updates=job.cfg.updates,
+                           batch_size=job.cfg.batch_size, lr=job.cfg.lr, seed=job.fit_seed,
+                           desc=f"fit {job.name} (seed {job.seed})")  # fmt: skip
+    if parallel.is_main():
+        model.save(job.paths.actor(job.name, job.seed), stage="actor", method=job.name, seed=job.fit_seed,
+                   kept=len(job.rows))  # fmt: skip
+    return [p["loss"] for p in curve]
+
+
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
-              collect: CollectConfig, variants: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+              collect: CollectConfig, variants: Sequence[str] = (), workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Train every policy (the paper's comparison, the named ``variants``, the ablations) for every seed.
+
+    The fits, all with the same number of updates, are shared among ``workers`` processes (:mod:`digiq.workers`).
 
     Writes ``metrics/actor.json`` and ``metrics/oracle.json``.
     """
@@ -297,6 +335,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     main, named, extra = policy_names(ablations, variants)
     metrics: dict[str, Any] = {}
     oracle_metrics: dict[str, Any] = {}
+    parts: dict[str, float] = {}
     with timed(metrics):
         store = TrajectoryStore(paths.offline)
         steps = store.read().to_pandas()
@@ -312,11 +351,11 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         # The paper's critic inputs on each VLM's features: what the probes read.
         by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
         base = AutoUIPolicy.load(paths.base_policy)
-        screens = load_screens(base, store, steps.image_path.tolist())
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         # The oracle diagnostic only feeds metrics: the main process computes it, alone.
         oracle_on = cfg.oracle_states > 0 and parallel.is_main()
-        sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, base, store) if oracle_on else None
+        with timed(parts, "oracle_values"):
+            sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, base, store) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
         if sample is not None:  # what the critic's inputs allow, whatever the critic: once per VLM, not per seed
             for vlm, f in by_vlm.items():
@@ -339,7 +378,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         right = kinds = None
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         if ablations.perfect_critic or oracle_on:
-            right, kinds = _expert_matrix(env, collect.seed, steps, cands)
+            with timed(parts, "expert_matrix"):
+                right, kinds = _expert_matrix(env, collect.seed, steps, cands)
             metrics["expert_support"] = support_report(right, steps.task_set.to_numpy(), steps.family.to_numpy())
             metrics["expert_support_by_kind"] = support_report(right, steps.task_set.to_numpy(), kinds)
         # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
@@ -358,6 +398,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         task_sets = steps.task_set.to_numpy()
         curves: dict[str, list[float]] = {}
         reports, expert_reports, critic_q = [], [], []
+        fits: list[ActorFitJob] = []  # every (method, seed) fit, run once all seeds' rows are picked
         for s in range(seeds):
             seed = cfg.seed + s
             critics = {row: Critic.load(paths.critic(s, row)) for row in critic_rows}
@@ -379,13 +420,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                         digiq_kept[picks.states] += 1
                         digiq_right[picks.states] += right[picks.states, picks.columns]
                 kept[name].append(len(rows))
-                model = AutoUIPolicy.load(paths.base_policy)
-                curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                                   seed=seed, desc=f"fit {name} (seed {s})") if rows else []  # fmt: skip
-                if parallel.is_main():
-                    model.save(paths.actor(name, s), stage="actor", method=name, seed=seed, kept=len(rows))
-                if s == 0 and curve:
-                    curves[name] = [p["loss"] for p in curve]
+                fits.append(ActorFitJob(paths, name, s, seed, rows, cfg))
             if sample is not None:  # Q of every stored state's candidates, from each VLM's critic
                 q = {row: _all_q(critic, feats[row]) for row, critic in critics.items()}
                 critic_q.append(q["digiq"])
@@ -398,7 +433,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 expert_reports.append(expert_pick_report(right, valid, {**picks, **expert_probes,
                                                                         "taken_action": _taken(valid)},
                                                          steps.task_set.to_numpy()))  # fmt: skip
+        try:
+            with timed(parts, "fits"):
+                losses = map_jobs(fit_actor_job, fits, workers)
+        finally:
+            _SCREENS.clear()
+        curves.update({job.name: curve for job, curve in zip(fits, losses, strict=True) if job.seed == 0 and curve})
     metrics["states"] = len(steps)
+    metrics["part_time_s"] = parts  # where the stage's time went: the diagnostics' share of it
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
@@ -479,4 +521,5 @@ def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
                          "real devices")  # fmt: skip
     return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
                      ablations=ablations, env=load_section(EnvConfig, "env", params),
-                     collect=load_section(CollectConfig, "collect", params), variants=list(load_variants(params)))  # fmt: skip
+                     collect=load_section(CollectConfig, "collect", params), variants=list(load_variants(params)),
+                     workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

@@ -27,7 +27,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import UNTUNED_ROW, AblationsConfig, CriticConfig, ExperimentConfig, load_section, load_variants
+from digiq.config import (
+    UNTUNED_ROW,
+    AblationsConfig,
+    ComputeConfig,
+    CriticConfig,
+    ExperimentConfig,
+    load_section,
+    load_variants,
+)
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
@@ -35,8 +43,9 @@ from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
 from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.train.vlm_finetune import split_trajectories
+from digiq.workers import map_jobs
 
-__all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
+__all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "CriticJob", "fit_critic_job", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
 
 
 def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
@@ -253,8 +262,60 @@ def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], untune
     return specs
 
 
-def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1) -> dict[str, Any]:
-    """One critic per (row, seed): ``data/models/critic/seed<s>/<row>``.
+class CriticJob(NamedTuple):
+    """One critic of stage 05: a row's spec on one seed (``seed`` counts from 0; the fit's is ``cfg.seed + seed``)."""
+
+    paths: Paths
+    row: str
+    spec: CriticSpec
+    seed: int
+
+
+# A process's critic inputs and conservative-term masks, built once per distinct set of inputs and
+# emptied when the stage ends, so that a notebook's next run reads the files again.
+_INPUTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
+    cfg = spec.cfg
+    key = ("inputs", paths.root, spec.vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match, cfg.list_entries)
+    if key not in _INPUTS:
+        _INPUTS[key] = critic_inputs(paths, spec.vlm, text=cfg.text_features, targets=cfg.tap_targets,
+                                     typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+    return _INPUTS[key]
+
+
+def _scored(paths: Paths, targets: bool) -> np.ndarray:
+    key = ("scored", paths.root, targets)
+    if key not in _INPUTS:
+        _INPUTS[key] = scored_candidates(paths, targets)
+    return _INPUTS[key]
+
+
+def _steps(paths: Paths) -> pd.DataFrame:
+    columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
+    return TrajectoryStore(paths.offline).read().select(columns).to_pandas()
+
+
+def fit_critic_job(job: CriticJob) -> dict[str, Any]:
+    """Fit and save one critic; its held-out correlation, TD fit, training rows and (seed 0) loss curves."""
+    paths, (vlm, cfg) = job.paths, job.spec
+    steps, feats = _steps(paths), _inputs(paths, job.spec)
+    if len(steps) != feats["state"].shape[0]:
+        raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
+                        f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
+    scored = _scored(paths, cfg.tap_targets) if cfg.conservative > 0 else None
+    fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
+    if parallel.is_main():
+        fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
+                           seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
+    return {"corr": round(fit["corr"], 4), "fit": {k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")},
+            "train_rows": fit["train_rows"], "train": fit["train"], "heldout": fit["heldout"],
+            "curves": fit["curves"] if job.seed == 0 else {}}  # fmt: skip
+
+
+def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, workers: int = 1) -> dict[str, Any]:
+    """One critic per (row, seed): ``data/models/critic/seed<s>/<row>``, the fits shared among ``workers`` processes.
 
     Metrics at the top level are Digi-Q's critic's; ``by_critic`` holds every critic's held-out
     V-vs-return correlation and TD fit per seed.
@@ -263,44 +324,30 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1) -> di
         require("critic", paths.features(spec.vlm))
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
-        steps = TrajectoryStore(paths.offline).read().select(columns).to_pandas()
-        scored: dict[bool, np.ndarray] = {}  # the conservative term's candidate mask, by tap_targets
-        curves: dict[str, list[float]] = {}
-        by_critic: dict[str, Any] = {}
-        inputs: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}  # built once per distinct set of inputs
-        for name, (vlm, cfg) in specs.items():
-            key = (vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match, cfg.list_entries)
-            if key not in inputs:
-                inputs[key] = critic_inputs(paths, vlm, text=cfg.text_features, targets=cfg.tap_targets,
-                                            typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
-            feats = inputs[key]
-            if len(steps) != feats["state"].shape[0]:
-                raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
-                                f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
-            if cfg.conservative > 0 and cfg.tap_targets not in scored:
-                scored[cfg.tap_targets] = scored_candidates(paths, cfg.tap_targets)
-            corrs, fits, trained = [], [], []
-            for seed in range(seeds):
-                fit = fit_critic(cfg, feats, steps, cfg.seed + seed, scored.get(cfg.tap_targets))
-                if parallel.is_main():
-                    fit["critic"].save(paths.critic(seed, name), stage="critic", row=name, vlm=vlm,
-                                       seed=cfg.seed + seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
-                corrs.append(round(fit["corr"], 4))
-                trained.append((fit["critic"], fit["train_rows"]))
-                fits.append({k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")})
-                if seed == 0:
-                    curves.update({f"{loss} loss ({name})": c for loss, c in fit["curves"].items()})
-                    if name == "digiq":
-                        metrics.update({"transitions_train": fit["train"], "transitions_heldout": fit["heldout"]})
-                        metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
-                                        for loss, c in fit["curves"].items()})  # fmt: skip
-            by_critic[name] = {"vlm": vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
-                               "v_mc_return_corr_heldout_per_seed": corrs, "td_fit_per_seed": fits}  # fmt: skip
-            if name == "digiq":
-                metrics["v_mc_return_corr_heldout"] = by_critic[name]["v_mc_return_corr_heldout"]
-                metrics["rewarded_steps"] = rewarded_fit(trained, feats, steps)
-        metrics["by_critic"] = by_critic
+        jobs = [CriticJob(paths, row, spec, seed) for row, spec in specs.items() for seed in range(seeds)]
+        try:
+            fits = dict(zip([(j.row, j.seed) for j in jobs], map_jobs(fit_critic_job, jobs, workers), strict=True))
+            curves: dict[str, list[float]] = {}
+            by_critic: dict[str, Any] = {}
+            for row, spec in specs.items():
+                mine = [fits[(row, seed)] for seed in range(seeds)]
+                curves.update({f"{loss} loss ({row})": c for loss, c in mine[0]["curves"].items()})
+                corrs = [f["corr"] for f in mine]
+                by_critic[row] = {"vlm": spec.vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
+                                  "v_mc_return_corr_heldout_per_seed": corrs,
+                                  "td_fit_per_seed": [f["fit"] for f in mine]}  # fmt: skip
+            paper = fits[("digiq", 0)]
+            metrics.update({"transitions_train": paper["train"], "transitions_heldout": paper["heldout"],
+                            "v_mc_return_corr_heldout": by_critic["digiq"]["v_mc_return_corr_heldout"]})  # fmt: skip
+            metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
+                            for loss, c in paper["curves"].items()})  # fmt: skip
+            parallel.barrier()  # the main process saved the critics
+            trained = [(Critic.load(paths.critic(seed, "digiq")), fits[("digiq", seed)]["train_rows"])
+                       for seed in range(seeds)]  # fmt: skip
+            metrics["rewarded_steps"] = rewarded_fit(trained, _inputs(paths, specs["digiq"]), _steps(paths))
+            metrics["by_critic"] = by_critic
+        finally:
+            _INPUTS.clear()
     if parallel.is_main():
         save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
         write_metrics(paths, "critic", metrics)
@@ -312,4 +359,5 @@ def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
     specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
                          load_section(AblationsConfig, "ablations", params).untuned_vlm)  # fmt: skip
-    return run_critic(specs, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds)
+    return run_critic(specs, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+                      workers=load_section(ComputeConfig, "compute", params).workers)

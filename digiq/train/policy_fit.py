@@ -53,25 +53,31 @@ def fit_policy(
     rows: Sequence[FitRow],
     screens: dict[str, torch.Tensor],
     *,
-    epochs: int,
+    epochs: int | None = None,
+    updates: int | None = None,
     batch_size: int,
     lr: float,
     seed: int,
     desc: str = "fit policy",
 ) -> list[dict[str, float]]:
-    """Train in place; returns the loss curve (one point per optimizer step).
+    """Train in place for ``epochs`` passes over ``rows`` or ``updates`` optimizer steps; returns the loss curve.
 
-    Under ``accelerate launch`` each process takes its share of every batch
-    and the gradients are averaged (:mod:`digiq.parallel`): the same steps as
-    one process on the whole batch.
+    A fixed number of ``updates`` gives every method the same training
+    budget whatever the number of rows it keeps (stage 06); the rows are
+    reshuffled each time they run out. Under ``accelerate launch`` each
+    process takes its share of every batch and the gradients are averaged
+    (:mod:`digiq.parallel`): the same steps as one process on the whole batch.
+    The curve has one point per optimizer step.
     """
     if not rows:
         raise ValueError(f"{desc}: no training rows")
+    if (epochs is None) == (updates is None):
+        raise ValueError(f"{desc}: give epochs or updates, not {'both' if epochs is not None else 'neither'}")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.to(parallel.device())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    total = epochs * ((len(rows) + batch_size - 1) // batch_size)
+    total = updates if updates is not None else epochs * ((len(rows) + batch_size - 1) // batch_size)
     # torch's OneCycleLR divides by warm-up share x steps - 1, which is 0 for a fit of exactly 10 steps at 0.1.
     warm_up = 0.1 if total != 10 else 0.15
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=warm_up)
@@ -79,9 +85,12 @@ def fit_policy(
     model.train()
     order = list(range(len(rows)))
     bar = tqdm(total=total, desc=desc, leave=False, disable=not parallel.is_main())
-    for epoch in range(epochs):
+    epoch = 0
+    while len(curve) < total:
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
+            if len(curve) == total:
+                break
             batch = [rows[i] for i in order[start : start + batch_size]]
             opt.zero_grad()
             loss = parallel.backward_share(batch, lambda mine: {"loss": _loss(model, mine, screens)},
@@ -92,6 +101,7 @@ def fit_policy(
             curve.append({"step": len(curve), "epoch": epoch, "loss": loss})
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}")
+        epoch += 1
     bar.close()
     model.eval()
     return curve
