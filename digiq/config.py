@@ -352,12 +352,13 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (05-07)."""
+    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-07)."""
 
     processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
-    workers: int = _help("CPU processes that share stages 05-07's independent (row, seed) fits and, on the "
-                         "simulator, evaluations (digiq.workers; 1: all in the stage's own process)", 1)
+    workers: int = _help("CPU processes that share stages 04-07's independent jobs: the two VLMs' features, the "
+                         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
+                         "stage's own process)", 2)
 
     def __post_init__(self) -> None:
         if self.processes < 1:

@@ -58,6 +58,7 @@ import torch
 
 from digiq.config import (
     PARAMS,
+    ComputeConfig,
     DeviceConfig,
     EnvConfig,
     EvalConfig,
@@ -376,7 +377,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
     the stage's checkpoints on the stage's task lists give the stage's figures.
     One ``--policy`` folder runs on every seed; several (one per seed, as
-    stage 06 trains them) run seed ``s`` with the ``s``-th folder.
+    stage 06 trains them) run seed ``s`` with the ``s``-th folder. On the
+    simulator the seeds are shared among ``--workers`` processes (default:
+    the params' ``compute.workers``), as stage 07 shares its evaluations.
     Bad input (a missing checkpoint or task file, a file with no parseable
     line) exits with status 2 and a message naming it.
     """
@@ -393,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="seeds 0..N-1 (devices and sampling, as stage 07's); default: the params' experiment.seeds")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes sharing the seeds on the simulator; default: the params' compute.workers")  # fmt: skip
     ap.add_argument("--on-devices", action="store_true",
                     help="step the params' devices backend (judge: its judge group) instead of the in-process simulator")  # fmt: skip
     args = ap.parse_args(argv)
@@ -409,8 +414,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         devices = load_section(DeviceConfig, "devices", params, args.params) if args.on_devices else DeviceConfig()
         judge = load_section(JudgeConfig, "judge", params, args.params)
         experiment = load_section(ExperimentConfig, "experiment", params, args.params)
+        workers = args.workers if args.workers is not None else load_section(ComputeConfig, "compute", params,
+                                                                              args.params).workers  # fmt: skip
     except (FileNotFoundError, ValueError) as e:  # a ConfigError is a ValueError
         ap.error(str(e))
+    if workers < 1:
+        ap.error(f"--workers must be >= 1, got {workers}")
     seeds = args.seeds if args.seeds is not None else experiment.seeds if len(args.policy) == 1 else len(args.policy)
     if seeds < 1:
         ap.error(f"--seeds must be >= 1, got {seeds}")
@@ -424,15 +433,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not tasks:
         ap.error(f"--tasks {args.tasks}: none of its {len(unparsed)} instruction(s) parses")
 
-    runs: dict[str, list[list[EpisodeResult]]] = {ts: [] for ts in tasks}
-    with device_pool(devices, env, judge, min(cfg.n_envs, max(map(len, tasks.values())))) as pool:
-        for s in range(seeds):
-            folder = args.policy[s % len(args.policy)]
-            screen_text = bool(read_config(folder, "policy").get("screen_text", False))
-            results = evaluate_policy(load_agent(folder, cfg, s), tasks, cfg, env, seed=s, env_factory=pool,
-                                      screen_text=screen_text, name=folder.name)  # fmt: skip
-            for ts, r in results.items():
-                runs[ts].append(r)
+    jobs = []
+    for s in range(seeds):
+        folder = args.policy[s % len(args.policy)]
+        screen_text = bool(read_config(folder, "policy").get("screen_text", False))
+        jobs.append(EvalJob(folder, folder.name, s, tasks, cfg, env, screen_text))
+    if devices.backend == "sim" and workers > 1:
+        results = map_jobs(evaluate_job, jobs, workers)
+    else:
+        with device_pool(devices, env, judge, min(cfg.n_envs, max(map(len, tasks.values())))) as pool:
+            results = [evaluate_job(job, pool) for job in jobs]
+    runs = {ts: [r[ts] for r in results] for ts in tasks}
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
     report.update({
         "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},

@@ -1,7 +1,7 @@
-"""Independent jobs spread over CPU processes: one critic fit, one actor fit, one policy's evaluation on one seed.
+"""Independent jobs spread over CPU processes: one VLM's features, one critic or actor fit, one evaluation.
 
-Stages 05-07 repeat the same work for every (row, seed) pair, and the pairs
-share nothing but their inputs on disk. The models are small, so two torch
+Stages 04-07 repeat the same work for each VLM or each (row, seed) pair,
+and the jobs share nothing but their inputs on disk. The models are small, so two torch
 threads in one process leave much of a second core idle, while two
 one-thread processes keep both busy (``benchmarks/workers.py`` measures the
 ratio). With ``compute.workers`` N > 1 a stage hands its jobs to N spawned

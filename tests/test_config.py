@@ -5,7 +5,9 @@ import yaml
 
 from digiq.config import (
     PARAMS,
+    ActorConfig,
     BasePolicyConfig,
+    ComputeConfig,
     ConfigError,
     EnvConfig,
     EvalConfig,
@@ -37,12 +39,16 @@ def test_repository_params_load():
         ({"base_policy": {"start_in_app": 1.2}}, "start_in_app is a probability in [0, 1], got 1.2"),
         ({"base_policy": {"copy_augment": -0.1}}, "copy_augment is a probability in [0, 1], got -0.1"),
         ({"base_policy": {"demo_family_min": -1}}, "demo_family_min must be >= 0, got -1"),
+        ({"compute": {"workers": 0}}, "workers must be >= 1, got 0"),
+        ({"compute": {"workers": 2, "processes": 2}}, "either shares its jobs among workers or each job's batches"),
+        ({"actor": {"updates": 0}}, "updates must be >= 1, got 0"),
     ],
 )
 def test_bad_values_name_the_key(group, needle):
     section = next(iter(group))
+    configs = {"env": EnvConfig, "base_policy": BasePolicyConfig, "compute": ComputeConfig, "actor": ActorConfig}
     with pytest.raises(ConfigError) as e:
-        load_section({"env": EnvConfig, "base_policy": BasePolicyConfig}[section], section, group)
+        load_section(configs[section], section, group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
 
 

@@ -132,7 +132,9 @@ def test_report_puts_the_paper_s_first_96_beside_the_whole_list(tmp_path):
 @pytest.fixture(scope="module")
 def params_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("params") / "params.yaml"
-    path.write_text(yaml.safe_dump({"eval": EVAL, "env": {"width": WIDTH}, "experiment": {"seeds": 2}}))
+    # One process: the stand-in expert is patched into this one, not into workers.
+    path.write_text(yaml.safe_dump({"eval": EVAL, "env": {"width": WIDTH}, "experiment": {"seeds": 2},
+                                    "compute": {"workers": 1}}))  # fmt: skip
     return path
 
 
@@ -158,12 +160,12 @@ def test_cli_runs_a_checkpoint_on_a_task_file_as_the_stage_does(stage, params_fi
         assert report[ts]["per_seed"] == ev[ts]["per_seed"] and report["outcomes"][ts] == outcomes[ts]
 
 
-def test_cli_as_a_module_with_one_task_set(stage, params_file, tmp_path):
+def test_cli_as_a_module_with_one_task_set_and_two_workers(stage, params_file, tmp_path):
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("What time is it in Copenhagen?\n\nGo to costco.com\nfly me to the moon\n")
     out = tmp_path / "general.json"
     proc = subprocess.run([sys.executable, "-m", "digiq.evaluate", "--policy", str(stage.base_policy), "--tasks",
-                           str(tasks), "--task-set", "general", "--seeds", "1", "--out", str(out),
+                           str(tasks), "--task-set", "general", "--seeds", "2", "--workers", "2", "--out", str(out),
                            "--params", str(params_file)], capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"{tasks}:4: cannot parse, skipped: fly me to the moon" in proc.stderr
@@ -172,8 +174,8 @@ def test_cli_as_a_module_with_one_task_set(stage, params_file, tmp_path):
     assert set(report) == {"general", "outcomes", "unparsed", "policy", "tasks_file", "seeds"}
     r = report["general"]  # the shopping line too: --task-set puts every line in General
     assert r["n_episodes"] == 2 and r["tasks_by_family"] == {"go_to_site": 1, "search": 1}
-    assert r["success_rate_std"] is None and len(r["per_seed"]) == 1 and 0.0 <= r["success_rate"] <= 1.0
-    assert report["unparsed"] == [{"line": 4, "text": "fly me to the moon"}] and report["seeds"] == 1
+    assert r["success_rate_std"] is not None and len(r["per_seed"]) == 2 and 0.0 <= r["success_rate"] <= 1.0
+    assert report["unparsed"] == [{"line": 4, "text": "fly me to the moon"}] and report["seeds"] == 2
 
 
 def _fails(args: list[str], capsys) -> str:

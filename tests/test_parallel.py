@@ -53,7 +53,7 @@ def test_two_processes_train_a_policy_and_a_vlm_as_one_process_does(tmp_path):
 def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["compute"] = {"processes": processes, "cpu": True}
+    params["compute"] = {"processes": processes, "cpu": True, "workers": 1}
     params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})  # 5 of 16: split 3/2
     params["experiment"]["seeds"] = 1
     params["ablations"]["untuned_vlm"] = False
@@ -77,7 +77,7 @@ def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, mo
 
 def test_a_failing_launched_stage_reports_its_error(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["compute"] = {"processes": 2, "cpu": True}
+    params["compute"] = {"processes": 2, "cpu": True, "workers": 1}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(
         RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"

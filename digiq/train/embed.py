@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -26,8 +26,9 @@ from digiq.models.vlm import ScreenVLM, draw_marker, question, state_question
 from digiq.paths import Paths
 from digiq.stagekit import require, timed, write_metrics
 from digiq.train.augment import read_candidates
+from digiq.workers import map_jobs
 
-__all__ = ["run_embed", "load_features", "FEATURE_FILES"]
+__all__ = ["run_embed", "EmbedJob", "embed_job", "load_features", "FEATURE_FILES"]
 
 FEATURE_FILES = ("state", "next_state", "candidates", "p_yes")
 
@@ -89,28 +90,45 @@ def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], c
     return pairs_per_s
 
 
-def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False) -> dict[str, Any]:
-    """Features from the fine-tuned VLM, and with ``untuned`` also from the VLM before stage 03 (an ablation)."""
+class EmbedJob(NamedTuple):
+    """The features of one VLM: ``finetuned`` (stage 03's) or ``untuned`` (the same VLM before it, an ablation)."""
+
+    paths: Paths
+    vlm: str
+    batch_size: int
+
+
+def embed_job(job: EmbedJob) -> float:
+    """Write one VLM's feature files; returns the pairs it embedded per second."""
+    vlm = ScreenVLM.load(job.paths.vlm)
+    if job.vlm == "untuned":
+        # The released LLaVA as published, or, for the tiny VLM, which has no pretraining, its fresh initialisation.
+        # Only that VLM stays: with both, LLaVA-7B's stage peaked at 34 GB on an H100.
+        vlm = vlm.fresh()
+    vlm.model.to(parallel.device())  # a GPU when there is one
+    store = TrajectoryStore(job.paths.offline)
+    steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
+    cands = read_candidates(job.paths).to_pylist()
+    return _embed_features(vlm, store, steps, cands, job.batch_size, job.paths.features(job.vlm))
+
+
+def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False, workers: int = 1) -> dict[str, Any]:
+    """Features from the fine-tuned VLM, and with ``untuned`` also from the VLM before stage 03 (an ablation).
+
+    On a CPU the two VLMs' features are ``workers`` jobs (:mod:`digiq.workers`); on a GPU, one after the other.
+    """
     require("embed", paths.vlm / "config.json", paths.candidates)
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        vlm = ScreenVLM.load(paths.vlm)
-        vlm.model.to(parallel.device())  # a GPU when there is one
-        store = TrajectoryStore(paths.offline)
-        steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
-        cands = read_candidates(paths).to_pylist()
-        if [(s["traj_id"], s["step_id"]) for s in steps] != [(c["traj_id"], c["step_id"]) for c in cands]:
+        steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id"]).to_pylist()
+        cands = read_candidates(paths).select(["traj_id", "step_id"]).to_pylist()
+        if steps != cands:
             raise DataError(
                 f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
             )
-        metrics["pairs_per_s"] = round(_embed_features(vlm, store, steps, cands, cfg.batch_size, paths.features()), 1)
-        if untuned:
-            # The same VLM before the Yes/No fine-tune: the released LLaVA as published, or, for the
-            # tiny VLM, which has no pretraining, its fresh initialisation.
-            raw = vlm.fresh()
-            del vlm  # one VLM on the GPU at a time: with both, LLaVA-7B's stage peaked at 34 GB on an H100
-            raw.model.to(parallel.device())
-            _embed_features(raw, store, steps, cands, cfg.batch_size, paths.features("untuned"))
+        jobs = [EmbedJob(paths, vlm, cfg.batch_size) for vlm in ("finetuned", "untuned")[: 1 + untuned]]
+        rates = map_jobs(embed_job, jobs, workers if parallel.device().type == "cpu" else 1)
+        metrics["pairs_per_s"] = round(rates[0], 1)
     feats = load_features(paths)
     metrics.update({"states": int(feats["candidates"].shape[0]), "candidates_per_state": int(feats["candidates"].shape[1]),
                     "feature_dim": int(feats["state"].shape[1]), "untuned_ablation": untuned})  # fmt: skip
