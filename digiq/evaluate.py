@@ -80,9 +80,9 @@ from digiq.oracle import ExpertSkill
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult, Policy, rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
-from digiq.workers import map_jobs
 from digiq.stats import comparisons, sample_std
 from digiq.train.policy_fit import ModelPolicy
+from digiq.workers import map_jobs
 
 __all__ = [
     "run_eval", "EvalJob", "evaluate_job", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
