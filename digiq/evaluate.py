@@ -82,10 +82,10 @@ from digiq.rollout import EpisodeResult, Policy, rollout, success_by
 from digiq.stagekit import read_tasks, require, timed, write_metrics
 from digiq.stats import comparisons, sample_std
 from digiq.train.policy_fit import ModelPolicy
-from digiq.workers import map_jobs
+from digiq.workers import map_jobs, process_cached
 
 __all__ = [
-    "run_eval", "EvalJob", "evaluate_job", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
+    "run_eval", "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
     "outcome_strings", "read_task_file", "train_tasks", "main",
 ]  # fmt: skip
 
@@ -229,16 +229,15 @@ class EvalJob:
     skill: str | None = None  # an expert skill lent to the checkpoint (:class:`~digiq.oracle.ExpertSkill`)
 
 
-# A worker process's own simulated devices, made on its first job (a worker steps the simulator only).
-_WORKER_ENVS: dict[tuple[EnvConfig, int], Callable[[], PhoneEnv]] = {}
-
-
 def _worker_envs(env: EnvConfig, size: int) -> Callable[[], PhoneEnv]:
-    if (env, size) not in _WORKER_ENVS:
+    """A worker process's own simulated devices, made on its first job (a worker steps the simulator only)."""
+
+    def build() -> Callable[[], PhoneEnv]:
         factory = EnvFactory(DeviceConfig(), env.dynamics(), env.width, evaluator_for(DeviceConfig(), JudgeConfig()))
         pool = itertools.cycle([factory() for _ in range(size)])
-        _WORKER_ENVS[(env, size)] = lambda: next(pool)
-    return _WORKER_ENVS[(env, size)]
+        return lambda: next(pool)
+
+    return process_cached(("simulated devices", env, size), build)
 
 
 def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None) -> dict[str, list[EpisodeResult]]:
@@ -250,6 +249,16 @@ def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None
         env_factory = _worker_envs(job.env, min(job.cfg.n_envs, max(map(len, job.tasks.values()))))
     return evaluate_policy(agent, job.tasks, job.cfg, job.env, seed=job.seed, env_factory=env_factory,
                            screen_text=job.screen_text, name=job.name)  # fmt: skip
+
+
+def run_jobs(jobs: Sequence[EvalJob], devices: DeviceConfig, judge: JudgeConfig,
+             workers: int) -> list[dict[str, list[EpisodeResult]]]:  # fmt: skip
+    """Every job's episodes: on the simulator shared among ``workers`` processes, on other devices from this one."""
+    if devices.backend == "sim" and workers > 1:
+        return map_jobs(evaluate_job, jobs, workers)
+    longest = max(len(listed) for job in jobs for listed in job.tasks.values())
+    with device_pool(devices, jobs[0].env, judge, min(jobs[0].cfg.n_envs, longest)) as pool:
+        return [evaluate_job(job, pool) for job in jobs]
 
 
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
@@ -293,13 +302,8 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     if on_sim:
         protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
         jobs += [job("base", 0, protocol, f"base + expert {skill}", skill) for skill in cfg.expert_skills]
-    longest = max(map(len, [*tasks.values(), *held_in.values()]))
     with timed(timing):
-        if on_sim and workers > 1:
-            results = map_jobs(evaluate_job, jobs, workers)
-        else:
-            with device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, longest)) as pool:
-                results = [evaluate_job(j, pool) for j in jobs]
+        results = run_jobs(jobs, devices, judge or JudgeConfig(), workers)
     done = dict(zip([(j.name, j.seed) for j in jobs], results, strict=True))
     runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
     if on_sim:
@@ -438,11 +442,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         folder = args.policy[s % len(args.policy)]
         screen_text = bool(read_config(folder, "policy").get("screen_text", False))
         jobs.append(EvalJob(folder, folder.name, s, tasks, cfg, env, screen_text))
-    if devices.backend == "sim" and workers > 1:
-        results = map_jobs(evaluate_job, jobs, workers)
-    else:
-        with device_pool(devices, env, judge, min(cfg.n_envs, max(map(len, tasks.values())))) as pool:
-            results = [evaluate_job(job, pool) for job in jobs]
+    results = run_jobs(jobs, devices, judge, workers)
     runs = {ts: [r[ts] for r in results] for ts in tasks}
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
     report.update({

@@ -20,16 +20,17 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["map_jobs", "threads_per_worker", "in_worker"]
+__all__ = ["map_jobs", "process_cached", "threads_per_worker"]
 
 J = TypeVar("J")
 R = TypeVar("R")
 
-_IN_WORKER = False
+# What the jobs of one process share (inputs read from disk, simulated devices), by key.
+_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
 def threads_per_worker(workers: int) -> int:
@@ -37,14 +38,18 @@ def threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-def in_worker() -> bool:
-    """Whether this process is one of :func:`map_jobs`'s workers (which keep per-process caches)."""
-    return _IN_WORKER
+def process_cached(key: tuple[Any, ...], build: Callable[[], R]) -> R:
+    """``build()`` once per process and ``key``: what every job landing in this process reads alike.
+
+    A worker keeps it until it exits; jobs run here keep it until :func:`map_jobs` returns, so a
+    notebook's next run reads the files again.
+    """
+    if key not in _CACHE:
+        _CACHE[key] = build()
+    return _CACHE[key]
 
 
 def _start_worker(threads: int) -> None:
-    global _IN_WORKER
-    _IN_WORKER = True
     torch.set_num_threads(threads)
 
 
@@ -57,7 +62,10 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int) -> list[R]:
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if workers == 1 or len(jobs) <= 1:
-        return [fn(job) for job in jobs]
+        try:
+            return [fn(job) for job in jobs]
+        finally:
+            _CACHE.clear()
     n = min(workers, len(jobs))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(n, mp_context=context, initializer=_start_worker,

@@ -183,9 +183,8 @@ class CopyHead(nn.Module):
         """The start term's keys (B, L, d): one per prompt position, from the token before it.
 
         They depend on the prompt only, so a decoding loop computes them once
-        per prompt rather than once per written token (at 48 prompts of 300
-        tokens they were most of the decoder's arithmetic). The first
-        position's missing predecessor reads as token 0, the padding.
+        per prompt rather than once per written token. The first position's
+        missing predecessor reads as token 0, the padding.
         """
         before1 = torch.cat([torch.zeros_like(input_ids[:, :1]), input_ids[:, :-1]], 1)
         return self.start_key(embed(before1))

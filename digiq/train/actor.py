@@ -23,7 +23,6 @@ checks the critic's ranking of candidates against their true values.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,7 +78,7 @@ from digiq.train.critic_inputs import inputs_for
 from digiq.train.embed import load_features
 from digiq.train.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
 from digiq.train.vlm_finetune import split_trajectories
-from digiq.workers import map_jobs
+from digiq.workers import map_jobs, process_cached
 
 __all__ = ["from_params", "run_actor", "ActorFitJob", "fit_actor_job", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
 
@@ -299,19 +298,15 @@ class ActorFitJob(NamedTuple):
     cfg: ActorConfig
 
 
-# A process's screenshots at the policy's input size, loaded on its first fit and emptied when the stage ends.
-_SCREENS: dict[Path, dict[str, torch.Tensor]] = {}
-
-
 def fit_actor_job(job: ActorFitJob) -> list[float]:
     """Fit and save one policy (the base itself where the method kept no row); its loss curve."""
     model = AutoUIPolicy.load(job.paths.base_policy)
     curve = []
     if job.rows:
-        if job.paths.root not in _SCREENS:
-            store = TrajectoryStore(job.paths.offline)
-            _SCREENS[job.paths.root] = load_screens(model, store, store.read().column("image_path").to_pylist())
-        curve = fit_policy(model, job.rows, _SCREENS[job.paths.root], updates=job.cfg.updates,
+        store = TrajectoryStore(job.paths.offline)
+        screens = process_cached(("screens", job.paths.root),  # at the policy's input size, once per process
+                                 lambda: load_screens(model, store, store.read().column("image_path").to_pylist()))
+        curve = fit_policy(model, job.rows, screens, updates=job.cfg.updates,
                            batch_size=job.cfg.batch_size, lr=job.cfg.lr, seed=job.fit_seed,
                            desc=f"fit {job.name} (seed {job.seed})")  # fmt: skip
     if parallel.is_main():
@@ -433,11 +428,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 expert_reports.append(expert_pick_report(right, valid, {**picks, **expert_probes,
                                                                         "taken_action": _taken(valid)},
                                                          steps.task_set.to_numpy()))  # fmt: skip
-        try:
-            with timed(parts, "fits"):
-                losses = map_jobs(fit_actor_job, fits, workers)
-        finally:
-            _SCREENS.clear()
+        with timed(parts, "fits"):
+            losses = map_jobs(fit_actor_job, fits, workers)
         curves.update({job.name: curve for job, curve in zip(fits, losses, strict=True) if job.seed == 0 and curve})
     metrics["states"] = len(steps)
     metrics["part_time_s"] = parts  # where the stage's time went: the diagnostics' share of it

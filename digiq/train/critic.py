@@ -43,7 +43,7 @@ from digiq.stagekit import require, save_curve_plot, timed, write_metrics
 from digiq.train.augment import read_candidates
 from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.train.vlm_finetune import split_trajectories
-from digiq.workers import map_jobs
+from digiq.workers import map_jobs, process_cached
 
 __all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "CriticJob", "fit_critic_job", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
 
@@ -271,25 +271,18 @@ class CriticJob(NamedTuple):
     seed: int
 
 
-# A process's critic inputs and conservative-term masks, built once per distinct set of inputs and
-# emptied when the stage ends, so that a notebook's next run reads the files again.
-_INPUTS: dict[tuple[Any, ...], Any] = {}
+def _build_inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
+    cfg = spec.cfg
+    return critic_inputs(paths, spec.vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
+                         entries=cfg.list_entries)  # fmt: skip
 
 
 def _inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
+    """The critic inputs of ``spec``, built once per process for each distinct set of inputs."""
     cfg = spec.cfg
-    key = ("inputs", paths.root, spec.vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match, cfg.list_entries)
-    if key not in _INPUTS:
-        _INPUTS[key] = critic_inputs(paths, spec.vlm, text=cfg.text_features, targets=cfg.tap_targets,
-                                     typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
-    return _INPUTS[key]
-
-
-def _scored(paths: Paths, targets: bool) -> np.ndarray:
-    key = ("scored", paths.root, targets)
-    if key not in _INPUTS:
-        _INPUTS[key] = scored_candidates(paths, targets)
-    return _INPUTS[key]
+    key = ("critic inputs", paths.root, spec.vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match,
+           cfg.list_entries)  # fmt: skip
+    return process_cached(key, lambda: _build_inputs(paths, spec))
 
 
 def _steps(paths: Paths) -> pd.DataFrame:
@@ -304,7 +297,9 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
     if len(steps) != feats["state"].shape[0]:
         raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                         f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
-    scored = _scored(paths, cfg.tap_targets) if cfg.conservative > 0 else None
+    scored = None
+    if cfg.conservative > 0:
+        scored = process_cached(("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets))
     fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
     if parallel.is_main():
         fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
@@ -325,29 +320,26 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
     metrics: dict[str, Any] = {}
     with timed(metrics):
         jobs = [CriticJob(paths, row, spec, seed) for row, spec in specs.items() for seed in range(seeds)]
-        try:
-            fits = dict(zip([(j.row, j.seed) for j in jobs], map_jobs(fit_critic_job, jobs, workers), strict=True))
-            curves: dict[str, list[float]] = {}
-            by_critic: dict[str, Any] = {}
-            for row, spec in specs.items():
-                mine = [fits[(row, seed)] for seed in range(seeds)]
-                curves.update({f"{loss} loss ({row})": c for loss, c in mine[0]["curves"].items()})
-                corrs = [f["corr"] for f in mine]
-                by_critic[row] = {"vlm": spec.vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
-                                  "v_mc_return_corr_heldout_per_seed": corrs,
-                                  "td_fit_per_seed": [f["fit"] for f in mine]}  # fmt: skip
-            paper = fits[("digiq", 0)]
-            metrics.update({"transitions_train": paper["train"], "transitions_heldout": paper["heldout"],
-                            "v_mc_return_corr_heldout": by_critic["digiq"]["v_mc_return_corr_heldout"]})  # fmt: skip
-            metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
-                            for loss, c in paper["curves"].items()})  # fmt: skip
-            parallel.barrier()  # the main process saved the critics
-            trained = [(Critic.load(paths.critic(seed, "digiq")), fits[("digiq", seed)]["train_rows"])
-                       for seed in range(seeds)]  # fmt: skip
-            metrics["rewarded_steps"] = rewarded_fit(trained, _inputs(paths, specs["digiq"]), _steps(paths))
-            metrics["by_critic"] = by_critic
-        finally:
-            _INPUTS.clear()
+        fits = dict(zip([(j.row, j.seed) for j in jobs], map_jobs(fit_critic_job, jobs, workers), strict=True))
+        curves: dict[str, list[float]] = {}
+        by_critic: dict[str, Any] = {}
+        for row, spec in specs.items():
+            mine = [fits[(row, seed)] for seed in range(seeds)]
+            curves.update({f"{loss} loss ({row})": c for loss, c in mine[0]["curves"].items()})
+            corrs = [f["corr"] for f in mine]
+            by_critic[row] = {"vlm": spec.vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
+                              "v_mc_return_corr_heldout_per_seed": corrs,
+                              "td_fit_per_seed": [f["fit"] for f in mine]}  # fmt: skip
+        paper = fits[("digiq", 0)]
+        metrics.update({"transitions_train": paper["train"], "transitions_heldout": paper["heldout"],
+                        "v_mc_return_corr_heldout": by_critic["digiq"]["v_mc_return_corr_heldout"]})  # fmt: skip
+        metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
+                        for loss, c in paper["curves"].items()})  # fmt: skip
+        parallel.barrier()  # the main process saved the critics
+        trained = [(Critic.load(paths.critic(seed, "digiq")), fits[("digiq", seed)]["train_rows"])
+                   for seed in range(seeds)]  # fmt: skip
+        metrics["rewarded_steps"] = rewarded_fit(trained, _build_inputs(paths, specs["digiq"]), _steps(paths))
+        metrics["by_critic"] = by_critic
     if parallel.is_main():
         save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
         write_metrics(paths, "critic", metrics)
