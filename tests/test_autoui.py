@@ -100,7 +100,7 @@ def test_released_autoui_layout_loads_and_matches_its_forward_pass(tok, tmp_path
         states = ref.encoder_states(enc.input_ids, enc.attention_mask, image)
         want = ref.t5(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=enc.attention_mask,
                       decoder_input_ids=dec_in).logits.log_softmax(-1)  # fmt: skip
-        got, _ = model._logprobs(model.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
+        got = model._logprobs(model.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
     assert got.shape == want.shape  # the padded vocabulary (len(tok) + 28 rows) is kept
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -117,7 +117,7 @@ def test_released_autoui_layout_loads_and_matches_its_forward_pass(tok, tmp_path
     back = AutoUIPolicy.load(tmp_path / "ours", image_encoder_path="/somewhere/blip2")
     assert back.cfg.image_encoder_path == "/somewhere/blip2"
     with torch.no_grad():
-        again, _ = back._logprobs(back.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
+        again = back._logprobs(back.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
     torch.testing.assert_close(again, got)
 
 
@@ -134,7 +134,7 @@ def test_tied_embeddings_follow_the_checkpoint_config(tok, tmp_path):
         states = ref.encoder_states(enc.input_ids, enc.attention_mask, image)
         want = ref.t5(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=enc.attention_mask,
                       decoder_input_ids=torch.zeros(1, 1, dtype=torch.long)).logits.log_softmax(-1)  # fmt: skip
-        got, _ = model._logprobs(model.encode(PROMPTS[:1], image), torch.zeros(1, 2, dtype=torch.long))
+        got = model._logprobs(model.encode(PROMPTS[:1], image), torch.zeros(1, 2, dtype=torch.long))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -4,10 +4,12 @@ import string
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutput
 
 from digiq.env.actions import format_action, parse_action, press_home, swipe, tap, type_text
 from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy import AutoUIPolicy, PolicyConfig, StepDecoder
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
 
@@ -112,10 +114,60 @@ def test_policy_runs_in_bfloat16_on_float32_inputs(tok, encoder):
     assert len(half.sample(prompts, shots, n=3)[0]) == 3
 
 
-def test_screen_encoder_resamples_any_screenshot_size(tok):
+def test_screen_encoder_resamples_any_screenshot_size_as_area_interpolation_does(tok):
     m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok)
-    for h, w in ((456, 216), (114, 54), (228, 108)):
-        assert m.screen.prepare(np.zeros((3, h, w, 3), np.uint8)).shape == (3, 114, 54, 3)
+    rng = np.random.default_rng(0)
+    for h, w in ((456, 216), (114, 54), (228, 108), (342, 162), (300, 100)):  # blocks of 4, 1, 2, 3; uneven
+        shots = rng.integers(0, 256, (3, h, w, 3), np.uint8)
+        want = F.interpolate(torch.as_tensor(shots).permute(0, 3, 1, 2).float(), size=(114, 54), mode="area")
+        want = want.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        assert torch.equal(m.screen.prepare(shots), want), (h, w)
+
+
+@pytest.mark.parametrize("layout", ["copy, tied", "no copy, untied"])
+def test_step_decoder_matches_transformers_decoder(tok, layout):
+    """Token by token, StepDecoder gives the hidden states and logits of transformers' whole-sequence decoder."""
+    torch.manual_seed(0)
+    copy = layout.startswith("copy")
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, copy=copy, tie_word_embeddings=copy), tok).eval()
+    shots = np.random.default_rng(1).integers(0, 256, (2, 228, 108, 3), np.uint8)
+    enc = m.encode(["Previous Actions: Goal: Open the clock", "Goal: What's the news in Peru today"], shots)
+    assert (enc["mask"] == 0).any()  # the shorter prompt is padded: cross-attention must skip its padding
+    written = torch.randint(3, len(tok), (2, 7))
+    with torch.no_grad():
+        out = m.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
+                   decoder_input_ids=written, output_hidden_states=True)  # fmt: skip
+        decoder = StepDecoder(m.t5, enc["states"], enc["mask"], max_len=7)
+        steps = [decoder.step(written[:, t]) for t in range(7)]
+    torch.testing.assert_close(torch.cat([h for h, _ in steps], 1), out.decoder_hidden_states[-1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([lg for _, lg in steps], 1), out.logits, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="all are used"):
+        decoder.step(written[:, 0])
+
+
+def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
+    """sample() equals a plain loop that reruns transformers' decoder over the whole prefix, draw for draw."""
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, max_action_tokens=12), tok).eval()
+    prompts = ["Previous Actions: Goal: Open the clock", "Goal: What's the news in Peru today"]
+    shots = np.random.default_rng(2).integers(0, 256, (2, 228, 108, 3), np.uint8)
+    torch.manual_seed(5)
+    got = m.sample(prompts, shots, n=3, temperature=0.8)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        enc = {k: v.repeat_interleave(3, 0) for k, v in m.encode(prompts, shots).items()}
+        pad = tok.pad_token_id
+        tokens, done = torch.full((6, 2), pad), torch.zeros(6, dtype=torch.bool)
+        for _ in range(12):
+            scores = m._logprobs(enc, tokens)[:, -1]
+            u = torch.rand_like(scores).clamp_(1e-10, 1.0)
+            nxt = (scores / 0.8 - torch.log(-torch.log(u))).argmax(-1).masked_fill(done, pad)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            done |= nxt == tok.eos_token_id
+            if bool(done.all()):
+                break
+    want = tok.batch_decode(tokens[:, 2:], skip_special_tokens=True)
+    assert [a for row in got for a in row] == want
 
 
 def test_vlm_yes_no_and_representation(tok, tmp_path):

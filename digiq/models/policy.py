@@ -19,20 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (
-    AutoTokenizer,
-    DynamicCache,
-    EncoderDecoderCache,
-    PreTrainedTokenizerFast,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.checkpoint import load_weights, read_config, read_released_weights, save_checkpoint
 
-__all__ = ["PolicyConfig", "ScreenEncoder", "PooledFeatureScreen", "GatedImageFusion", "CopyHead", "AutoUIPolicy"]
+__all__ = ["PolicyConfig", "ScreenEncoder", "PooledFeatureScreen", "GatedImageFusion", "CopyHead", "StepDecoder", "AutoUIPolicy"]
 
 
 @dataclass(frozen=True)
@@ -83,10 +76,17 @@ class ScreenEncoder(nn.Module):
         through it, so both see identically resampled pixels.
         """
         x = torch.as_tensor(np.asarray(images))
-        if tuple(x.shape[1:3]) == self.size:
+        (B, H, W, C), (h, w) = x.shape, self.size
+        if (H, W) == (h, w):
             return x
-        x = F.interpolate(x.permute(0, 3, 1, 2).float(), size=self.size, mode="area")
-        return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        if H % h == 0 and W % w == 0:
+            # Whole blocks: "area" resampling is the mean of each block, computed here without
+            # interpolate's general path; sums of at most 2^16 bytes are exact in float32 and the
+            # block sizes are powers of two on the simulator, so the pixels are identical.
+            x = x.reshape(B, h, H // h, w, W // w, C).float().mean((2, 4))
+        else:
+            x = F.interpolate(x.permute(0, 3, 1, 2).float(), size=self.size, mode="area").permute(0, 2, 3, 1)
+        return x.round().clamp(0, 255).to(torch.uint8).contiguous()
 
     def forward(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, regions, image_dim)."""
@@ -216,6 +216,67 @@ class CopyHead(nn.Module):
         return torch.log(mixed.clamp_min(1e-12))
 
 
+class StepDecoder:
+    """T5's decoder run one token at a time on a policy's weights: what sampling calls per token.
+
+    The arithmetic of ``T5ForConditionalGeneration``'s decoder with a key/value
+    cache: RMS norms, unscaled attention with T5's relative position bias in
+    self-attention, masked cross-attention over the fused encoder states, the
+    gated-GELU feed-forward, the final norm and the output layer. It leaves out
+    what costs more than that arithmetic at this model size: building masks,
+    cache objects and output hooks on every call. Keys and values go into
+    buffers allocated once; cross-attention's are computed once per prompt.
+    Inference only (no dropout). Tests check it against transformers' decoder.
+    """
+
+    def __init__(self, t5: T5ForConditionalGeneration, states: torch.Tensor, mask: torch.Tensor, max_len: int) -> None:
+        cfg = t5.config
+        self.t5, self.blocks = t5, list(t5.decoder.block)
+        self.batch, self.heads, self.d_kv = states.shape[0], cfg.num_heads, cfg.d_kv
+        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)), self._split(b.layer[1].EncDecAttention.v(states)))
+                      for b in self.blocks]  # fmt: skip
+        lowest = torch.finfo(states.dtype).min  # padding of the prompt: never attended to
+        self.cross_mask = torch.zeros_like(mask, dtype=states.dtype).masked_fill(mask == 0, lowest)[:, None, None, :]
+        shape = (len(self.blocks), self.batch, self.heads, max_len, self.d_kv)
+        self.keys, self.values = states.new_zeros(shape), states.new_zeros(shape)
+        # (1, heads, max_len, max_len): row t holds the bias of query position t over keys 0..max_len-1.
+        self.bias = self.blocks[0].layer[0].SelfAttention.compute_bias(max_len, max_len, device=states.device)
+        self.scale = cfg.d_model**-0.5 if cfg.scale_decoder_outputs else None
+        self.t = 0
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, heads * d_kv) -> (B, heads, T, d_kv)."""
+        return x.view(self.batch, -1, self.heads, self.d_kv).transpose(1, 2)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(self.batch, -1, self.heads * self.d_kv)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one token per row (B,); the decoder's last hidden state (B, 1, d) and the logits (B, 1, V)."""
+        t = self.t
+        if t >= self.keys.shape[3]:
+            raise RuntimeError(f"StepDecoder holds {self.keys.shape[3]} positions; all are used")
+        h = self.t5.decoder.embed_tokens(tokens[:, None])
+        bias = self.bias[:, :, t : t + 1, : t + 1]
+        for i, block in enumerate(self.blocks):
+            own, cross, ff = block.layer
+            attn, x = own.SelfAttention, own.layer_norm(h)
+            self.keys[i, :, :, t] = attn.k(x).view(self.batch, self.heads, self.d_kv)
+            self.values[i, :, :, t] = attn.v(x).view(self.batch, self.heads, self.d_kv)
+            out = F.scaled_dot_product_attention(self._split(attn.q(x)), self.keys[i, :, :, : t + 1],
+                                                 self.values[i, :, :, : t + 1], attn_mask=bias, scale=1.0)  # fmt: skip
+            h = h + attn.o(self._merge(out))
+            attn, x = cross.EncDecAttention, cross.layer_norm(h)
+            out = F.scaled_dot_product_attention(self._split(attn.q(x)), *self.cross[i], attn_mask=self.cross_mask,
+                                                 scale=1.0)  # fmt: skip
+            h = h + attn.o(self._merge(out))
+            h = h + ff.DenseReluDense(ff.layer_norm(h))
+        h = self.t5.decoder.final_layer_norm(h)
+        self.t += 1
+        return h, self.t5.lm_head(h if self.scale is None else h * self.scale)
+
+
 # What AutoUI's T5 (flan-alpaca-base) uses; other values would need options this class does not have.
 _AUTOUI_T5 = {"feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
               "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6}  # fmt: skip
@@ -281,22 +342,23 @@ class AutoUIPolicy(nn.Module):
                              return_tensors="pt").input_ids.to(self.device)  # fmt: skip
         return lab.masked_fill(lab == self.tokenizer.pad_token_id, -100)
 
-    def _logprobs(self, enc: dict[str, torch.Tensor], written: torch.Tensor, cache=None):
-        """Next-token log-probabilities (B, T, V) and the updated cache.
+    def _logprobs(self, enc: dict[str, torch.Tensor], written: torch.Tensor) -> torch.Tensor:
+        """Next-token log-probabilities (B, T, V) of the whole decoder input at once (training and scoring).
 
-        ``written`` (B, T + 1): the decoder's input tokens (its last T columns;
-        with a cache, only the new ones) preceded by the token before them, which
-        the copy head uses to continue spans (pad when there is none).
+        ``written`` (B, T + 1): the decoder's input tokens preceded by the token
+        before them, which the copy head uses to continue spans (pad when there is none).
         """
         out = self.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
-                      decoder_input_ids=written[:, 1:], past_key_values=cache, use_cache=cache is not None,
-                      output_hidden_states=self.copy is not None)  # fmt: skip
+                      decoder_input_ids=written[:, 1:], output_hidden_states=self.copy is not None)  # fmt: skip
         if self.copy is None:
-            return torch.log_softmax(out.logits.float(), -1), out.past_key_values
-        hidden = out.decoder_hidden_states[-1]
-        logp = self.copy(out.logits, hidden, enc["states"], enc["mask"], enc["input_ids"], enc["start_keys"], written,
+            return torch.log_softmax(out.logits.float(), -1)
+        return self._mix(enc, out.logits, out.decoder_hidden_states[-1], written)
+
+    def _mix(self, enc: dict[str, torch.Tensor], logits: torch.Tensor, hidden: torch.Tensor,
+             written: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The copy head's mixture of ``logits`` with copying from the prompt, as log-probabilities."""
+        return self.copy(logits, hidden, enc["states"], enc["mask"], enc["input_ids"], enc["start_keys"], written,
                          self.t5.shared)  # fmt: skip
-        return logp, out.past_key_values
 
     def _token_logprobs(
         self, prompts: list[str], screenshots: np.ndarray, actions: list[str]
@@ -305,7 +367,7 @@ class AutoUIPolicy(nn.Module):
         labels = self._labels(actions)
         pad = self.tokenizer.pad_token_id
         dec_in = self.t5._shift_right(labels.masked_fill(labels == -100, pad))
-        logp, _ = self._logprobs(enc, F.pad(dec_in, (1, 0), value=pad))
+        logp = self._logprobs(enc, F.pad(dec_in, (1, 0), value=pad))
         return logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0], labels != -100
 
     # ------------------------------------------------------------ scoring and sampling
@@ -328,9 +390,11 @@ class AutoUIPolicy(nn.Module):
                greedy: bool = False) -> list[list[str]]:  # fmt: skip
         """``n`` action strings per row, sampled at ``temperature`` (or the greedy one).
 
-        Our own decoding loop (with the T5 key/value cache): it serves the copy
-        head, and samples by Gumbel-max, several times faster on a CPU than
-        ``torch.multinomial`` over the vocabulary.
+        Our own decoding loop: :class:`StepDecoder` runs T5's decoder a token at
+        a time, the copy head mixes in copying, and tokens are drawn by
+        Gumbel-max, several times faster on a CPU than ``torch.multinomial``
+        over the vocabulary. Sampling runs the model as at inference (no
+        dropout), whatever its mode.
         """
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -341,10 +405,13 @@ class AutoUIPolicy(nn.Module):
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         tokens = torch.full((B, 2), pad, dtype=torch.long, device=self.device)  # (pad before the start, start)
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens)
         for _ in range(self.cfg.max_action_tokens):
-            logp, cache = self._logprobs(enc, tokens[:, -2:], cache)
-            scores = logp[:, -1]
+            hidden, logits = decoder.step(tokens[:, -1])
+            if self.copy is None:
+                scores = torch.log_softmax(logits[:, -1].float(), -1)
+            else:
+                scores = self._mix(enc, logits, hidden, tokens[:, -2:])[:, -1]
             if not greedy:
                 u = torch.rand_like(scores).clamp_(1e-10, 1.0)
                 scores = scores / temperature - torch.log(-torch.log(u))
