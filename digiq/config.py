@@ -408,7 +408,7 @@ class CriticConfig:
     gamma: float = _help("discount (Digi-Q: 0.95)", 0.95)
     tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1)
     hidden: int = _help("MLP width", 256)
-    epochs: int = _help("passes over the transitions (TD needs many to carry values back from the goal)", 150)
+    epochs: int = _help("passes over the transitions (TD needs many to carry values back from the goal)", 100)
     batch_size: int = _help("transitions per step", 256)
     lr: float = _help("learning rate", 0.0003)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)

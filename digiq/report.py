@@ -26,7 +26,7 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "validation_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table"]
+__all__ = ["results_markdown", "validation_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table", "fill_block", "pct"]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -50,14 +50,15 @@ def _load(paths: Paths, stage: str) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A rate in [0, 1] as percent with one decimal."""
     return f"{100 * x:.1f}"
 
 
 def _rate(r: dict[str, Any]) -> str:
     """``mean ± std`` in percent over seeds; the mean alone with one seed, whose sample std is undefined (null)."""
     std = r.get("success_rate_std")
-    return _pct(r["success_rate"]) + (f" ± {_pct(std)}" if std is not None else "")
+    return pct(r["success_rate"]) + (f" ± {pct(std)}" if std is not None else "")
 
 
 def _success_table(results: dict[str, Any], train: dict[str, Any] | None = None) -> list[str]:
@@ -101,7 +102,7 @@ def _family_table(results: dict[str, Any]) -> list[str]:
     out = ["| task set | family | " + " | ".join(policies) + " |", "|---" * (len(policies) + 2) + "|"]
     for ts in TASK_SETS:
         for f in sorted({f for p in policies for f in results[p][ts]["by_family"]}):
-            vals = [_pct(results[p][ts]["by_family"][f]) if f in results[p][ts]["by_family"] else "-" for p in policies]
+            vals = [pct(results[p][ts]["by_family"][f]) if f in results[p][ts]["by_family"] else "-" for p in policies]
             out.append(f"| {ts} | {f} | " + " | ".join(vals) + " |")
     return out
 
@@ -142,7 +143,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
         return [f"Oracle diagnostic: no informative states among {oracle.get('states', 0)} sampled."]
     out = ["| ranking | top-1 is truly best (%) | true value of its pick |", "|---|---|---|"]
     for name, hit in oracle["top1_hit_rate"].items():
-        out.append(f"| {name} | {_pct(hit)} | {oracle['oracle_value_of_pick'][name]:.3f} |")
+        out.append(f"| {name} | {pct(hit)} | {oracle['oracle_value_of_pick'][name]:.3f} |")
     out += ["", f"{oracle['informative_states']} of {oracle['states']} sampled states have candidates of different "
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
@@ -150,7 +151,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
             "picks below learns from every stored state)."]  # fmt: skip
     behaviour = oracle.get("behaviour_values")
     if behaviour:
-        flat = "; ".join(f"{ts} {_pct(v['flat'])}% of {v['states']}" for ts, v in behaviour.items()
+        flat = "; ".join(f"{ts} {pct(v['flat'])}% of {v['states']}" for ts, v in behaviour.items()
                          if isinstance(v, dict))  # fmt: skip
         out += ["", f"behaviour_value: the candidates' true values when the base policy continues after them "
                 f"(temperature {behaviour['temperature']}, {behaviour['rollouts']} rollouts each), which is what "
@@ -173,7 +174,7 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
     groups = [k.removeprefix("hit_rate_") for k in pick if k.startswith("hit_rate_")]
     out = ["| ranking | all | " + " | ".join(groups) + " |", "|---|---|" + "---|" * len(groups)]
     for name, rate in pick["hit_rate"].items():
-        out.append(f"| {name} | {_pct(rate)} | " + " | ".join(_pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
+        out.append(f"| {name} | {pct(rate)} | " + " | ".join(pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
                   f"of {pick['states']} stored states whose valid candidates include both such and other actions "
                   "(mean over seeds; critic_<row>: the argmax of Q of that row's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
@@ -184,7 +185,7 @@ def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
     """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06; notebook 06)."""
     if not wrong:
         return ["Wrong picks off (`actor.oracle_states: 0`), or the critic never missed the expert."]
-    columns = [(f"{head} (%)", lambda ts, kind, r, key=key: _pct(r[key])) for head, key in
+    columns = [(f"{head} (%)", lambda ts, kind, r, key=key: pct(r[key])) for head, key in
                (("critic's wrong picks", "critic"), ("data's action there", "data"), ("expert's action there", "expert"))]  # fmt: skip
     counts = ", ".join(f"{ts} {r['wrong_picks']}" for ts, r in wrong.items())
     return _grouped_table({ts: r["kinds"] for ts, r in wrong.items()}, "action kind", columns,
@@ -212,7 +213,7 @@ def _rows_table(actor: dict[str, Any]) -> list[str]:
     out = ["| policy | rows | " + " | ".join(f"expert's action, {ts} (%)" for ts in sets) + " |",
            "|---|---|" + "---|" * len(sets)]  # fmt: skip
     for name, share in shares.items():
-        cells = [_pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
+        cells = [pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
         out.append(f"| {name} | {actor['kept_rows'].get(name, '-')} | " + " | ".join(cells) + " |")
     return out + ["", "rows: the (state, action) rows each policy is fit on (mean over its seeds); the share of them "
                   "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
@@ -232,14 +233,14 @@ def _grouped_table(support: dict[str, Any], group: str, columns: list[tuple[str,
 
 _STATES: tuple[str, Cell] = ("states", lambda ts, g, r: str(r["states"]))
 _SUPPORT: list[tuple[str, Cell]] = [
-    ("data's action is the expert's (%)", lambda ts, g, r: _pct(r["taken_is_expert"])),
-    ("a candidate is the expert's (%)", lambda ts, g, r: _pct(r["expert_candidate"])),
+    ("data's action is the expert's (%)", lambda ts, g, r: pct(r["taken_is_expert"])),
+    ("a candidate is the expert's (%)", lambda ts, g, r: pct(r["expert_candidate"])),
 ]
 
 
 def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[str]:
     """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 06)."""
-    won: tuple[str, Cell] = ("data's success (%)", lambda ts, fam, r: _pct(success[fam]) if fam in success else "-")
+    won: tuple[str, Cell] = ("data's success (%)", lambda ts, fam, r: pct(success[fam]) if fam in success else "-")
     return _grouped_table(support, "family", [_STATES, won, *_SUPPORT],
                           "A family whose states rarely offer a candidate that does what the simulator's expert would "
                           "cannot be learnt from these data by any offline method: no critic can pick it, no actor "
@@ -252,7 +253,7 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
     def digiq(key: str) -> Cell:
         def cell(ts: str, kind: str, r: dict[str, Any]) -> str:
             value = kept.get(ts, {}).get(kind, {}).get(key)
-            return _pct(value) if value is not None else "-"
+            return pct(value) if value is not None else "-"
 
         return cell
 
@@ -270,7 +271,7 @@ def _skills_table(skills: dict[str, Any]) -> list[str]:
     for skill, res in sorted(skills.items(), key=lambda kv: kv[0] != "none"):  # the base alone first
         if isinstance(res, dict):
             name = "alone" if skill == "none" else f"+ the expert's {skill}"
-            out.append(f"| {name} | {_pct(res['general']['success_rate'])} | {_pct(res['webshop']['success_rate'])} |")
+            out.append(f"| {name} | {pct(res['general']['success_rate'])} | {pct(res['webshop']['success_rate'])} |")
     return out
 
 
@@ -289,8 +290,8 @@ def results_markdown(paths: Paths) -> str:
         perfect = (_load(paths, "actor") or {}).get("perfect_critic")
         if perfect and "digiq_perfect_critic" in ab:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
-                    f"the simulator's expert would; {_pct(perfect['states_with_expert_candidate'])}% of states have "
-                    f"one, and the data's own action is it in {_pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
+                    f"the simulator's expert would; {pct(perfect['states_with_expert_candidate'])}% of states have "
+                    f"one, and the data's own action is it in {pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
     return "\n".join(out)
 
 
@@ -384,7 +385,7 @@ def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
-def _fill(path: Path, markers: tuple[str, str], body: str) -> None:
+def fill_block(path: Path, markers: tuple[str, str], body: str) -> None:
     """Replace the block between ``markers`` in ``path`` with ``body``."""
     start, end = markers
     text = path.read_text(encoding="utf-8")
@@ -396,10 +397,10 @@ def _fill(path: Path, markers: tuple[str, str], body: str) -> None:
 
 def update_readme(readme: Path, paths: Paths, experiments: Path | None = None) -> None:
     """The README's results block and, with ``experiments``, that page's diagnostics block, from the metrics."""
-    _fill(readme, (START, END), results_markdown(paths))
+    fill_block(readme, (START, END), results_markdown(paths))
     if experiments is not None:
-        _fill(experiments, VALIDATION, validation_markdown(paths))
-        _fill(experiments, DIAGNOSTICS, diagnostics_markdown(paths))
+        fill_block(experiments, VALIDATION, validation_markdown(paths))
+        fill_block(experiments, DIAGNOSTICS, diagnostics_markdown(paths))
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import yaml
 
 from digiq.env.tasks import TASK_SETS
 from digiq.paths import Paths
-from digiq.report import TASK_SET_NAMES, _fill, _pct
+from digiq.report import TASK_SET_NAMES, fill_block, pct
 
 __all__ = ["params_differences", "rerun_markdown", "RERUN"]
 
@@ -77,7 +77,7 @@ def rerun_markdown(first: Path, first_params: Path, second: Path) -> str:
         for ts in TASK_SETS:
             a, b = (run[0][row][ts]["success_rate"] for run in runs)
             moves[ts].append(abs(b - a))
-            cells += [_pct(a), _pct(b), f"{100 * (b - a):+.1f}"]
+            cells += [pct(a), pct(b), f"{100 * (b - a):+.1f}"]
         out.append(f"| {row} | " + " | ".join(cells) + " |")
     largest = ", ".join(f"{TASK_SET_NAMES[ts]} {100 * max(moves[ts]):.1f}" for ts in TASK_SETS)
     mean = ", ".join(f"{TASK_SET_NAMES[ts]} {100 * sum(moves[ts]) / len(moves[ts]):.1f}" for ts in TASK_SETS)
@@ -104,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     paths = Paths()
     body = rerun_markdown(paths.metrics, paths.root / "params.yaml", Path(args.other))
-    _fill(Path(args.experiments), RERUN, body)
+    fill_block(Path(args.experiments), RERUN, body)
     print(body)
 
 

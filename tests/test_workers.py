@@ -3,17 +3,21 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
-from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.config import ActorConfig, CollectConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.evaluate import EvalJob, device_pool, evaluate_job
 from digiq.models.critic import Critic
 from digiq.paths import Paths
 from digiq.stage import run_stage
+from digiq.train import actor
+from digiq.train.augment import read_candidates
 from digiq.train.critic import from_params as critic_stage
 from digiq.workers import map_jobs, threads_per_worker
 
@@ -92,3 +96,20 @@ def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_pa
                 torch.testing.assert_close(b[name], w, atol=1e-5, rtol=1e-5, msg=f"{row} seed {seed} {name}")
     seed0, seed1 = (next(iter(Critic.load(one.critic(s)).state_dict().values())) for s in (0, 1))
     assert not torch.equal(seed0, seed1)  # each job seeds itself: the seeds' critics differ
+
+
+def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monkeypatch):
+    """Stage 06's oracle values, base log-likelihoods and behaviour values, in chunks over two workers."""
+    monkeypatch.setattr(actor, "ORACLE_CHUNK", 3)  # two chunks of the six states below
+    paths = Paths(values_root)
+    params = yaml.safe_load((values_root / "params.yaml").read_text())
+    steps, cands = TrajectoryStore(paths.offline).read().to_pandas(), read_candidates(paths).to_pandas()
+    cfg = ActorConfig(oracle_states=6, oracle_rollouts=2, oracle_behaviour_rollouts=1)
+    env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
+    one, two = (actor._oracle_sample(cfg, env, collect, 0.9, steps, cands, paths, w) for w in (1, 2))
+    assert set(one) == set(two) == {"idx", "valid", "oracle", "loglik", "behaviour"}
+    assert one["oracle"].shape == one["behaviour"].shape == (6, 3)
+    assert one["oracle"].max() > 0 and len(np.unique(one["loglik"])) > 1  # equality below is not vacuous
+    for key in ("idx", "valid", "oracle", "behaviour"):  # simulator rollouts, the base's sampled actions
+        np.testing.assert_array_equal(two[key], one[key], err_msg=key)
+    np.testing.assert_allclose(two["loglik"], one["loglik"], rtol=1e-5)  # float sums on other thread counts

@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import (
@@ -253,37 +252,89 @@ def _digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed
     return Picks.taken(np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold))
 
 
+# States per oracle job. Fixed, not derived from the number of workers, so the
+# diagnostic's random streams (one per chunk) and its values do not depend on it.
+ORACLE_CHUNK = 25
+
+
+class OracleState(NamedTuple):
+    """One sampled state of the oracle diagnostic, as its job needs it: enough to replay and score it."""
+
+    task: str
+    task_set: str
+    episode_seed: int  # the collecting episode's device seed
+    earlier: list[str]  # the episode's actions before this state
+    candidates: list[str]
+    observation: str  # the prompt the base saw here
+    image_path: str
+    branch_seed: int  # the oracle rollouts' seed for this state
+
+
+class OracleJob(NamedTuple):
+    """Oracle values, base log-likelihoods and behaviour values of one chunk of sampled states (:func:`oracle_job`)."""
+
+    paths: Paths
+    chunk: int
+    states: list[OracleState]
+    cfg: ActorConfig
+    env: EnvConfig
+    temperature: float  # the base's sampling temperature when it collected the data
+    gamma: float
+
+
+def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
+    """``{"oracle", "loglik"[, "behaviour"]}``, each (states, candidates), for one chunk of states."""
+    cfg = job.cfg
+    base = process_cached(("base policy", job.paths.root), lambda: AutoUIPolicy.load(job.paths.base_policy))
+    store = TrajectoryStore(job.paths.offline)
+    n = len(job.states[0].candidates)
+    out = {"oracle": np.zeros((len(job.states), n)), "loglik": np.zeros((len(job.states), n))}
+    starts = []
+    for j, st in enumerate(job.states):
+        task = parse_task(st.task, st.task_set)
+        device = replay(task, st.episode_seed, st.earlier, job.env.dynamics(), job.env.width)
+        out["oracle"][j] = candidate_values(device, task, task.max_steps - len(st.earlier), st.candidates,
+                                            rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=job.gamma,
+                                            seed=st.branch_seed)  # fmt: skip
+        if cfg.oracle_behaviour_rollouts:  # the same replayed state: candidate_values branches off copies of it
+            starts.append((device, task, st.earlier, st.candidates))
+        shot = base.screen.prepare(store.load_image(st.image_path)[None])
+        shot = shot.expand(len(st.candidates), *shot.shape[1:])
+        with torch.no_grad():
+            out["loglik"][j] = base.action_logprobs([st.observation] * len(st.candidates), shot,
+                                                    st.candidates).numpy()  # fmt: skip
+    if starts:
+        # The base continues as it collected the data, on this chunk's own random stream; run in the
+        # notebook's process, it must not shift the draws that follow.
+        seed = stable_int("behaviour values", cfg.seed, job.chunk)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            out["behaviour"] = np.stack(behaviour_values(
+                starts, ModelPolicy(base, temperature=job.temperature), rollouts=cfg.oracle_behaviour_rollouts,
+                gamma=job.gamma, seed=seed, screen_text=base.cfg.screen_text))  # fmt: skip
+    return out
+
+
 def _oracle_sample(cfg: ActorConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
-                   cands: pd.DataFrame, base: AutoUIPolicy, store: TrajectoryStore) -> dict[str, Any]:  # fmt: skip
-    """Oracle values, the base policy's log-likelihoods and (``oracle_behaviour_rollouts``) its values of the candidates of sampled states."""
+                   cands: pd.DataFrame, paths: Paths, workers: int) -> dict[str, Any]:  # fmt: skip
+    """Oracle values, the base policy's log-likelihoods and (``oracle_behaviour_rollouts``) its values of the candidates of sampled states.
+
+    The states are shared among ``workers`` processes in chunks of :data:`ORACLE_CHUNK`.
+    """
     rng = np.random.default_rng(cfg.seed)
     idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
-    oracle = np.zeros((len(idx), len(cands.action_list.iat[0])))
-    loglik = np.zeros_like(oracle)
-    starts = []
-    for j, i in enumerate(tqdm(idx, desc="oracle values", leave=False)):
+    states = []
+    for i in idx:
         r = steps.iloc[i]
-        task = parse_task(r.task, r.task_set)
         earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
-        candidates = list(cands.action_list.iat[i])
-        device = replay(task, episode_seed(collect.seed, int(r.traj_id)), earlier, env.dynamics(), env.width)
-        oracle[j] = candidate_values(device, task, task.max_steps - len(earlier), candidates,
-                                     rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=gamma,
-                                     seed=stable_int("oracle state", cfg.seed, int(i)))  # fmt: skip
-        if cfg.oracle_behaviour_rollouts:  # the same replayed state: candidate_values branches off copies of it
-            starts.append((device, task, earlier, candidates))
-        shot = base.screen.prepare(store.load_image(r.image_path)[None])
-        shot = shot.expand(len(candidates), *shot.shape[1:])
-        with torch.no_grad():
-            loglik[j] = base.action_logprobs([r.observation] * len(candidates), shot, candidates).numpy()
-    sample = {"idx": idx, "oracle": oracle, "loglik": loglik, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
-    if starts:
-        # The base continues as it collected the data; its sampling must not shift the random draws that follow.
-        with torch.random.fork_rng():
-            torch.manual_seed(stable_int("behaviour values", cfg.seed))
-            sample["behaviour"] = np.stack(behaviour_values(
-                starts, ModelPolicy(base, temperature=collect.temperature), rollouts=cfg.oracle_behaviour_rollouts,
-                gamma=gamma, seed=cfg.seed, screen_text=base.cfg.screen_text))  # fmt: skip
+        states.append(OracleState(r.task, r.task_set, episode_seed(collect.seed, int(r.traj_id)), earlier,
+                                  list(cands.action_list.iat[i]), r.observation, r.image_path,
+                                  stable_int("oracle state", cfg.seed, int(i))))  # fmt: skip
+    jobs = [OracleJob(paths, c, states[start : start + ORACLE_CHUNK], cfg, env, collect.temperature, gamma)
+            for c, start in enumerate(range(0, len(states), ORACLE_CHUNK))]  # fmt: skip
+    parts = map_jobs(oracle_job, jobs, workers)
+    sample = {"idx": idx, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
+    sample.update({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
     return sample
 
 
@@ -345,12 +396,11 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             feats[row] = built[key]
         # The paper's critic inputs on each VLM's features: what the probes read.
         by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
-        base = AutoUIPolicy.load(paths.base_policy)
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
-        # The oracle diagnostic only feeds metrics: the main process computes it, alone.
+        # The oracle diagnostic only feeds metrics: the main process computes it, sharing it among its workers.
         oracle_on = cfg.oracle_states > 0 and parallel.is_main()
         with timed(parts, "oracle_values"):
-            sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, base, store) if oracle_on else None
+            sample = _oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers) if oracle_on else None
         probes: dict[str, np.ndarray] = {}
         if sample is not None:  # what the critic's inputs allow, whatever the critic: once per VLM, not per seed
             for vlm, f in by_vlm.items():
