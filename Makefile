@@ -23,7 +23,7 @@ test: venv
 repro: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
-# Start from imported data (README "Released Digi-Q / DigiRL data"):
+# Start from imported data (docs/real-models.md, "Released Digi-Q / DigiRL data"):
 #   make repro-from STAGE=critic DATA="data/imported/general data/imported/webshop"
 repro-from: venv
 	$(BIN)/python -m digiq.data start-at $(STAGE) $(DATA)
