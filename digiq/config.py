@@ -356,9 +356,12 @@ class ComputeConfig:
 
     processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
-    workers: int = _help("CPU processes that share stages 04-07's independent jobs: the two VLMs' features, the "
-                         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
-                         "stage's own process)", 2)
+    workers: int = _help(
+        "CPU processes that share stages 04-07's independent jobs: the two VLMs' features, the "
+        "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
+        "stage's own process)",
+        2,
+    )
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -476,8 +479,9 @@ class ActorConfig:
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
     threshold_webshop: float = _help("the same for Web Shopping", 0.05)
-    updates: int = _help("optimizer steps of each policy's fit: every method gets the same budget, however many "
-                         "rows it keeps", 80)
+    updates: int = _help(
+        "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps", 80
+    )
     batch_size: int = _help("rows per step", 32)
     lr: float = _help("learning rate", 0.0005)
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
@@ -508,8 +512,11 @@ EXPERT_SKILLS = ("type", "tap", "action_type")
 class EvalConfig:
     """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
-    n_tasks: int | None = _help("first tasks of each test list; null: the whole list, which carries the intervals "
-                                "(its first 96 are the paper's protocol)", None)
+    n_tasks: int | None = _help(
+        "first tasks of each test list; null: the whole list, which carries the intervals "
+        "(its first 96 are the paper's protocol)",
+        None,
+    )
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",

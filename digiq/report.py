@@ -26,7 +26,16 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "validation_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table", "fill_block", "pct"]
+__all__ = [
+    "results_markdown",
+    "validation_markdown",
+    "diagnostics_markdown",
+    "update_readme",
+    "save_results_chart",
+    "expert_pick_table",
+    "fill_block",
+    "pct",
+]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -302,13 +311,22 @@ def validation_markdown(paths: Paths) -> str:
         return "No `metrics/val/` yet: run `make val` after `make repro`."
     runs = {p.stem: json.loads(p.read_text()) for p in found}
     sets = [ts for ts in TASK_SETS if any(ts in r for r in runs.values())]
-    out = ["| policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} val" for ts in sets) + " |", "|---" * (len(sets) + 1) + "|"]
+    out = [
+        "| policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} val" for ts in sets) + " |",
+        "|---" * (len(sets) + 1) + "|",
+    ]
     for name, r in runs.items():
         out.append(f"| {name} | " + " | ".join(_rate(r[ts]) if ts in r else "-" for ts in sets) + " |")
     r = next(iter(runs.values()))
     n = "/".join(str(r[ts]["n_episodes"]) for ts in sets)
-    return "\n".join(out + ["", f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
-                              "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s."])
+    return "\n".join(
+        out
+        + [
+            "",
+            f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
+            "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s.",
+        ]
+    )
 
 
 def diagnostics_markdown(paths: Paths) -> str:

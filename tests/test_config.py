@@ -17,8 +17,8 @@ from digiq.config import (
     load_section,
 )
 from digiq.paths import Paths
-from digiq.stage import run_stage
-from digiq.train.actor import from_params as actor_stage
+from digiq.stages.actor import from_params as actor_stage
+from digiq.stages.launch import run_stage
 
 
 def test_repository_params_load():

@@ -13,11 +13,11 @@ import yaml
 from released import released, save_released
 
 from digiq.data import DataError, TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.legacy import import_legacy
 from digiq.data.start import place_imported
 from digiq.paths import ROOT, Paths
-from digiq.train.augment import read_candidates
-from digiq.train.embed import load_features
 
 OFF = {
     "actor": {"oracle_states": 0},
@@ -74,7 +74,9 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
         place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
     with pytest.raises(DataError, match="variants.digiq_hierarchy.tap_targets must be false"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}})
+        place_imported(
+            [digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}}
+        )
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):

@@ -15,6 +15,7 @@ from digiq.env.actions import format_action, press_enter, tap, type_text
 from digiq.env.catalog import DEFAULT_APPS
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy_fit import FitRow, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.report import (
@@ -31,12 +32,11 @@ from digiq.report import (
     validation_markdown,
     wrong_pick_table,
 )
-from digiq.stagekit import write_metrics
+from digiq.stages.actor import Picks, best_of_n, expert_share, keep_by_group
+from digiq.stages.base_policy import family_top_up, randomize_copied_words, started_in_apps
+from digiq.stages.common import write_metrics
+from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
 from digiq.stats import sample_std
-from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
-from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
-from digiq.train.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
-from digiq.train.policy_fit import FitRow, fit_policy
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -279,8 +279,8 @@ def _typed(action: str) -> str:
 _RENAME_IN_A_FRESH_INTERPRETER = """
 import random
 from digiq.env.actions import format_action, type_text
-from digiq.train.base_policy import randomize_copied_words
-from digiq.train.policy_fit import FitRow
+from digiq.stages.base_policy import randomize_copied_words
+from digiq.models.policy_fit import FitRow
 goal = 'Go to walmart.com, search for "kindle paperwhite signature edition black"'
 row = FitRow("Previous Actions:  Goal: " + goal, "a.png", format_action(type_text("kindle paperwhite signature edition black")))
 rng = random.Random(0)

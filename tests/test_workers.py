@@ -9,16 +9,16 @@ import torch
 import yaml
 
 from digiq.config import ActorConfig, CollectConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.evaluate import EvalJob, device_pool, evaluate_job
 from digiq.models.critic import Critic
 from digiq.paths import Paths
-from digiq.stage import run_stage
-from digiq.train import actor
-from digiq.train.augment import read_candidates
-from digiq.train.critic import from_params as critic_stage
+from digiq.stages import actor
+from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.launch import run_stage
 from digiq.workers import map_jobs, threads_per_worker
 
 WIDTH = 108

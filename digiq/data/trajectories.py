@@ -15,6 +15,7 @@ Digi-Q's release so its users feel at home (see :data:`STEP_SCHEMA`).
 from __future__ import annotations
 
 import json
+import random
 import re
 import typing
 from collections.abc import Iterable, Sequence
@@ -29,7 +30,15 @@ from PIL import Image
 
 from digiq.io import atomic_path, atomic_write_text
 
-__all__ = ["Step", "STEP_SCHEMA", "DataError", "TrajectoryStore", "mc_returns", "observation_text"]
+__all__ = [
+    "Step",
+    "STEP_SCHEMA",
+    "DataError",
+    "TrajectoryStore",
+    "mc_returns",
+    "observation_text",
+    "split_trajectories",
+]
 
 
 class DataError(ValueError):
@@ -171,3 +180,10 @@ class TrajectoryStore:
                 return np.asarray(im.convert("RGB"))
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read screenshot {path}: {e}") from None
+
+
+def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:
+    """The held-out trajectory ids (a fixed fraction, by seed)."""
+    ids = sorted(set(traj_ids))
+    random.Random(seed).shuffle(ids)
+    return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()

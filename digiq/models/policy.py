@@ -25,7 +25,15 @@ from transformers.modeling_outputs import BaseModelOutput
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.checkpoint import load_weights, read_config, read_released_weights, save_checkpoint
 
-__all__ = ["PolicyConfig", "ScreenEncoder", "PooledFeatureScreen", "GatedImageFusion", "CopyHead", "StepDecoder", "AutoUIPolicy"]
+__all__ = [
+    "PolicyConfig",
+    "ScreenEncoder",
+    "PooledFeatureScreen",
+    "GatedImageFusion",
+    "CopyHead",
+    "StepDecoder",
+    "AutoUIPolicy",
+]
 
 
 @dataclass(frozen=True)

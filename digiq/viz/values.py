@@ -18,17 +18,17 @@ import pandas as pd
 import torch
 
 from digiq.config import ActorConfig, CollectConfig, EnvConfig, load_params, load_section
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.tasks import parse_task
+from digiq.io import require
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic
+from digiq.models.critic_inputs import inputs_for
 from digiq.oracle import stored_state_values
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
-from digiq.stagekit import require
-from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import inputs_for
-from digiq.train.embed import load_features
 
 __all__ = ["ValueData", "load_values"]
 

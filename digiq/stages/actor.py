@@ -44,13 +44,18 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
+from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.tasks import parse_task
+from digiq.io import require
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, CriticNetConfig, mlp
+from digiq.models.critic_inputs import inputs_for
 from digiq.models.policy import AutoUIPolicy
+from digiq.models.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.oracle import (
     action_kinds,
@@ -71,15 +76,21 @@ from digiq.oracle import (
 )
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
-from digiq.stagekit import require, save_curve_plot, timed, write_metrics
-from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import inputs_for
-from digiq.train.embed import load_features
-from digiq.train.policy_fit import FitRow, ModelPolicy, fit_policy, load_screens
-from digiq.train.vlm_finetune import split_trajectories
+from digiq.stages.common import save_curve_plot, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
-__all__ = ["from_params", "run_actor", "ActorFitJob", "fit_actor_job", "best_of_n", "policy_names", "METHODS", "Picks", "expert_share", "keep_by_group"]
+__all__ = [
+    "from_params",
+    "run_actor",
+    "ActorFitJob",
+    "fit_actor_job",
+    "best_of_n",
+    "policy_names",
+    "METHODS",
+    "Picks",
+    "expert_share",
+    "keep_by_group",
+]
 
 METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
@@ -87,7 +98,7 @@ METHODS = ("digiq", "filtered_bc", "digirl_offline")
 def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
     """Every Best-of-N policy stage 06 trains: name -> (whose critic, candidates per state).
 
-    The critic is named by its row (stage 05, :func:`digiq.train.critic.critic_specs`); ``None``
+    The critic is named by its row (stage 05, :func:`digiq.stages.critic.critic_specs`); ``None``
     candidates means ``actor.k_candidates`` (Digi-Q's own setting).
     """
     out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
@@ -355,8 +366,10 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
     curve = []
     if job.rows:
         store = TrajectoryStore(job.paths.offline)
-        screens = process_cached(("screens", job.paths.root),  # at the policy's input size, once per process
-                                 lambda: load_screens(model, store, store.read().column("image_path").to_pylist()))
+        screens = process_cached(
+            ("screens", job.paths.root),  # at the policy's input size, once per process
+            lambda: load_screens(model, store, store.read().column("image_path").to_pylist()),
+        )
         curve = fit_policy(model, job.rows, screens, updates=job.cfg.updates,
                            batch_size=job.cfg.batch_size, lr=job.cfg.lr, seed=job.fit_seed,
                            desc=f"fit {job.name} (seed {job.seed})")  # fmt: skip
@@ -553,7 +566,7 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and (
         actor.oracle_states or ablations.perfect_critic

@@ -4,7 +4,7 @@ Q target: r + gamma * (1 - done) * V_target(s');  V target: Q_target(s, a_data)
 (pessimistic minima of the twin heads), target networks soft-updated with tau.
 This is Digi-Q's critic; the features stay frozen, so it trains in seconds.
 Its inputs are the VLM's features and, as in Digi-Q, text features of the
-goal and the actions (``text_features``; :mod:`digiq.train.critic_inputs`).
+goal and the actions (``text_features``; :mod:`digiq.models.critic_inputs`).
 
 Beyond the paper, as named variants with their own rows (``variants`` in
 params.yaml): ``conservative``, a CQL term (Kumar et al. 2020). TD fits Q on
@@ -36,16 +36,28 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
+from digiq.io import require
 from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
-from digiq.stagekit import require, save_curve_plot, timed, write_metrics
-from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
-from digiq.train.vlm_finetune import split_trajectories
+from digiq.stages.common import save_curve_plot, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
-__all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "CriticJob", "fit_critic_job", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
+__all__ = [
+    "from_params",
+    "CriticSpec",
+    "critic_specs",
+    "run_critic",
+    "CriticJob",
+    "fit_critic_job",
+    "fit_critic",
+    "td_step",
+    "td_fit",
+    "scored_candidates",
+    "rewarded_fit",
+]
 
 
 def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
@@ -299,7 +311,9 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
                         f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
     scored = None
     if cfg.conservative > 0:
-        scored = process_cached(("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets))
+        scored = process_cached(
+            ("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets)
+        )
     fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
     if parallel.is_main():
         fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
@@ -348,8 +362,12 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
                          load_section(AblationsConfig, "ablations", params).untuned_vlm)  # fmt: skip
-    return run_critic(specs, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-                      workers=load_section(ComputeConfig, "compute", params).workers)
+    return run_critic(
+        specs,
+        paths,
+        seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+        workers=load_section(ComputeConfig, "compute", params).workers,
+    )

@@ -26,15 +26,15 @@ import numpy as np
 import pandas as pd
 
 from digiq import parallel
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
 from digiq.env.hierarchy import Tapped, tapped_elements
+from digiq.io import require
 from digiq.models.critic import CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stagekit import require
-from digiq.train.augment import read_candidates
-from digiq.train.embed import load_features
 
 __all__ = [
     "critic_inputs",
