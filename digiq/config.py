@@ -34,6 +34,7 @@ __all__ = [
     "CriticConfig",
     "load_variants",
     "ActorConfig",
+    "DiagnosticsConfig",
     "EvalConfig",
     "load_params",
     "load_section",
@@ -352,12 +353,12 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-07)."""
+    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-08)."""
 
     processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
     workers: int = _help(
-        "CPU processes that share stages 04-07's independent jobs: the two VLMs' features, the "
+        "CPU processes that share stages 04-08's independent jobs: the two VLMs' features, the "
         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
         "stage's own process)",
         2,
@@ -474,7 +475,7 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """Stage 06: Best-of-N policy extraction, the offline baselines, and the oracle diagnostic."""
+    """Stage 06: Best-of-N policy extraction and the offline baselines."""
 
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
@@ -486,13 +487,6 @@ class ActorConfig:
     lr: float = _help("learning rate", 0.0005)
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
     digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
-    oracle_states: int = _help("states whose candidates get oracle values (0: no diagnostic)", 200)
-    oracle_rollouts: int = _help("continuation rollouts per distinct candidate", 32)
-    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
-    oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
-    oracle_behaviour_rollouts: int = _help(
-        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
-    )
     seed: int = _help("seed", 5)
 
     def __post_init__(self) -> None:
@@ -504,13 +498,29 @@ class ActorConfig:
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
-# What stage 07's diagnostic can take from the simulator's expert (digiq.oracle.ExpertSkill).
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    """Stage 07: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
+
+    oracle_states: int = _help(
+        "stored states whose candidates get true values from rollouts (0: the stage is off)", 200
+    )
+    oracle_rollouts: int = _help("continuation rollouts of the noisy expert per distinct candidate", 32)
+    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
+    oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05)
+    behaviour_rollouts: int = _help(
+        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
+    )
+    seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
+
+
+# What stage 08's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
+    """Stage 08: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int | None = _help(
         "first tasks of each test list; null: the whole list, which carries the intervals "

@@ -20,7 +20,7 @@ from digiq.data.start import place_imported
 from digiq.paths import ROOT, Paths
 
 OFF = {
-    "actor": {"oracle_states": 0},
+    "diagnostics": {"oracle_states": 0},
     "ablations": {"untuned_vlm": False, "perfect_critic": False},
     "critic": {"tap_targets": False, "list_entries": False},
 }
@@ -69,8 +69,8 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     paths = Paths(tmp_path / "root")
     with pytest.raises(DataError, match="lacks candidates.parquet, which starting at vlm_finetune needs"):
         place_imported([digirl], paths, "vlm_finetune", OFF)
-    with pytest.raises(DataError, match="actor.oracle_states must be 0"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "actor": {"oracle_states": 200}})
+    with pytest.raises(DataError, match="diagnostics.oracle_states must be 0"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "diagnostics": {"oracle_states": 200}})
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
         place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
     with pytest.raises(DataError, match="variants.digiq_hierarchy.tap_targets must be false"):
@@ -109,8 +109,8 @@ TINY = {
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,
         "digirl_value_epochs": 2,
-        "oracle_states": 0,
     },  # fmt: skip
+    "diagnostics": {"oracle_states": 0},
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
     "ablations": {"untuned_vlm": False, "n_candidates": [1], "perfect_critic": False},

@@ -12,9 +12,9 @@ from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, require
 from digiq.judge import evaluator_for
+from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
 from digiq.models.policy import AutoUIPolicy
-from digiq.models.policy_fit import ModelPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
 from digiq.stages.common import read_tasks, timed, write_metrics

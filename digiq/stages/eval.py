@@ -1,4 +1,4 @@
-"""Stage 07: roll every policy out on held-out test tasks; success by task set and family.
+"""Stage 08: roll every policy out on held-out test tasks; success by task set and family.
 
 Protocol (DESIGN.md section 8, PROTOCOL.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
@@ -32,7 +32,7 @@ to generalise to unseen entities from a failure on the very tasks the data hold.
 
 On the simulator it also writes ``metrics/skills.json``: the base policy of
 the first seed again on the first 96 test tasks, with one skill at a time taken from the expert
-(:class:`digiq.oracle.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
+(:class:`digiq.models.agents.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
 "n_episodes", "by_family", "tasks_by_family"}}}`` beside ``none``, the base
 alone on the same devices.
 

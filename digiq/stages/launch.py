@@ -56,8 +56,6 @@ def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> di
         errors = sorted({line.split(_FAILED, 1)[1] for line in lines if _FAILED in line})
         detail = "\n".join(errors) if errors else "\n".join(lines[-40:])  # the stage's own error, else the log's end
         raise RuntimeError(f"stage {name} on {compute.processes} processes failed:\n{detail}")
-    if name == "actor":
-        return {k: _read(paths, k) for k in ("actor", "oracle") if (paths.metrics / f"{k}.json").exists()}
     return _read(paths, name)
 
 
