@@ -239,7 +239,9 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
-    assert expert_pick_table({}) == ["Expert picks off (`diagnostics.oracle_states: 0`)."]  # notebook 07 with the stage off
+    assert expert_pick_table({}) == [
+        "Expert picks off (`diagnostics.oracle_states: 0`)."
+    ]  # notebook 07 with the stage off
     assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
     readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")

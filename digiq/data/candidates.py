@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from digiq.data.trajectories import DataError
+from digiq.data.trajectories import read_table
 from digiq.env.actions import parse_action
-from digiq.io import atomic_path, require
+from digiq.io import atomic_path
 from digiq.paths import Paths
 
 __all__ = ["CANDIDATE_FIELDS", "SPLIT", "write_candidates", "read_candidates"]
@@ -40,12 +40,5 @@ def write_candidates(path: Path, traj_ids: Sequence[int], step_ids: Sequence[int
 
 def read_candidates(paths: Paths) -> pa.Table:
     """Stage 02's table, sorted by trajectory and step; a missing, corrupt or incomplete file is named."""
-    require("augment_actions", paths.candidates)
-    try:
-        table = pq.read_table(paths.candidates)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"corrupt candidates file {paths.candidates}: {e}") from None
-    missing = set(CANDIDATE_FIELDS) - set(table.column_names)
-    if missing:
-        raise DataError(f"candidates file {paths.candidates} lacks field(s) {sorted(missing)}")
+    table = read_table(paths.candidates, CANDIDATE_FIELDS, "candidates", "augment_actions")
     return table.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])

@@ -16,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from digiq.data.trajectories import DataError
-from digiq.io import atomic_path, require
+from digiq.data.trajectories import read_table
+from digiq.io import atomic_path
 from digiq.paths import Paths
 
 __all__ = ["Picks", "write_picks", "read_picks", "PICK_FIELDS"]
@@ -52,12 +52,5 @@ def write_picks(paths: Paths, picks: Mapping[tuple[str, int], Picks]) -> None:
 
 def read_picks(paths: Paths) -> pd.DataFrame:
     """The table as written; a missing, corrupt or incomplete file is named."""
-    require("diagnostics", paths.picks)
-    try:
-        table = pq.read_table(paths.picks)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"corrupt picks file {paths.picks}: {e}") from None
-    missing = set(PICK_FIELDS) - set(table.column_names)
-    if missing:
-        raise DataError(f"picks file {paths.picks} lacks field(s) {sorted(missing)}")
+    table = read_table(paths.picks, PICK_FIELDS, "picks", "actor")
     return table.to_pandas()

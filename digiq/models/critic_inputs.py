@@ -32,13 +32,15 @@ from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
 from digiq.env.hierarchy import Tapped, tapped_elements
 from digiq.io import require
-from digiq.models.critic import CriticNetConfig
+from digiq.models.checkpoint import read_meta
+from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 
 __all__ = [
     "critic_inputs",
     "inputs_for",
+    "trained_inputs",
     "action_text",
     "tapped",
     "tap_targets",
@@ -242,3 +244,19 @@ def critic_inputs(
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
     """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 06, the Q/V viewer)."""
     return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
+
+
+def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each stage-05 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
+
+    Rows whose critics read the same VLM's features with the same options
+    share one build (the paper's row and its ablations over N, for instance).
+    """
+    built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for row in rows:
+        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
+        if key not in built:
+            built[key] = inputs_for(paths, *key)
+        out[row] = built[key]
+    return out

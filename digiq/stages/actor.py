@@ -50,9 +50,8 @@ from digiq.data.picks import Picks, write_picks
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
-from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, CriticNetConfig, mlp
-from digiq.models.critic_inputs import inputs_for
+from digiq.models.critic import Critic, mlp
+from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
@@ -218,14 +217,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     with timed(metrics):
         steps = TrajectoryStore(paths.offline).read().to_pandas()
         cands = read_candidates(paths).to_pandas()
-        # What each row's critics were trained on (in each critic's config), built once per distinct input set.
-        built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
-        feats: dict[str, dict[str, np.ndarray]] = {}
-        for row in critic_rows:
-            key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
-            if key not in built:
-                built[key] = inputs_for(paths, *key)
-            feats[row] = built[key]
+        feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
         valid = np.stack(cands.valid_list.to_numpy())
         if ablations.perfect_critic:
             with timed(parts, "expert_matrix"):

@@ -61,8 +61,8 @@ from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.critic_inputs import inputs_for
+from digiq.models.critic import Critic
+from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.paths import Paths
@@ -202,18 +202,6 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _critic_features(paths: Paths, rows: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Each critic row's inputs (as its stage-05 config says), built once per distinct input set."""
-    built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
-    feats: dict[str, dict[str, np.ndarray]] = {}
-    for row in rows:
-        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
-        if key not in built:
-            built[key] = inputs_for(paths, *key)
-        feats[row] = built[key]
-    return feats
-
-
 def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
                     workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``."""
@@ -229,7 +217,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         cands = read_candidates(paths).to_pandas()
         picks = read_picks(paths)
         critic_rows = sorted(p.name for p in paths.critic(0).parent.iterdir() if (p / "config.json").exists())
-        feats = _critic_features(paths, critic_rows)
+        feats = trained_inputs(paths, critic_rows)
         # The paper's critic inputs on each VLM's features: what the probes read.
         by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
