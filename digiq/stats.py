@@ -6,7 +6,7 @@ the same tasks under the same conditions, so their difference is measured
 episode against episode. A paired bootstrap keeps that pairing: each
 replicate draws seeds and tasks with replacement and applies the same draw
 to both policies, so the spread of task difficulty, which both share, does
-not widen the interval of their difference (PROTOCOL.md, Statistics).
+not widen the interval of their difference.
 """
 
 from __future__ import annotations

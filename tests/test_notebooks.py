@@ -71,7 +71,7 @@ def test_notebooks_are_committed_without_outputs():
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
-    assert len(STAGES) == 8
+    assert len(STAGES) == 9
     os.environ.setdefault("TQDM_DISABLE", "1")
     for name in STAGES:
         pm.execute_notebook(

@@ -136,8 +136,7 @@ def wrong_pick_report(right: np.ndarray, valid: np.ndarray, scores: Sequence[np.
     0) and of the expert's (``expert_kinds``, (S,)) at the same states. A
     kind the critic picks far more often than the expert takes it is a bias
     of the critic, not noise: a conservative term raises Q of whatever the
-    data took, so the base's commonest slip (Back) rises with it (README,
-    results).
+    data took, so the base's commonest slip (Back) rises with it.
     """
     ok, hit, informative = _expert_hits(right, valid)
     rows, kinds, task_sets = np.arange(len(hit)), np.asarray(kinds), np.asarray(task_sets)
@@ -173,7 +172,7 @@ def support_report(right: np.ndarray, task_sets: np.ndarray, groups: np.ndarray)
     offline method learns only what the data hold: where no candidate does
     what the expert would, no critic can pick it and no actor can imitate it,
     so a family whose states rarely have one stays where the base left it,
-    whatever the method (README, results: "Where the data can teach").
+    whatever the method.
     ``groups`` labels each state: its task family, or the kind of the
     expert's action there (:func:`expert_kind`), which shows what the base
     never samples (Home where it is lost in the wrong app).
@@ -193,9 +192,8 @@ def expert_share(
     """Per task set, the share of a policy's rows whose action does what the simulator's expert would there.
 
     ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. It says what the keep rule feeds
-    the actor, apart from how well the actor learns it: Filtered BC's rows
-    were the expert's twice as often as Best-of-N's on General (README,
-    results). ``None`` where the policy keeps no row of a task set.
+    the actor, apart from how well the actor learns it. ``None`` where the
+    policy keeps no row of a task set.
     """
     hit = right[states, columns]
     sets = task_sets[states]
@@ -211,7 +209,7 @@ def keep_by_group(kept: np.ndarray, kept_right: np.ndarray, seeds: int, task_set
     that kept a row at each state and those whose row did what the expert
     would. Grouped by the expert's kind of action it shows where the critic
     sends the actor wrong, e.g. rows kept at states that need Back whose
-    action is not Back (README, results).
+    action is not Back.
     """
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for ts, group, mask in group_masks(task_sets, groups):

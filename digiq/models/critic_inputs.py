@@ -11,10 +11,7 @@ checkpoint), frozen, its states averaged over the tokens
 
 Without them the critic cannot tell a candidate that types the goal's words
 from one that types garbage: the VLM's fine-tune asks only whether an action
-changes the screen. In the default pipeline (3 seeds) they raised the
-held-out correlation of V with the return from 0.30 to 0.60, the critic's
-oracle top-1 from 51.2% to 53.9%, and Digi-Q's test success from 18.4 / 30.2
-to 19.4 / 36.5 (README, results).
+changes the screen.
 """
 
 from __future__ import annotations
@@ -82,8 +79,7 @@ def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence
     Read from the view hierarchy stored beside each screenshot
     (``collect.view_hierarchy``), one parse per screen. Digi-Q's critic gets
     this from LLaVA, which reads the screen; the tiny VLM here cannot read a
-    label at 96 pixels, so without it a tap is only a point to the critic
-    (README, results).
+    label at 96 pixels, so without it a tap is only a point to the critic.
     """
     out = []
     for image, texts in zip(images, action_lists, strict=True):
@@ -108,10 +104,9 @@ def entry_features(hits: Sequence[Tapped]) -> np.ndarray:
 
     A results page's entries differ in their labels, not in anything that
     says which comes first; a VLM sees the order, the tiny one here does not.
-    Select-the-first-entry tasks hinge on it: without it the critics valued
-    the rewarded tap on the first product like the unrewarded taps on the
-    others (README, results). The first number keeps "no entry" apart from
-    a deep one.
+    Select-the-first-entry tasks hinge on it: without it a critic can only
+    value the rewarded tap on the first product like the unrewarded taps on
+    the others. The first number keeps "no entry" apart from a deep one.
     """
     rows = [(1.0, 1.0 / (1 + hit.entry)) if hit.entry >= 0 else (0.0, 0.0) for hit in hits]
     return np.array(rows, np.float32).reshape(-1, 2)
@@ -122,8 +117,7 @@ def typed_match(goal: str, action: str) -> tuple[float, float]:
 
     Both are 0 for other actions and empty texts; case is ignored. A
     pretrained language model tells "seagate 2tb" from "ateseag 2tbse"; the
-    token averages of the tiny T5 here barely do, so its critic picked the
-    expert's typed text less often than the data did (README, results). AitW's
+    token averages of the tiny T5 here barely do. AitW's
     typing tasks type words of the goal (queries, addresses), which is what
     these two numbers measure; TD still learns when typing them pays.
     """

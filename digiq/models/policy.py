@@ -107,7 +107,7 @@ class PooledFeatureScreen(nn.Module):
 
     ``prepare`` runs screenshots through the frozen tower once (training
     preloads through it, as with the CNN) or passes precomputed features
-    through: the released data's ``image_features`` (REFERENCE.md). The tower
+    through: the released data's ``image_features``. The tower
     is loaded on first use from ``image_encoder_path`` and is never part of a
     policy checkpoint: it is frozen and a gigabyte large.
     """

@@ -146,7 +146,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
             "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
             "image_dim": Blip2ImageFeatures.from_pretrained(cfg.blip2).dim}  # fmt: skip
-        # A screen's listing takes 110 tokens on average and up to about 280 (demonstrations, README).
+        # Room for the longest screen listing the simulator draws, with the goal and the previous action.
         prompt = {"screen_text": True, "max_input_tokens": 320} if cfg.screen_text else {}
         model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
                                           **image, **prompt), tokenizer)  # fmt: skip

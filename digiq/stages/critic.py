@@ -89,8 +89,8 @@ def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.
     ``floor``, so the term stops pushing it once it is there (the
     calibration of Cal-QL, with the lowest possible return as the bound).
     Without it, an action that is a candidate almost everywhere and rarely
-    taken has its Q pushed far below any return: Back's mean Q fell to -1.2
-    and Home's to -7 where returns lie in [0, 1] (README, results).
+    taken (Back, Home) has its Q pushed far below any return, where returns
+    lie in [0, 1].
     """
     ok = scored.clone()
     ok[:, 0] = True  # the taken action counts even when it did not parse
@@ -106,7 +106,7 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
 
     The conservative term lifts Q of the data's action against the other
     candidates; at every step it also lifts the base's slips, and the
-    critic's wrong picks went to Back, the commonest (README, results).
+    critic's wrong picks go to the commonest of them (Back).
     ``critic.conservative_gate`` keeps the term to these steps.
     """
     gain = _td_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"]))
@@ -119,9 +119,8 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     With ``targets`` (``critic.tap_targets``) an action is what it does,
     taps on the same element being one (:func:`distinct_actions`), as for the
     perfect critic (stage 06). Without them a tap is only its point; counting
-    distinct action strings (taps a pixel apart being two) halved the
-    labelled critic's picks where the expert taps (README, results), so
-    every candidate stays, as before.
+    distinct action strings would count taps a pixel apart as two and
+    push the right tap down with its near copies, so every candidate stays.
     """
     table = read_candidates(paths)
     valid = np.stack(table.column("valid_list").to_numpy(zero_copy_only=False))
@@ -215,8 +214,7 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     Best-of-N keeps a pick when Q - V clears a fixed threshold, so Q and V
     must agree where they meet, at the taken action. A conservative term
     strong enough to outweigh TD moves Q off its target by a shift that
-    differs from seed to seed, and with it the share of states kept (at 1.0:
-    Q(s, a) - V(s) from -0.17 to +0.20 on General over three seeds; docs/results_log.md).
+    differs from seed to seed, and with it the share of states kept.
     """
     q = torch.minimum(*critic.q(data["state"], data["action"]))
     target = _td_target(critic, data, gamma)
@@ -233,8 +231,8 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
     (``fit_critic``'s ``train_rows``). A rewarded step ends its episode, so
     its TD target is exactly the reward, 1: a Q far below it means the critic
     cannot tell that step from the unrewarded ones it resembles, and no
-    candidate that would finish the task there can stand out to Best-of-N
-    (README, results: four of Web Shopping's select_first). Both numbers are
+    candidate that would finish the task there can stand out to Best-of-N.
+    Both numbers are
     means over the seeds whose training split holds any of the family's
     rewarded steps; families with none in any split are left out.
     """

@@ -24,6 +24,7 @@ data, real devices) only ``{"off": why}``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +33,7 @@ import torch
 
 from digiq.config import (
     UNTUNED_ROW,
+    AblationsConfig,
     CollectConfig,
     ComputeConfig,
     DeviceConfig,
@@ -39,6 +41,7 @@ from digiq.config import (
     EnvConfig,
     ExperimentConfig,
     load_section,
+    load_variants,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
@@ -67,6 +70,7 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import REPRESENTATION_PARTS
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
+from digiq.stages.actor import policy_names
 from digiq.stages.common import timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
@@ -203,8 +207,12 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
-                    workers: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``."""
+                    policies: Sequence[str], workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
+
+    ``policies`` are the ones stage 06 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
+    row of a task set on a seed has no share there (``None``).
+    """
     metrics: dict[str, Any] = {}
     if cfg.oracle_states == 0:
         metrics["off"] = "diagnostics.oracle_states is 0"
@@ -253,12 +261,15 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         # The rows each policy of stage 06 imitates: how many are the expert's.
         shares: dict[str, list[dict[str, float | None]]] = {}
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # over seeds
-        for (policy, _seed), rows in picks.groupby(["policy", "seed"], sort=True):
-            states, columns = rows.state.to_numpy(), rows.column.to_numpy()
-            shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets))
-            if policy == "digiq":
-                digiq_kept[states] += 1
-                digiq_right[states] += right[states, columns]
+        by_key = dict(iter(picks.groupby(["policy", "seed"], sort=True)))
+        for policy in policies:
+            for s in range(seeds):
+                rows = by_key.get((policy, s), picks.iloc[:0])  # no rows: it kept none on this seed
+                states, columns = rows.state.to_numpy(), rows.column.to_numpy()
+                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets))
+                if policy == "digiq":
+                    digiq_kept[states] += 1
+                    digiq_right[states] += right[states, columns]
         metrics["rows_expert_share"] = {name: _mean_share(s) for name, s in shares.items()}
         metrics["rows_expert_share_per_seed"] = shares
         metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
@@ -291,7 +302,9 @@ def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and cfg.oracle_states:
         raise ValueError("diagnostics.oracle_states must be 0 with devices.backend emulator: the diagnostics "
                          "replay the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
+    main, named, extra = policy_names(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
     return run_diagnostics(cfg, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+                           policies=[*main, *named, *extra],
                            env=load_section(EnvConfig, "env", params),
                            collect=load_section(CollectConfig, "collect", params),
                            workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

@@ -1,6 +1,6 @@
 """Stage 08: roll every policy out on held-out test tasks; success by task set and family.
 
-Protocol (DESIGN.md section 8, PROTOCOL.md): the first ``n_tasks`` tasks of
+Protocol (docs/experiments.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
 when the task's condition holds. The paper's protocol is the first 96 tasks;
 the whole list (320 General, 450 Web Shopping) carries the confidence intervals. Every

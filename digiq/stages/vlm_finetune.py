@@ -113,10 +113,9 @@ def checkpoint_layers(vlm: ScreenVLM) -> None:
 
     The projector trains in every mode, so the gradient runs back through all
     32 language-model layers and their activations are kept whatever trains:
-    with LLaVA-1.5-7B that is most of a step's memory, and a LoRA step on 16
-    pairs ran out of an 80 GB GPU without this (README, "Memory and size of
-    the real models", for the measured peaks and cost). The gradients are
-    the same up to float rounding.
+    with LLaVA-1.5-7B that is most of a step's memory, more than one 80 GB
+    GPU holds for a LoRA step (docs/real-models.md, "Memory and size of the
+    real models"). The gradients are the same up to float rounding.
     """
     vlm.model.activation_checkpointing_enable({"use_reentrant": False})
 
