@@ -478,7 +478,7 @@ class ActorConfig:
     )
     batch_size: int = _help("rows per step", 32)
     lr: float = _help("learning rate", 0.0005)
-    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
+    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.7)
     digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
     seed: int = _help("seed", 5)
 

@@ -18,7 +18,7 @@ log-likelihood; they differ only in which (state, action) rows they imitate:
 Each is trained once per seed, every seed alike, for the same number of
 optimizer steps (``actor.updates``) whatever the number of rows it keeps.
 The rows every policy imitates are written beside the actors
-(:mod:`digiq.data.picks`); stage 07 judges them.
+(:mod:`digiq.data.picks`); stage 07 (diagnostics) judges them.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> 
 
 
 def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
-    """The policies stage 06 trains and stage 07 evaluates: the paper's comparison, the named variants, the ablations."""
+    """The policies stage 06 trains and stage 08 evaluates: the paper's comparison, the named variants, the ablations."""
     extra = [n for n in best_of_n_plan(ablations) if n != "digiq"]
     return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
 
