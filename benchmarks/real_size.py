@@ -40,7 +40,7 @@ from digiq.env.taskgen import generate_tasks
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, llava_style_tokenizer, train_tokenizer
 from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, VLMConfig, llava_processor, question
-from digiq.train.vlm_finetune import add_lora, checkpoint_layers, trainable
+from digiq.stages.vlm_finetune import add_lora, checkpoint_layers, trainable
 
 M = TypeVar("M", bound=torch.nn.Module)
 

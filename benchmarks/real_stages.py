@@ -40,8 +40,8 @@ from digiq.models.tokenizer import llava_style_tokenizer
 from digiq.models.vlm import LLAVA_TEMPLATE, llava_processor, question
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.train.embed import run_embed
-from digiq.train.vlm_finetune import run_vlm_finetune
+from digiq.stages.embed import run_embed
+from digiq.stages.vlm_finetune import run_vlm_finetune
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from digiq.env import AndroidSimEnv
 from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stagekit import read_tasks
+from digiq.stages.common import read_tasks
 
 
 @torch.no_grad()
@@ -89,7 +89,9 @@ def main() -> None:
         times[name] = time.perf_counter() - t0
     same = sum(a == b for a, b in zip(written["transformers"], written["step_decoder"], strict=True))
     n = len(written["transformers"])
-    print(f"actions={n} same={same} transformers_s={times['transformers']:.2f} step_decoder_s={times['step_decoder']:.2f}")
+    print(
+        f"actions={n} same={same} transformers_s={times['transformers']:.2f} step_decoder_s={times['step_decoder']:.2f}"
+    )
     print(f"sampling_speedup={times['transformers'] / times['step_decoder']:.2f}")
 
 

@@ -20,7 +20,7 @@ from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_
 from digiq.env.tasks import TASK_SETS
 from digiq.evaluate import EvalJob, device_pool, evaluate_job
 from digiq.paths import Paths
-from digiq.stagekit import read_tasks
+from digiq.stages.common import read_tasks
 from digiq.workers import map_jobs
 
 

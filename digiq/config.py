@@ -34,6 +34,7 @@ __all__ = [
     "CriticConfig",
     "load_variants",
     "ActorConfig",
+    "DiagnosticsConfig",
     "EvalConfig",
     "load_params",
     "load_section",
@@ -59,7 +60,7 @@ def _help(text: str, default: Any) -> Any:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """The simulated device (DESIGN.md section 4)."""
+    """The simulated device: its screenshot size and its in-the-wild disturbances (docs/simulator.md)."""
 
     width: int = _help("screenshot width in pixels; the height keeps 1080x2280's aspect", 216)
     popup_rate: float = _help("P(dialog) when an app launches or a web site loads", 0.25)
@@ -225,11 +226,9 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
 class BasePolicyConfig:
     """Stage 00: SFT of the base policy on noisy expert demonstrations."""
 
-    # The base is weak by its slips more than by what it never saw: 200 demonstrated tasks per set, 40% of their
+    # The base is weak by its slips more than by what it never saw: many demonstrated tasks, a large share of their
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
-    # out (on AitW, Filtered BC gains 31.6 points over AutoUI; REFERENCE.md).
-    # 150 / 100 tasks at 0.2 gave a base weak by gaps (26.0 / 40.6): Digi-Q 22.6 / 46.2, below Filtered BC on
-    # General; at 0.5 the base fell to 7.3 / 26.0 (docs/results_log.md, earlier protocol).
+    # out (AitW's base, AutoUI, leaves much for Filtered BC to gain). How each value was set: docs/experiments.md.
     demo_tasks: int = _help("demonstrated train tasks per task set", 200)
     demo_tasks_webshop: int | None = _help("Web Shopping's own count of demonstrated tasks; null: demo_tasks", None)
     expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4)
@@ -240,23 +239,18 @@ class BasePolicyConfig:
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
     copy_augment: float = _help("P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5)
-    # With 150 / 100 tasks at noise 0.2, every episode starting on the launcher, the demonstrations held 4 Home
-    # presses in 1,619 steps and the base never pressed Home to leave a wrong app. At 0.3 (74 presses) the base
-    # fell from 26.0 to 20.1% General test success, Digi-Q from 22.6 / 46.2 to 19.1 / 43.1, and its critic still
-    # hardly picked Home (log).
+    # Episodes that all start on the launcher almost never demonstrate pressing Home to leave a wrong app; starting
+    # some in a random app does, at a cost to the base's success elsewhere (docs/results_log.md).
     start_in_app: float = _help("P(a demonstration starts in a random default app, as a phone found in use)", 0.0)
-    # Drawn in AitW's proportions, 150 General demonstrations (noise 0.2) held 81 searches and 3 to 15 of each
-    # other family; that base never solved alarm, chrome_tab or notifications, even in 8 attempts, and its data
-    # held no success there for any method to learn. At 20 (demo_tasks_webshop 75) the perfect critic's actor
-    # gained 21.4 points on General; Digi-Q, on its own critic, gained none (docs/results_log.md).
+    # Drawn in AitW's proportions, the demonstrations hold few of the rare families, and a base that never solves
+    # one leaves its data no success there for any method to learn (docs/results_log.md).
     demo_family_min: int = _help("each family is demonstrated at least this often: short families get more "
                                  "train-split tasks, generated beyond the list (0: the list's first tasks only)", 0)  # fmt: skip
-    # Seed 0 with 150 / 100 tasks at noise 0.2 gave a base just under a 15% band (docs/results_log.md, earlier protocol).
     seed: int = _help("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
     screen_text: bool = _help("the prompt also lists the screen's tappable elements and their positions "
-                              "(uiautomator's hierarchy; not AutoUI's input, README)", False)  # fmt: skip
+                              "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)", False)  # fmt: skip
 
     def demo_count(self, task_set: str) -> int:
         """Demonstrated train tasks of ``task_set``."""
@@ -286,15 +280,15 @@ class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
     tasks_per_set: int = _help("train tasks rolled out per task set", 200)
-    # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5: at 1.0 it solved 6-9%
-    # of General train tasks where AutoUI solves about 28%; at 0.8 it solves 28% (docs/results_log.md).
+    # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5, so at 1.0 it solves far
+    # fewer train tasks than AutoUI does; a lower temperature brings its train success to AutoUI's (docs/experiments.md).
     temperature: float = _help("sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8)
     n_envs: int = _help("devices stepped together", 32)
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
     seed: int = _help("seed of the devices", 1)
     view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
                                  "reads; costs one more adb call per step on a device", True)  # fmt: skip
-    # AutoUI solves its train tasks about as often as its test tasks (27.7 / 22.9 General; REFERENCE). A base that
+    # AutoUI solves its train tasks about as often as its test tasks (the Digi-Q paper's table). A base that
     # rolls out the very tasks it was shown solves them from memory, so its data would not hold the mistakes it
     # makes on new tasks, which are what offline RL has to correct.
     skip_demonstrated: bool = _help("roll out the train tasks after the ones the base policy was demonstrated "
@@ -307,8 +301,8 @@ class AugmentConfig:
     """Stage 02: N candidate actions per state from the base policy."""
 
     n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16)
-    # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature): over 600
-    # stored states its 16 candidates held the expert's action in 55% at 1.2 and 62% at 0.8 (docs/results_log.md).
+    # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature), so a lower
+    # temperature gives candidates that hold the expert's action more often (docs/experiments.md).
     temperature: float = _help("sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", 0.8)
     max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2)
     batch_states: int = _help("states per sampling batch", 64)
@@ -352,13 +346,16 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class ComputeConfig:
-    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-07)."""
+    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-08)."""
 
     processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
-    workers: int = _help("CPU processes that share stages 04-07's independent jobs: the two VLMs' features, the "
-                         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
-                         "stage's own process)", 2)
+    workers: int = _help(
+        "CPU processes that share stages 04-08's independent jobs: the two VLMs' features, the "
+        "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
+        "stage's own process)",
+        2,
+    )
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -471,24 +468,18 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """Stage 06: Best-of-N policy extraction, the offline baselines, and the oracle diagnostic."""
+    """Stage 06: Best-of-N policy extraction and the offline baselines."""
 
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
     threshold_webshop: float = _help("the same for Web Shopping", 0.05)
-    updates: int = _help("optimizer steps of each policy's fit: every method gets the same budget, however many "
-                         "rows it keeps", 80)
+    updates: int = _help(
+        "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps", 80
+    )
     batch_size: int = _help("rows per step", 32)
     lr: float = _help("learning rate", 0.0005)
-    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.05)
+    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.7)
     digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
-    oracle_states: int = _help("states whose candidates get oracle values (0: no diagnostic)", 200)
-    oracle_rollouts: int = _help("continuation rollouts per distinct candidate", 32)
-    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
-    oracle_tolerance: float = _help("candidates this close to the best oracle value count as best", 0.05)
-    oracle_behaviour_rollouts: int = _help(
-        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
-    )
     seed: int = _help("seed", 5)
 
     def __post_init__(self) -> None:
@@ -500,16 +491,35 @@ class ActorConfig:
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
-# What stage 07's diagnostic can take from the simulator's expert (digiq.oracle.ExpertSkill).
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    """Stage 07: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
+
+    oracle_states: int = _help(
+        "stored states whose candidates get true values from rollouts (0: the stage is off)", 200
+    )
+    oracle_rollouts: int = _help("continuation rollouts of the noisy expert per distinct candidate", 32)
+    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
+    oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05)
+    behaviour_rollouts: int = _help(
+        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
+    )
+    seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
+
+
+# What stage 08's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Stage 07: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
+    """Stage 08: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
-    n_tasks: int | None = _help("first tasks of each test list; null: the whole list, which carries the intervals "
-                                "(its first 96 are the paper's protocol)", None)
+    n_tasks: int | None = _help(
+        "first tasks of each test list; null: the whole list, which carries the intervals "
+        "(its first 96 are the paper's protocol)",
+        None,
+    )
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",

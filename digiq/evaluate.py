@@ -1,43 +1,11 @@
-"""Stage 07: roll every policy out on held-out test tasks; success by task set and family.
+"""Evaluate policy checkpoints on task lists: episodes, success by task set and family, seeds paired.
 
-Protocol (DESIGN.md section 8, PROTOCOL.md): the first ``n_tasks`` tasks of
-each test list, in order; 10 steps for General, 20 for Web Shopping; success
-when the task's condition holds. The paper's protocol is the first 96 tasks;
-the whole list (320 General, 450 Web Shopping) carries the confidence intervals. Every
-seed's policies are evaluated with that seed's device and sampling seed (the
-base policy too, so its spread is sampling noise), which pairs seed ``s`` of
-one policy with seed ``s`` of another for the paired bootstrap.
-
-Writes, as ``{policy: {task_set: summary}}`` with each summary
-``{"success_rate", "success_rate_std", "per_seed", "n_episodes", "by_family",
-"tasks_by_family", "first96": {"success_rate", "success_rate_std", "per_seed",
-"n_episodes"}}`` (rates are means over seeds, the std is the sample std over
-seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
-
-- ``metrics/eval.json``: the base, the paper's comparison (``main``) and
-  Digi-Q's named ``variants`` (its rows beside the paper's method);
-- ``metrics/ablations.json``: Digi-Q and its ``ablations``;
-- ``metrics/eval_outcomes.json``: every episode's 0/1 success as
-  ``{policy: {task_set: ["0110...", one string per seed]}}``, in task-list order;
-- ``metrics/comparisons.json``: paired bootstrap intervals (:mod:`digiq.stats`)
-  as ``{task_set: {"A-B": {"diff", "ci95", "n_tasks", "seeds"}}}`` in
-  percentage points, for Digi-Q minus each other policy of ``eval.json`` and
-  each variant or ablation minus Digi-Q.
-
-With ``eval.train_tasks`` it also rolls the base and the paper's comparison
-(``main``) out on train tasks, the tasks of the first trajectories per task set in the
-offline data, into ``metrics/eval_train.json`` (same layout; ``{"off": why}``
-without them): the train columns of the paper's table, which tell a failure
-to generalise to unseen entities from a failure on the very tasks the data hold.
-
-On the simulator it also writes ``metrics/skills.json``: the base policy of
-the first seed again on the first 96 test tasks, with one skill at a time taken from the expert
-(:class:`digiq.oracle.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
-"n_episodes", "by_family", "tasks_by_family"}}}`` beside ``none``, the base
-alone on the same devices.
-
-``python -m digiq.evaluate`` runs any checkpoint on any task file with the
-same code (see :func:`main`).
+Every seed's policies are evaluated with that seed's device and sampling
+seed (the base policy too, so its spread is sampling noise), which pairs
+seed ``s`` of one policy with seed ``s`` of another for the paired
+bootstrap. Stage 08 (:mod:`digiq.stages.eval`) and ``python -m
+digiq.evaluate`` (:func:`main`: any checkpoint on any task file) run the
+same code.
 """
 
 from __future__ import annotations
@@ -67,56 +35,23 @@ from digiq.config import (
     load_params,
     load_section,
 )
-from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
 from digiq.env.gym_env import PhoneEnv
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
 from digiq.io import atomic_write_text
 from digiq.judge import evaluator_for
+from digiq.models.agents import ExpertSkill, ModelPolicy
 from digiq.models.checkpoint import read_config
 from digiq.models.policy import AutoUIPolicy
-from digiq.oracle import ExpertSkill
-from digiq.paths import Paths
 from digiq.rollout import EpisodeResult, Policy, rollout, success_by
-from digiq.stagekit import read_tasks, require, timed, write_metrics
-from digiq.stats import comparisons, sample_std
-from digiq.train.policy_fit import ModelPolicy
+from digiq.stats import sample_std
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
-    "run_eval", "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
-    "outcome_strings", "read_task_file", "train_tasks", "main",
+    "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
+    "outcome_strings", "outcome_array", "read_task_file", "main",
 ]  # fmt: skip
-
-
-def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
-    return paths.base_policy if policy == "base" else paths.actor(policy, seed)
-
-
-def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
-    """Per task set, the tasks of the first ``n`` trajectories in the offline data (by ``traj_id``).
-
-    Those are the train tasks the data hold, as the paper's train columns
-    count them. Instructions the simulator cannot parse (imported real data)
-    are passed over; a task set with no trajectory gets no list.
-    """
-    require("eval", paths.offline)
-    table = TrajectoryStore(paths.offline).read().select(["traj_id", "task_set", "task"]).to_pandas()
-    firsts = table.groupby("traj_id", sort=True).first()
-    out: dict[str, list[Task]] = {}
-    for ts in TASK_SETS:
-        tasks = []
-        for text in firsts.task[firsts.task_set == ts]:
-            try:
-                tasks.append(parse_task(text, ts))
-            except UnsupportedInstruction:
-                continue
-            if len(tasks) == n:
-                break
-        if tasks:
-            out[ts] = tasks
-    return out
 
 
 def load_agent(checkpoint: Path, cfg: EvalConfig, seed: int) -> ModelPolicy:
@@ -151,7 +86,7 @@ def evaluate_policy(agent: Policy, tasks: Mapping[str, Sequence[Task]], cfg: Eva
                     name: str = "policy") -> dict[str, list[EpisodeResult]]:  # fmt: skip
     """One seed's episodes of ``agent`` on each task set's tasks, in list order.
 
-    The one rollout loop of stage 07 and of ``python -m digiq.evaluate``:
+    The one rollout loop of stage 08 and of ``python -m digiq.evaluate``:
     devices seeded by ``cfg.seed + seed`` (the same for every policy of a
     seed), ``cfg.n_envs`` at a time, each task's own step limit.
     """
@@ -211,7 +146,7 @@ def outcome_strings(per_seed: Sequence[Sequence[EpisodeResult]]) -> list[str]:
     return ["".join("1" if r.success else "0" for r in results) for results in per_seed]
 
 
-def _outcome_array(per_seed: Sequence[Sequence[EpisodeResult]]) -> np.ndarray:
+def outcome_array(per_seed: Sequence[Sequence[EpisodeResult]]) -> np.ndarray:
     return np.array([[r.success for r in results] for results in per_seed], dtype=np.int8)
 
 
@@ -226,7 +161,7 @@ class EvalJob:
     cfg: EvalConfig
     env: EnvConfig
     screen_text: bool
-    skill: str | None = None  # an expert skill lent to the checkpoint (:class:`~digiq.oracle.ExpertSkill`)
+    skill: str | None = None  # an expert skill lent to the checkpoint (:class:`~digiq.models.agents.ExpertSkill`)
 
 
 def _worker_envs(env: EnvConfig, size: int) -> Callable[[], PhoneEnv]:
@@ -259,80 +194,6 @@ def run_jobs(jobs: Sequence[EvalJob], devices: DeviceConfig, judge: JudgeConfig,
     longest = max(len(listed) for job in jobs for listed in job.tasks.values())
     with device_pool(devices, jobs[0].env, judge, min(jobs[0].cfg.n_envs, longest)) as pool:
         return [evaluate_job(job, pool) for job in jobs]
-
-
-def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             variants: Sequence[str] = (), devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
-             workers: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
-
-    Every policy for every seed, so that each comparison pairs the same
-    seeds. Variants are Digi-Q with changes beyond the paper (``digiq_cql``...):
-    their rows stand beside the main ones, compared as "variant - digiq" like
-    the ablations. The train-task columns cover the paper's rows (the base
-    and ``main``); the expert-skill diagnostic the protocol's first 96 test tasks.
-
-    On ``devices`` (default: the in-process simulator); success on a real
-    emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
-    On the simulator the (policy, seed) evaluations are shared among
-    ``workers`` processes (:mod:`digiq.workers`); real devices are stepped
-    from this process. Returns every policy's summary (:func:`summarize`) per task set.
-    """
-    devices = devices or DeviceConfig()
-    table_rows = ["base", *main, *variants]  # the rows of eval.json; the ablations go to ablations.json
-    policies = [*table_rows, *ablations]
-    for s in range(seeds):
-        for p in policies:
-            require("eval", _checkpoint(paths, p, s) / "config.json")
-    tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
-    held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
-    train_rows = ["base", *main] if held_in else []
-    timing: dict[str, Any] = {}
-    # Every policy here descends from the base: its prompts read the screen when the base's did.
-    screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
-
-    def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str, skill: str | None = None) -> EvalJob:
-        return EvalJob(_checkpoint(paths, policy, seed), name, seed, listed, cfg, env, screen_text, skill)
-
-    # Each job reloads its checkpoint on its seed's own stream, so the train runs draw apart from the test runs.
-    jobs = [job(p, s, tasks, p) for s in range(seeds) for p in policies]
-    jobs += [job(p, s, held_in, f"{p} train") for s in range(seeds) for p in train_rows]
-    on_sim = devices.backend == "sim"
-    skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
-    if on_sim:
-        protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
-        jobs += [job("base", 0, protocol, f"base + expert {skill}", skill) for skill in cfg.expert_skills]
-    with timed(timing):
-        results = run_jobs(jobs, devices, judge or JudgeConfig(), workers)
-    done = dict(zip([(j.name, j.seed) for j in jobs], results, strict=True))
-    runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
-    if on_sim:
-        skills = {"policy": "base", "seed": 0,
-                  "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
-        for skill in cfg.expert_skills:
-            skills[skill] = {ts: seed_metrics(r) for ts, r in done[(f"base + expert {skill}", 0)].items()}
-    summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
-    write_metrics(paths, "eval", {p: summary[p] for p in table_rows})
-    write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
-    write_metrics(
-        paths, "eval_outcomes", {p: {ts: outcome_strings(r) for ts, r in sets.items()} for p, sets in runs.items()}
-    )
-    pairs = [("digiq", p) for p in ["base", *main] if p != "digiq"] + [(v, "digiq") for v in [*variants, *ablations]]
-    arrays = {p: {ts: _outcome_array(r) for ts, r in sets.items()} for p, sets in runs.items()}
-    write_metrics(paths, "comparisons", comparisons(arrays, pairs))
-    write_metrics(paths, "skills", skills)
-    if held_in:
-        train_summary: dict[str, Any] = {
-            p: {ts: summarize([done[(f"{p} train", s)][ts] for s in range(seeds)]) for ts in held_in}
-            for p in train_rows
-        }
-    else:
-        train_summary = {
-            "off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"
-        }
-    write_metrics(paths, "eval_train", train_summary)
-    write_metrics(paths, "eval_timing", {**timing, "workers": workers if on_sim else 1})
-    return summary
 
 
 def read_task_file(path: Path, task_set: str | None = None) -> tuple[dict[str, list[Task]], list[dict[str, Any]]]:
@@ -377,19 +238,19 @@ def _table(runs: Mapping[str, Sequence[Sequence[EpisodeResult]]]) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate a policy checkpoint on a file of instructions; print a table, optionally write JSON.
 
-    Runs :func:`evaluate_policy` as stage 07 does, with the params file's
+    Runs :func:`evaluate_policy` as stage 08 does, with the params file's
     ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
     the stage's checkpoints on the stage's task lists give the stage's figures.
     One ``--policy`` folder runs on every seed; several (one per seed, as
     stage 06 trains them) run seed ``s`` with the ``s``-th folder. On the
     simulator the seeds are shared among ``--workers`` processes (default:
-    the params' ``compute.workers``), as stage 07 shares its evaluations.
+    the params' ``compute.workers``), as stage 08 shares its evaluations.
     Bad input (a missing checkpoint or task file, a file with no parseable
     line) exits with status 2 and a message naming it.
     """
     ap = argparse.ArgumentParser(
         prog="python -m digiq.evaluate",
-        description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 07 does.",
+        description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 08 does.",
     )
     ap.add_argument("--policy", required=True, type=Path, nargs="+",
                     help="policy checkpoint folder (config.json + weights); several: one per seed, in seed order")  # fmt: skip
@@ -397,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--task-set", choices=TASK_SETS, default=None,
                     help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None,
-                    help="seeds 0..N-1 (devices and sampling, as stage 07's); default: the params' experiment.seeds")  # fmt: skip
+                    help="seeds 0..N-1 (devices and sampling, as stage 08's); default: the params' experiment.seeds")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
     ap.add_argument("--workers", type=int, default=None,

@@ -1,4 +1,4 @@
-"""Atomic file writing: an interrupted run never leaves a half-written file behind."""
+"""Files: atomic writing (an interrupted run never leaves a half-written file behind) and missing inputs named."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_folder", "atomic_write_text"]
+__all__ = ["atomic_path", "atomic_folder", "atomic_write_text", "StageError", "require"]
 
 
 @contextmanager
@@ -48,3 +48,14 @@ def atomic_folder(path: Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class StageError(RuntimeError):
+    """A stage cannot run: names the stage and what is missing or wrong."""
+
+
+def require(stage: str, *paths: Path) -> None:
+    """Stop with a message naming the stage and the missing upstream output."""
+    for p in paths:
+        if not p.exists():
+            raise StageError(f"stage {stage}: missing input {p}; run the upstream stage first (dvc repro)")

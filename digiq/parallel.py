@@ -1,7 +1,7 @@
 """Data parallelism over processes through ``accelerate``: several GPUs, or two CPU processes in the tests.
 
-A stage started by ``accelerate launch --num_processes N -m digiq.stage MODULE``
-(what :func:`digiq.stage.run_stage` does when ``compute.processes > 1``) runs
+A stage started by ``accelerate launch --num_processes N -m digiq.stages.launch MODULE``
+(what :func:`digiq.stages.launch.run_stage` does when ``compute.processes > 1``) runs
 the same code in N processes. Each process takes every N-th row of a global
 batch (:func:`shard`), and after ``backward`` the processes average their
 gradients (:func:`average_gradients`), so every optimizer step sees the
@@ -33,7 +33,7 @@ def state() -> PartialState:
     """The process group of this run (created on first use; one process unless launched by accelerate).
 
     Processes use the CPU (gloo) where there is no GPU or ``ACCELERATE_USE_CPU``
-    is set (:func:`digiq.stage.run_stage` sets it for ``compute.cpu``).
+    is set (:func:`digiq.stages.launch.run_stage` sets it for ``compute.cpu``).
     """
     return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
 

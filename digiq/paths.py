@@ -62,6 +62,11 @@ class Paths:
         return self.data / "models" / "actors" / f"seed{seed}" / name
 
     @property
+    def picks(self) -> Path:
+        """Stage 06's imitated rows of every policy and seed (:mod:`digiq.data.picks`)."""
+        return self.data / "models" / "actors" / "picks.parquet"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 

@@ -26,14 +26,34 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
-__all__ = ["results_markdown", "validation_markdown", "diagnostics_markdown", "update_readme", "save_results_chart", "expert_pick_table", "fill_block", "pct"]
+__all__ = [
+    "results_markdown",
+    "validation_markdown",
+    "diagnostics_markdown",
+    "update_readme",
+    "save_results_chart",
+    "expert_pick_table",
+    "fill_block",
+    "pct",
+]
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/experiments.md
 VALIDATION = ("<!-- validation:start -->", "<!-- validation:end -->")  # in docs/experiments.md
 TASK_SET_NAMES = {"general": "General", "webshop": "Web Shopping"}
-STAGES = ("tasks", "base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor", "eval")
+STAGES = (
+    "tasks",
+    "base_policy",
+    "collect",
+    "augment_actions",
+    "vlm_finetune",
+    "embed",
+    "critic",
+    "actor",
+    "diagnostics",
+    "eval",
+)
 HEADLINES = {
     "base_policy": ("demo_episodes", "train_loss_last"),
     "collect": ("trajectories", "transitions", "success_rate_by_task_set"),
@@ -108,7 +128,7 @@ def _family_table(results: dict[str, Any]) -> list[str]:
 
 
 def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[str]:
-    """The paired comparisons of stage 07 between ``rows``: difference in points and its 95% bootstrap interval.
+    """The paired comparisons of stage 08 between ``rows``: difference in points and its 95% bootstrap interval.
 
     Empty when no comparison has both its policies among ``rows`` (a table of its own per results table).
     """
@@ -138,7 +158,7 @@ def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[
 
 def _oracle_table(oracle: dict[str, Any]) -> list[str]:
     if not oracle.get("states"):
-        return ["Oracle diagnostic off (`actor.oracle_states: 0`)."]
+        return ["Oracle diagnostic off (`diagnostics.oracle_states: 0`)."]
     if "top1_hit_rate" not in oracle:
         return [f"Oracle diagnostic: no informative states among {oracle.get('states', 0)} sampled."]
     out = ["| ranking | top-1 is truly best (%) | true value of its pick |", "|---|---|---|"]
@@ -166,9 +186,9 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
 
 
 def expert_pick_table(pick: dict[str, Any]) -> list[str]:
-    """How often each ranking picks the expert's action, over every stored state (stage 06; notebooks 06 and 07)."""
+    """How often each ranking picks the expert's action, over every stored state (stage 07; notebook 07)."""
     if not pick:
-        return ["Expert picks off (`actor.oracle_states: 0`)."]
+        return ["Expert picks off (`diagnostics.oracle_states: 0`)."]
     if "hit_rate" not in pick:
         return ["Expert picks: no stored state has both expert and other valid candidates."]
     groups = [k.removeprefix("hit_rate_") for k in pick if k.startswith("hit_rate_")]
@@ -182,9 +202,9 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
-    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 06; notebook 06)."""
+    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 07; notebook 07)."""
     if not wrong:
-        return ["Wrong picks off (`actor.oracle_states: 0`), or the critic never missed the expert."]
+        return ["Wrong picks off (`diagnostics.oracle_states: 0`), or the critic never missed the expert."]
     columns = [(f"{head} (%)", lambda ts, kind, r, key=key: pct(r[key])) for head, key in
                (("critic's wrong picks", "critic"), ("data's action there", "data"), ("expert's action there", "expert"))]  # fmt: skip
     counts = ", ".join(f"{ts} {r['wrong_picks']}" for ts, r in wrong.items())
@@ -206,15 +226,15 @@ def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
                           "out).")  # fmt: skip
 
 
-def _rows_table(actor: dict[str, Any]) -> list[str]:
-    """Per policy: how many rows it imitates and how often their action is the expert's, per task set (stage 06)."""
-    shares = actor["rows_expert_share"]
+def _rows_table(diag: dict[str, Any], kept_rows: dict[str, float]) -> list[str]:
+    """Per policy: how many rows it imitates (stage 06) and how often their action is the expert's, per task set (stage 07)."""
+    shares = diag["rows_expert_share"]
     sets = list(next(iter(shares.values())))
     out = ["| policy | rows | " + " | ".join(f"expert's action, {ts} (%)" for ts in sets) + " |",
            "|---|---|" + "---|" * len(sets)]  # fmt: skip
     for name, share in shares.items():
         cells = [pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
-        out.append(f"| {name} | {actor['kept_rows'].get(name, '-')} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | {kept_rows.get(name, '-')} | " + " | ".join(cells) + " |")
     return out + ["", "rows: the (state, action) rows each policy is fit on (mean over its seeds); the share of them "
                   "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
 
@@ -223,7 +243,7 @@ Cell = Callable[[str, str, dict[str, Any]], str]  # (task set, group, support ro
 
 
 def _grouped_table(support: dict[str, Any], group: str, columns: list[tuple[str, Cell]], note: str) -> list[str]:
-    """A row per task set and group of a support report (stage 06), with the given columns."""
+    """A row per task set and group of a support report (stage 07), with the given columns."""
     out = [f"| task set | {group} | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for ts, groups in support.items():
         for g, r in groups.items():
@@ -239,7 +259,7 @@ _SUPPORT: list[tuple[str, Cell]] = [
 
 
 def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[str]:
-    """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 06)."""
+    """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 07)."""
     won: tuple[str, Cell] = ("data's success (%)", lambda ts, fam, r: pct(success[fam]) if fam in success else "-")
     return _grouped_table(support, "family", [_STATES, won, *_SUPPORT],
                           "A family whose states rarely offer a candidate that does what the simulator's expert would "
@@ -248,7 +268,7 @@ def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[s
 
 
 def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
-    """Per kind of the expert's action: what the data offer there (stage 06) and what Digi-Q keeps."""
+    """Per kind of the expert's action: what the data offer there and what Digi-Q keeps (stage 07)."""
 
     def digiq(key: str) -> Cell:
         def cell(ts: str, kind: str, r: dict[str, Any]) -> str:
@@ -264,7 +284,7 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
 
 
 def _skills_table(skills: dict[str, Any]) -> list[str]:
-    """The base policy alone and with each skill lent by the expert, per task set (stage 07, first seed)."""
+    """The base policy alone and with each skill lent by the expert, per task set (stage 08, first seed)."""
     if "off" in skills:
         return [f"Expert-skill diagnostic off: {skills['off']}."]
     out = ["| base policy | General test | Web Shopping test |", "|---|---|---|"]
@@ -281,7 +301,7 @@ def results_markdown(paths: Paths) -> str:
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
         return "No `metrics/eval.json` yet: run `make repro`."
-    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 07."]
+    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 08."]
     out = _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)
@@ -302,47 +322,57 @@ def validation_markdown(paths: Paths) -> str:
         return "No `metrics/val/` yet: run `make val` after `make repro`."
     runs = {p.stem: json.loads(p.read_text()) for p in found}
     sets = [ts for ts in TASK_SETS if any(ts in r for r in runs.values())]
-    out = ["| policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} val" for ts in sets) + " |", "|---" * (len(sets) + 1) + "|"]
+    out = [
+        "| policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} val" for ts in sets) + " |",
+        "|---" * (len(sets) + 1) + "|",
+    ]
     for name, r in runs.items():
         out.append(f"| {name} | " + " | ".join(_rate(r[ts]) if ts in r else "-" for ts in sets) + " |")
     r = next(iter(runs.values()))
     n = "/".join(str(r[ts]["n_episodes"]) for ts in sets)
-    return "\n".join(out + ["", f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
-                              "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s."])
+    return "\n".join(
+        out
+        + [
+            "",
+            f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
+            "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s.",
+        ]
+    )
 
 
 def diagnostics_markdown(paths: Paths) -> str:
     """The experiments page's diagnostics: per family, what each policy imitates, the critic's picks, stage times."""
-    ev, oracle, skills = _load(paths, "eval"), _load(paths, "oracle"), _load(paths, "skills")
+    ev, diag, skills = _load(paths, "eval"), _load(paths, "diagnostics") or {}, _load(paths, "skills")
     actor = _load(paths, "actor") or {}
+    oracle = diag if diag.get("states") else {}
     success = (_load(paths, "collect") or {}).get("success_rate_by_family", {})
     out: list[str] = []
     if ev:
         out += ["Success by family on the test list (%, mean over seeds):", ""] + _family_table(ev)
-    if "rows_expert_share" in actor:
-        out += ["", "What each policy imitates (stage 06):", ""] + _rows_table(actor)
-    if "expert_support" in actor:
-        out += ["", "Where the data can teach (stages 01 and 06):", ""] + _support_table(
-            actor["expert_support"], success
+    if "rows_expert_share" in diag:
+        out += ["", "What each policy imitates (stages 06 and 07):", ""] + _rows_table(diag, actor.get("kept_rows", {}))
+    if "expert_support" in diag:
+        out += ["", "Where the data can teach (stages 01 and 07):", ""] + _support_table(
+            diag["expert_support"], success
         )
-    if "expert_support_by_kind" in actor:
-        out += ["", "By the kind of the expert's action (stage 06):", ""] + _kind_table(
-            actor["expert_support_by_kind"], actor.get("digiq_rows_by_kind", {})
+    if "expert_support_by_kind" in diag:
+        out += ["", "By the kind of the expert's action (stage 07):", ""] + _kind_table(
+            diag["expert_support_by_kind"], diag.get("digiq_rows_by_kind", {})
         )
     if oracle:
-        out += ["", "Oracle diagnostic (stage 06; true candidate values from the simulator):", ""] + _oracle_table(
+        out += ["", "Oracle diagnostic (stage 07; true candidate values from the simulator):", ""] + _oracle_table(
             oracle
         )
-    if oracle and "expert_pick" in oracle:
-        out += ["", "Expert picks over all stored states (stage 06):", ""] + expert_pick_table(oracle["expert_pick"])
-    wrong = (oracle or {}).get("critic_wrong_picks")
+    if "expert_pick" in diag:
+        out += ["", "Expert picks over all stored states (stage 07):", ""] + expert_pick_table(diag["expert_pick"])
+    wrong = diag.get("critic_wrong_picks")
     if wrong:
-        out += ["", "Where Digi-Q's critic's picks go wrong (stage 06):", ""] + wrong_pick_table(wrong)
+        out += ["", "Where Digi-Q's critic's picks go wrong (stage 07):", ""] + wrong_pick_table(wrong)
     rewarded = (_load(paths, "critic") or {}).get("rewarded_steps")
     if rewarded:
         out += ["", "Digi-Q's critic at the data's rewarded steps (stage 05):", ""] + rewarded_table(rewarded)
     if skills:
-        out += ["", "Where the base policy loses (stage 07, first seed, the first 96 test tasks; success % with one "
+        out += ["", "Where the base policy loses (stage 08, first seed, the first 96 test tasks; success % with one "
                 "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
         out += _skills_table(skills)
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]

@@ -1,12 +1,12 @@
 """Statistics of evaluation results: sample spread over seeds and paired bootstrap intervals.
 
-Two policies evaluated on the same task list with the same seeds (stage 07
+Two policies evaluated on the same task list with the same seeds (stage 08
 gives seed ``s`` of every policy the same devices and sampling seed) meet
 the same tasks under the same conditions, so their difference is measured
 episode against episode. A paired bootstrap keeps that pairing: each
 replicate draws seeds and tasks with replacement and applies the same draw
 to both policies, so the spread of task difficulty, which both share, does
-not widen the interval of their difference (PROTOCOL.md, Statistics).
+not widen the interval of their difference.
 """
 
 from __future__ import annotations

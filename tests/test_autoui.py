@@ -232,7 +232,7 @@ def test_stage_00_saves_the_released_autoui_as_the_base_policy(tok, tmp_path, bl
 
     from digiq.config import BasePolicyConfig, ConfigError, EnvConfig, load_section
     from digiq.paths import Paths
-    from digiq.train.base_policy import run_base_policy
+    from digiq.stages.base_policy import run_base_policy
 
     folder, _, _ = blip2_folder
     _released(tok, tmp_path / "Auto-UI-Base", vocab_size=len(tok))

@@ -17,8 +17,9 @@ from digiq.config import (
     load_section,
 )
 from digiq.paths import Paths
-from digiq.stage import run_stage
-from digiq.train.actor import from_params as actor_stage
+from digiq.stages.actor import from_params as actor_stage
+from digiq.stages.diagnostics import from_params as diagnostics_stage
+from digiq.stages.launch import run_stage
 
 
 def test_repository_params_load():
@@ -84,14 +85,14 @@ def test_help_text_lists_every_field():
 
 
 def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
-    """Emulator episodes cannot be replayed in the simulator: the actor stage says which keys to change."""
+    """Emulator episodes cannot be replayed in the simulator: stages 06 and 07 say which key to change."""
     params = load_params()
     params["devices"]["backend"] = "emulator"
-    for change in ({}, {"ablations": {"perfect_critic": False}}, {"actor": {"oracle_states": 0}}):
-        p = {k: {**v, **change.get(k, {})} if isinstance(v, dict) else v for k, v in params.items()}
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
-        with pytest.raises(ValueError, match="actor.oracle_states must be 0 and ablations.perfect_critic false"):
-            run_stage(actor_stage, Paths(tmp_path), tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ValueError, match="ablations.perfect_critic must be false with devices.backend emulator"):
+        run_stage(actor_stage, Paths(tmp_path), tmp_path / "params.yaml")
+    with pytest.raises(ValueError, match="diagnostics.oracle_states must be 0 with devices.backend emulator"):
+        diagnostics_stage(params, Paths(tmp_path))
 
 
 def test_an_unknown_expert_skill_is_named():

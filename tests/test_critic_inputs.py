@@ -10,15 +10,13 @@ from conftest import TAP, TEXT_D, H
 
 from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
 from digiq.env.hierarchy import Tapped, tapped_elements
 from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.policy import AutoUIPolicy
-from digiq.paths import Paths
-from digiq.train.augment import read_candidates
-from digiq.train.critic import conservative_penalty, scored_candidates
-from digiq.train.critic_inputs import (
+from digiq.models.critic_inputs import (
     action_text,
     critic_inputs,
     distinct_actions,
@@ -29,7 +27,9 @@ from digiq.train.critic_inputs import (
     tapped,
     typed_match,
 )
-from digiq.train.embed import load_features
+from digiq.models.policy import AutoUIPolicy
+from digiq.paths import Paths
+from digiq.stages.critic import conservative_penalty, scored_candidates
 from digiq.viz.values import load_values
 
 

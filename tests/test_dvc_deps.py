@@ -122,9 +122,9 @@ def test_stage_deps_cover_the_digiq_files_it_runs(name: str) -> None:
 def test_closure_follows_lazy_imports_parents_and_submodules() -> None:
     rel = {p.relative_to(ROOT).as_posix() for p in digiq_closure(entry_modules(STAGES["critic"]["cmd"]))}
     # the stage's own module, what it imports, and the packages imported on the way
-    assert {"digiq/stage.py", "digiq/config.py", "digiq/train/critic.py", "digiq/models/critic.py"} <= rel
-    assert {"digiq/__init__.py", "digiq/train/__init__.py"} <= rel
-    assert "digiq/train/actor.py" not in rel  # another stage's module
+    assert {"digiq/stages/launch.py", "digiq/config.py", "digiq/stages/critic.py", "digiq/models/critic.py"} <= rel
+    assert {"digiq/__init__.py", "digiq/stages/__init__.py"} <= rel
+    assert "digiq/stages/actor.py" not in rel  # another stage's module
     assert ROOT / "digiq/env/__main__.py" in digiq_closure(entry_modules(STAGES["tasks"]["cmd"]))  # python -m digiq.env
     # an import inside a function counts
     assert "digiq.oracle" in imported_modules(ast.parse("def f():\n    from digiq import oracle\n"))

@@ -19,6 +19,7 @@ SECTIONS = {
     "embed": config.EmbedConfig,
     "critic": config.CriticConfig,
     "actor": config.ActorConfig,
+    "diagnostics": config.DiagnosticsConfig,
     "eval": config.EvalConfig,
     "experiment": config.ExperimentConfig,
     "ablations": config.AblationsConfig,
@@ -28,7 +29,7 @@ SECTIONS = {
 }
 
 
-EXPLORATION = {"08_explore_values.ipynb"}  # notebooks for people, run after the pipeline; not stages
+EXPLORATION = {"09_explore_values.ipynb"}  # notebooks for people, run after the pipeline; not stages
 
 
 def test_every_notebook_is_one_stage_that_depends_on_it():

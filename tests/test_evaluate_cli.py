@@ -20,11 +20,12 @@ import yaml
 from digiq import evaluate
 from digiq.config import EnvConfig, EvalConfig
 from digiq.env.taskgen import generate_tasks
-from digiq.evaluate import main, run_eval
+from digiq.evaluate import main
 from digiq.paths import ROOT, Paths
 from digiq.report import results_markdown, save_results_chart
 from digiq.rollout import ExpertPolicy
-from digiq.stagekit import write_metrics
+from digiq.stages.common import write_metrics
+from digiq.stages.eval import run_eval
 
 N_TASKS = 3
 WIDTH = 108

@@ -17,12 +17,12 @@ from digiq.env.hierarchy import DUMP_TRAILER, Tapped, describe, hierarchy_xml, s
 from digiq.env.screens import NOOP
 from digiq.env.state import Page
 from digiq.env.ui import Widget
+from digiq.io import StageError
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, episode_seed, rollout
-from digiq.stagekit import StageError
-from digiq.train.base_policy import run_base_policy
-from digiq.train.collect import run_collect
+from digiq.stages.base_policy import run_base_policy
+from digiq.stages.collect import run_collect
 
 ENTRY = re.compile(r"^(.+) (\d\.\d\d) (\d\.\d\d)$")
 

@@ -17,7 +17,7 @@ from digiq.judge import JudgeAuthError, JudgeError, VLMJudge, evaluator_for
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
-from digiq.train.collect import run_collect
+from digiq.stages.collect import run_collect
 
 
 class ChatServer:

@@ -23,12 +23,13 @@ from transformers import (
 )
 
 from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
+from digiq.data.features import load_features
 from digiq.env.actions import tap
 from digiq.models.tokenizer import llava_style_tokenizer
 from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, question
 from digiq.paths import Paths
-from digiq.train.embed import load_features, run_embed
-from digiq.train.vlm_finetune import checkpoint_layers, run_vlm_finetune, trainable
+from digiq.stages.embed import run_embed
+from digiq.stages.vlm_finetune import checkpoint_layers, run_vlm_finetune, trainable
 
 SIZE, PATCH = 32, 8
 

@@ -34,10 +34,8 @@ TINY = {
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,
         "digirl_value_epochs": 2,
-        "oracle_states": 6,
-        "oracle_rollouts": 2,
-        "oracle_behaviour_rollouts": 2,
     },
+    "diagnostics": {"oracle_states": 6, "oracle_rollouts": 2, "behaviour_rollouts": 2},
     "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
     "experiment": {"seeds": 2},
     "ablations": {"untuned_vlm": True, "n_candidates": [1]},
@@ -46,7 +44,7 @@ TINY = {
 VARIANTS = {"digiq_hierarchy": {"conservative": 0.3, "conservative_gate": True, "tap_targets": True,
                                 "typed_match": True, "list_entries": True}}  # fmt: skip
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-STAGES = [n for n in NOTEBOOKS if n != "08_explore_values.ipynb"]
+STAGES = [n for n in NOTEBOOKS if n != "09_explore_values.ipynb"]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +71,7 @@ def test_notebooks_are_committed_without_outputs():
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
-    assert len(STAGES) == 8
+    assert len(STAGES) == 9
     os.environ.setdefault("TQDM_DISABLE", "1")
     for name in STAGES:
         pm.execute_notebook(
@@ -124,22 +122,23 @@ def test_pipeline_notebooks_run_in_order(workspace):
         perfect["states_with_expert_candidate"] * actor["states"]
     )
     assert 0.0 <= perfect["taken_action_is_expert"] <= perfect["states_with_expert_candidate"] <= 1.0
-    shares = actor["rows_expert_share"]  # the share of each policy's rows that are the expert's action
+    diag = json.loads((workspace / "metrics" / "diagnostics.json").read_text())
+    shares = diag["rows_expert_share"]  # the share of each policy's rows that are the expert's action
     assert set(shares) == set(actor["kept_rows"]) and len(shares["digiq"]) == 2
     assert all(v in (1.0, None) for v in shares["digiq_perfect_critic"].values())  # its rows are the expert's by design
-    assert len(actor["rows_expert_share_per_seed"]["digiq"]) == 2
-    support = actor["expert_support"]  # per family, over every stored state
+    assert len(diag["rows_expert_share_per_seed"]["digiq"]) == 2
+    support = diag["expert_support"]  # per family, over every stored state
     assert sum(f["states"] for fams in support.values() for f in fams.values()) == actor["states"]
     assert all(
         0.0 <= f["taken_is_expert"] <= f["expert_candidate"] <= 1.0 for fams in support.values() for f in fams.values()
     )
-    by_kind = actor["expert_support_by_kind"]  # the same states, grouped by the expert's kind of action
+    by_kind = diag["expert_support_by_kind"]  # the same states, grouped by the expert's kind of action
     assert sum(k["states"] for kinds in by_kind.values() for k in kinds.values()) == actor["states"]
     assert all(kind in {t.name for t in ActionType} for kinds in by_kind.values() for kind in kinds)
-    kept = actor["digiq_rows_by_kind"]  # Digi-Q's rows per kind, pooled over its seeds
+    kept = diag["digiq_rows_by_kind"]  # Digi-Q's rows per kind, pooled over its seeds
     assert {ts: set(kinds) for ts, kinds in kept.items()} == {ts: set(kinds) for ts, kinds in by_kind.items()}
     assert all(0.0 <= k["kept"] <= 1.0 for kinds in kept.values() for k in kinds.values())
-    oracle = json.loads((workspace / "metrics" / "oracle.json").read_text())
+    oracle = diag  # true values of sampled states' candidates
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
     assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}
     behaviour = oracle["behaviour_values"]  # the same states continued by the base policy
@@ -152,7 +151,16 @@ def test_pipeline_notebooks_run_in_order(workspace):
         assert set(pick["hit_rate"]) == {"random", "critic_digiq", "critic_digiq_hierarchy", "critic_digiq_untuned",
                                          "taken_action", "probe_finetuned", "probe_untuned"}  # fmt: skip
     assert (workspace / "plots" / "results.png").stat().st_size > 0
-    for stage in ("base_policy", "collect", "augment_actions", "vlm_finetune", "embed", "critic", "actor"):
+    for stage in (
+        "base_policy",
+        "collect",
+        "augment_actions",
+        "vlm_finetune",
+        "embed",
+        "critic",
+        "actor",
+        "diagnostics",
+    ):
         m = json.loads((workspace / "metrics" / f"{stage}.json").read_text())
         assert m["wall_time_s"] >= 0, stage
     base = json.loads((workspace / "metrics" / "base_policy.json").read_text())
@@ -164,8 +172,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
 
 
 def test_the_values_notebook_draws_both_viewers_headless(workspace):
-    out = workspace / "executed_08.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / "08_explore_values.ipynb"), str(out), kernel_name="python3",
+    out = workspace / "executed_09.ipynb"
+    pm.execute_notebook(str(ROOT / "notebooks" / "09_explore_values.ipynb"), str(out), kernel_name="python3",
                         parameters={"root": str(workspace), "headless": True}, progress_bar=False, cwd=str(workspace))  # fmt: skip
     cells = json.loads(out.read_text())["cells"]
     outputs = [o for c in cells if c["cell_type"] == "code" for o in c["outputs"]]

@@ -3,6 +3,16 @@ import pytest
 import torch
 
 from digiq.data import TrajectoryStore
+from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_equivalent, replay
+from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
+from digiq.diagnostics.reports import (
+    action_kinds,
+    behaviour_report,
+    expert_pick_report,
+    ranking_report,
+    support_report,
+    wrong_pick_report,
+)
 from digiq.env import Dynamics, parse_task
 from digiq.env.actions import (
     format_action,
@@ -16,22 +26,7 @@ from digiq.env.actions import (
 )
 from digiq.env.expert import next_action
 from digiq.env.taskgen import generate_tasks
-from digiq.oracle import (
-    ExpertSkill,
-    action_kinds,
-    behaviour_report,
-    behaviour_values,
-    candidate_values,
-    expert_equivalent,
-    expert_pick_report,
-    expert_probe,
-    feature_probe,
-    ranking_report,
-    replay,
-    support_report,
-    within_state_share,
-    wrong_pick_report,
-)
+from digiq.models.agents import ExpertSkill
 from digiq.rollout import ExpertPolicy, RolloutBatch, episode_seed, rollout
 
 

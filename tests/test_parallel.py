@@ -13,9 +13,9 @@ import yaml
 from digiq import parallel
 from digiq.models.critic import Critic
 from digiq.paths import Paths
-from digiq.stage import run_stage
-from digiq.train.collect import run_collect
-from digiq.train.critic import from_params as critic_stage
+from digiq.stages.collect import run_collect
+from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.launch import run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "parallel_fits.py"
@@ -83,5 +83,7 @@ def test_a_failing_launched_stage_reports_its_error(tmp_path):
         RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"
     ):
         run_stage(critic_stage, Paths(tmp_path), tmp_path / "params.yaml")
-    with pytest.raises(ValueError, match="run_stage takes a digiq module's from_params, got digiq.train.collect.run_collect"):
+    with pytest.raises(
+        ValueError, match="run_stage takes a digiq module's from_params, got digiq.stages.collect.run_collect"
+    ):
         run_stage(run_collect, Paths(tmp_path), tmp_path / "params.yaml")

@@ -6,9 +6,9 @@ from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
 from digiq.data.trajectories import Step
 from digiq.env import Dynamics, parse_task
 from digiq.env.taskgen import generate_tasks
-from digiq.evaluate import train_tasks
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages.eval import train_tasks
 
 TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
 

@@ -13,14 +13,14 @@ import yaml
 from released import released, save_released
 
 from digiq.data import DataError, TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.legacy import import_legacy
 from digiq.data.start import place_imported
 from digiq.paths import ROOT, Paths
-from digiq.train.augment import read_candidates
-from digiq.train.embed import load_features
 
 OFF = {
-    "actor": {"oracle_states": 0},
+    "diagnostics": {"oracle_states": 0},
     "ablations": {"untuned_vlm": False, "perfect_critic": False},
     "critic": {"tap_targets": False, "list_entries": False},
 }
@@ -69,12 +69,14 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     paths = Paths(tmp_path / "root")
     with pytest.raises(DataError, match="lacks candidates.parquet, which starting at vlm_finetune needs"):
         place_imported([digirl], paths, "vlm_finetune", OFF)
-    with pytest.raises(DataError, match="actor.oracle_states must be 0"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "actor": {"oracle_states": 200}})
+    with pytest.raises(DataError, match="diagnostics.oracle_states must be 0"):
+        place_imported([digirl], paths, "augment_actions", {**OFF, "diagnostics": {"oracle_states": 200}})
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
         place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
     with pytest.raises(DataError, match="variants.digiq_hierarchy.tap_targets must be false"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}})
+        place_imported(
+            [digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}}
+        )
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
         place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
@@ -107,8 +109,8 @@ TINY = {
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,
         "digirl_value_epochs": 2,
-        "oracle_states": 0,
     },  # fmt: skip
+    "diagnostics": {"oracle_states": 0},
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
     "ablations": {"untuned_vlm": False, "n_candidates": [1], "perfect_critic": False},

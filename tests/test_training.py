@@ -10,11 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
+from digiq.data.picks import Picks
+from digiq.diagnostics.reports import expert_share, keep_by_group
 from digiq.env import generate_tasks, parse_task
 from digiq.env.actions import format_action, press_enter, tap, type_text
 from digiq.env.catalog import DEFAULT_APPS
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy_fit import FitRow, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.report import (
@@ -31,12 +34,11 @@ from digiq.report import (
     validation_markdown,
     wrong_pick_table,
 )
-from digiq.stagekit import write_metrics
+from digiq.stages.actor import best_of_n
+from digiq.stages.base_policy import family_top_up, randomize_copied_words, started_in_apps
+from digiq.stages.common import write_metrics
+from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
 from digiq.stats import sample_std
-from digiq.train.actor import Picks, best_of_n, expert_share, keep_by_group
-from digiq.train.base_policy import family_top_up, randomize_copied_words, started_in_apps
-from digiq.train.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
-from digiq.train.policy_fit import FitRow, fit_policy
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -170,12 +172,12 @@ def test_expert_share_judges_the_picked_candidate_per_task_set():
     right = np.array([[False, True], [True, False], [True, True], [False, False]])
     task_sets = np.array(["general", "general", "webshop", "webshop"])
     # General: state 0's column 1 is the expert's, state 1's column 1 is not; Web Shopping keeps no row.
-    assert expert_share(right, Picks(np.array([0, 1]), np.array([1, 1])), task_sets) == {
+    assert expert_share(right, np.array([0, 1]), np.array([1, 1]), task_sets) == {
         "general": 0.5,
         "webshop": None,
     }
     # The data's own actions (column 0): state 1 right, state 2 right, state 3 wrong.
-    assert expert_share(right, Picks.taken(np.array([1, 2, 3])), task_sets) == {"general": 1.0, "webshop": 0.5}
+    assert expert_share(right, *Picks.taken(np.array([1, 2, 3])), task_sets) == {"general": 1.0, "webshop": 0.5}
 
 
 def _result(rates: list[float], family: str) -> dict:
@@ -198,18 +200,18 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     })  # fmt: skip
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395},
-                                   "kept_rows": {"digiq": 120.5, "filtered_bc": 80},
-                                   "expert_support": {"webshop": {"select_first": {"states": 40, "taken_is_expert": 0.3,
-                                                                                   "expert_candidate": 0.65}}},
-                                   "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
-                                                         "filtered_bc": {"general": None, "webshop": 0.7}},
-                                   "expert_support_by_kind": {"webshop": {"PRESS_BACK": {"states": 12, "taken_is_expert": 0.1,
-                                                                                         "expert_candidate": 0.6}}},
-                                   "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}}})  # fmt: skip
+                                   "kept_rows": {"digiq": 120.5, "filtered_bc": 80}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7,
                                     "rewarded_steps": {"webshop": {"select_first": {"steps": 4.0, "q_taken": 0.0888}}}})  # fmt: skip
     write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
-    write_metrics(paths, "oracle", {"states": 10, "informative_states": 4,
+    write_metrics(paths, "diagnostics", {"states": 10, "informative_states": 4,
+                                    "expert_support": {"webshop": {"select_first": {"states": 40, "taken_is_expert": 0.3,
+                                                                                    "expert_candidate": 0.65}}},
+                                    "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
+                                                          "filtered_bc": {"general": None, "webshop": 0.7}},
+                                    "expert_support_by_kind": {"webshop": {"PRESS_BACK": {
+                                        "states": 12, "taken_is_expert": 0.1, "expert_candidate": 0.6}}},
+                                    "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}},
                                     "top1_hit_rate": {"random": 0.25, "critic": 0.5},
                                     "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8},
                                     "expert_pick": {"states": 50, "informative_states": 30,
@@ -237,7 +239,9 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
-    assert expert_pick_table({}) == ["Expert picks off (`actor.oracle_states: 0`)."]  # notebook 06 without the oracle
+    assert expert_pick_table({}) == [
+        "Expert picks off (`diagnostics.oracle_states: 0`)."
+    ]  # notebook 07 with the stage off
     assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
     readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
@@ -279,8 +283,8 @@ def _typed(action: str) -> str:
 _RENAME_IN_A_FRESH_INTERPRETER = """
 import random
 from digiq.env.actions import format_action, type_text
-from digiq.train.base_policy import randomize_copied_words
-from digiq.train.policy_fit import FitRow
+from digiq.stages.base_policy import randomize_copied_words
+from digiq.models.policy_fit import FitRow
 goal = 'Go to walmart.com, search for "kindle paperwhite signature edition black"'
 row = FitRow("Previous Actions:  Goal: " + goal, "a.png", format_action(type_text("kindle paperwhite signature edition black")))
 rng = random.Random(0)

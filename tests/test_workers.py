@@ -8,17 +8,25 @@ import pytest
 import torch
 import yaml
 
-from digiq.config import ActorConfig, CollectConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.config import (
+    CollectConfig,
+    DeviceConfig,
+    DiagnosticsConfig,
+    EnvConfig,
+    EvalConfig,
+    JudgeConfig,
+    load_section,
+)
+from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.evaluate import EvalJob, device_pool, evaluate_job
 from digiq.models.critic import Critic
 from digiq.paths import Paths
-from digiq.stage import run_stage
-from digiq.train import actor
-from digiq.train.augment import read_candidates
-from digiq.train.critic import from_params as critic_stage
+from digiq.stages import diagnostics
+from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.launch import run_stage
 from digiq.workers import map_jobs, threads_per_worker
 
 WIDTH = 108
@@ -99,14 +107,14 @@ def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_pa
 
 
 def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monkeypatch):
-    """Stage 06's oracle values, base log-likelihoods and behaviour values, in chunks over two workers."""
-    monkeypatch.setattr(actor, "ORACLE_CHUNK", 3)  # two chunks of the six states below
+    """Stage 07's true values, base log-likelihoods and behaviour values, in chunks over two workers."""
+    monkeypatch.setattr(diagnostics, "ORACLE_CHUNK", 3)  # two chunks of the six states below
     paths = Paths(values_root)
     params = yaml.safe_load((values_root / "params.yaml").read_text())
     steps, cands = TrajectoryStore(paths.offline).read().to_pandas(), read_candidates(paths).to_pandas()
-    cfg = ActorConfig(oracle_states=6, oracle_rollouts=2, oracle_behaviour_rollouts=1)
+    cfg = DiagnosticsConfig(oracle_states=6, oracle_rollouts=2, behaviour_rollouts=1)
     env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
-    one, two = (actor._oracle_sample(cfg, env, collect, 0.9, steps, cands, paths, w) for w in (1, 2))
+    one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, paths, w) for w in (1, 2))
     assert set(one) == set(two) == {"idx", "valid", "oracle", "loglik", "behaviour"}
     assert one["oracle"].shape == one["behaviour"].shape == (6, 3)
     assert one["oracle"].max() > 0 and len(np.unique(one["loglik"])) > 1  # equality below is not vacuous

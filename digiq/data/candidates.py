@@ -12,10 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from digiq.data.trajectories import read_table
 from digiq.env.actions import parse_action
 from digiq.io import atomic_path
+from digiq.paths import Paths
 
-__all__ = ["CANDIDATE_FIELDS", "SPLIT", "write_candidates"]
+__all__ = ["CANDIDATE_FIELDS", "SPLIT", "write_candidates", "read_candidates"]
 
 CANDIDATE_FIELDS = ("traj_id", "step_id", "action_list", "valid_list")
 SPLIT = "<split>"  # Digi-Q's separator when a state's candidates are joined into one string
@@ -34,3 +36,9 @@ def write_candidates(path: Path, traj_ids: Sequence[int], step_ids: Sequence[int
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
     return valid
+
+
+def read_candidates(paths: Paths) -> pa.Table:
+    """Stage 02's table, sorted by trajectory and step; a missing, corrupt or incomplete file is named."""
+    table = read_table(paths.candidates, CANDIDATE_FIELDS, "candidates", "augment_actions")
+    return table.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])

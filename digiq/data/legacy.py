@@ -1,7 +1,7 @@
 """Import the released Digi-Q and DigiRL ``.pt`` files into this repository's dataset format.
 
 A released file is a ``torch.save``d list of trajectories, each a list of
-step dicts (REFERENCE.md). DigiRL steps carry the transition and BLIP-2
+step dicts (docs/real-models.md). DigiRL steps carry the transition and BLIP-2
 image features; Digi-Q steps add ``traj_id``/``step_id``, the next image,
 the candidate actions (``action_list``, ``<split>``-joined, index 0 = taken)
 and the VLM representations (``q_rep_out_list``). Images are referenced by

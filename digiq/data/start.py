@@ -49,8 +49,8 @@ START_STAGES = {
 
 def _check_params(stage: str, params: dict[str, Any]) -> None:
     """Refuse settings that need what imported data cannot give, naming the key to change."""
-    if params.get("actor", {}).get("oracle_states", 0) > 0:
-        raise DataError("actor.oracle_states must be 0 with imported data: the oracle replays each episode in the "
+    if params.get("diagnostics", {}).get("oracle_states", 0) > 0:
+        raise DataError("diagnostics.oracle_states must be 0 with imported data: the oracle replays each episode in the "
                         "simulator, and imported episodes did not happen there")  # fmt: skip
     if params.get("ablations", {}).get("perfect_critic", False):
         raise DataError("ablations.perfect_critic must be false with imported data: the simulator's expert picks "

@@ -15,6 +15,7 @@ Digi-Q's release so its users feel at home (see :data:`STEP_SCHEMA`).
 from __future__ import annotations
 
 import json
+import random
 import re
 import typing
 from collections.abc import Iterable, Sequence
@@ -27,9 +28,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
-from digiq.io import atomic_path, atomic_write_text
+from digiq.io import atomic_path, atomic_write_text, require
 
-__all__ = ["Step", "STEP_SCHEMA", "DataError", "TrajectoryStore", "mc_returns", "observation_text"]
+__all__ = [
+    "Step",
+    "STEP_SCHEMA",
+    "DataError",
+    "TrajectoryStore",
+    "mc_returns",
+    "observation_text",
+    "split_trajectories",
+]
 
 
 class DataError(ValueError):
@@ -171,3 +180,23 @@ class TrajectoryStore:
                 return np.asarray(im.convert("RGB"))
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read screenshot {path}: {e}") from None
+
+
+def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:
+    """The held-out trajectory ids (a fixed fraction, by seed)."""
+    ids = sorted(set(traj_ids))
+    random.Random(seed).shuffle(ids)
+    return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()
+
+
+def read_table(path: Path, fields: Sequence[str], what: str, stage: str) -> pa.Table:
+    """A Parquet table one stage wrote for another: a missing file names ``stage``, a corrupt or incomplete one ``what``."""
+    require(stage, path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"corrupt {what} file {path}: {e}") from None
+    missing = set(fields) - set(table.column_names)
+    if missing:
+        raise DataError(f"{what} file {path} lacks field(s) {sorted(missing)}")
+    return table

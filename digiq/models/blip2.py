@@ -2,7 +2,7 @@
 
 AutoUI never sees pixels. A frozen BLIP-2 vision tower (ViT-g, from
 ``Salesforce/blip2-opt-2.7b``) turns each screenshot into its pooled output,
-one 1408-d vector, and the policy attends to that (REFERENCE.md; the released
+one 1408-d vector, and the policy attends to that (the AutoUI paper; the released
 ``image_features`` keys hold exactly these). This module loads only that
 tower from a local BLIP-2 folder, reproduces its image processor's
 resize-and-normalise in torch, and returns the pooled features.

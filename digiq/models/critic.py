@@ -2,7 +2,7 @@
 
 Q reads the state's features and the (state, action) representation (of
 the same size, or ``action_dim``); V reads the state's features. Both may
-end with text features (``text``; :mod:`digiq.train.critic_inputs`). Both heads
+end with text features (``text``; :mod:`digiq.models.critic_inputs`). Both heads
 are small MLPs, so TD learning over tens of thousands of transitions takes
 seconds on a CPU.
 """
@@ -28,11 +28,11 @@ class CriticNetConfig:
     # The (state, action) representation's size; 0 = feature_dim. Released Digi-Q data pairs 1408-d BLIP-2
     # state features with 4096-d LLaVA action representations.
     action_dim: int = 0
-    # Whether the inputs end with text features of the goal and the actions (digiq.train.critic_inputs): whoever
+    # Whether the inputs end with text features of the goal and the actions (digiq.models.critic_inputs): whoever
     # scores with this critic must build its inputs the same way.
     text: bool = False
     # Whether the candidates' text features end with the label of the element each tap lands on
-    # (critic.tap_targets; digiq.train.critic_inputs.tap_targets).
+    # (critic.tap_targets; digiq.models.critic_inputs.tap_targets).
     targets: bool = False
     # Whether they end with the typed text's match with the goal (critic.typed_match; critic_inputs.typed_match).
     typed: bool = False

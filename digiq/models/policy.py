@@ -25,7 +25,15 @@ from transformers.modeling_outputs import BaseModelOutput
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.checkpoint import load_weights, read_config, read_released_weights, save_checkpoint
 
-__all__ = ["PolicyConfig", "ScreenEncoder", "PooledFeatureScreen", "GatedImageFusion", "CopyHead", "StepDecoder", "AutoUIPolicy"]
+__all__ = [
+    "PolicyConfig",
+    "ScreenEncoder",
+    "PooledFeatureScreen",
+    "GatedImageFusion",
+    "CopyHead",
+    "StepDecoder",
+    "AutoUIPolicy",
+]
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ class PooledFeatureScreen(nn.Module):
 
     ``prepare`` runs screenshots through the frozen tower once (training
     preloads through it, as with the CNN) or passes precomputed features
-    through: the released data's ``image_features`` (REFERENCE.md). The tower
+    through: the released data's ``image_features``. The tower
     is loaded on first use from ``image_encoder_path`` and is never part of a
     policy checkpoint: it is frozen and a gigabyte large.
     """

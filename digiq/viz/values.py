@@ -17,18 +17,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from digiq.config import ActorConfig, CollectConfig, EnvConfig, load_params, load_section
+from digiq.config import ActorConfig, CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import TrajectoryStore
+from digiq.diagnostics.ground_truth import stored_state_values
 from digiq.env.tasks import parse_task
+from digiq.io import require
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic
-from digiq.oracle import stored_state_values
+from digiq.models.critic_inputs import inputs_for
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
-from digiq.stagekit import require
-from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import inputs_for
-from digiq.train.embed import load_features
 
 __all__ = ["ValueData", "load_values"]
 
@@ -48,7 +48,8 @@ class ValueData:
     candidates: pd.DataFrame
     store: TrajectoryStore
     env: EnvConfig
-    actor: ActorConfig  # Best-of-N's thresholds and the oracle's settings
+    actor: ActorConfig  # Best-of-N's thresholds
+    diagnostics: DiagnosticsConfig  # the true values' rollouts
     collect_seed: int
     gamma: float
 
@@ -73,8 +74,8 @@ class ValueData:
         return stored_state_values(parse_task(row.task, row.task_set), episode_seed(self.collect_seed, traj_id),
                                    step.action[step.step_id < step_id].tolist(),
                                    cands.sort_values("index").action.tolist(), dynamics=self.env.dynamics(),
-                                   width=self.env.width, rollouts=self.actor.oracle_rollouts,
-                                   noise=self.actor.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
+                                   width=self.env.width, rollouts=self.diagnostics.oracle_rollouts,
+                                   noise=self.diagnostics.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
 
 
 def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq") -> ValueData:
@@ -111,4 +112,5 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
     })  # fmt: skip
     gamma = float(read_meta(paths.critic(seed, row))["gamma"])  # the discount the critic was trained with
     return ValueData(steps, table, store, load_section(EnvConfig, "env", params), actor,
+                     load_section(DiagnosticsConfig, "diagnostics", params),
                      load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip

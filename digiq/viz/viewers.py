@@ -1,6 +1,6 @@
 """Look at Q and V: a trajectory viewer and an action viewer, as ipywidgets or static figures.
 
-Digi-Q's own README starts by offering two browser apps for this; here they
+Digi-Q's release offers two browser apps for this; here they
 live in JupyterLab next to the data. Open them with one call each::
 
     from digiq.viz.values import load_values

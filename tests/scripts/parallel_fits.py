@@ -9,9 +9,9 @@ import torch
 
 from digiq import parallel
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy_fit import FitRow, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
-from digiq.train.policy_fit import FitRow, fit_policy
 
 
 def main(out: Path) -> None:

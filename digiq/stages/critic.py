@@ -4,7 +4,7 @@ Q target: r + gamma * (1 - done) * V_target(s');  V target: Q_target(s, a_data)
 (pessimistic minima of the twin heads), target networks soft-updated with tau.
 This is Digi-Q's critic; the features stay frozen, so it trains in seconds.
 Its inputs are the VLM's features and, as in Digi-Q, text features of the
-goal and the actions (``text_features``; :mod:`digiq.train.critic_inputs`).
+goal and the actions (``text_features``; :mod:`digiq.models.critic_inputs`).
 
 Beyond the paper, as named variants with their own rows (``variants`` in
 params.yaml): ``conservative``, a CQL term (Kumar et al. 2020). TD fits Q on
@@ -36,16 +36,28 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.candidates import read_candidates
+from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
+from digiq.io import require
 from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
-from digiq.stagekit import require, save_curve_plot, timed, write_metrics
-from digiq.train.augment import read_candidates
-from digiq.train.critic_inputs import critic_inputs, distinct_actions, tap_targets
-from digiq.train.vlm_finetune import split_trajectories
+from digiq.stages.common import save_curve_plot, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
-__all__ = ["from_params", "CriticSpec", "critic_specs", "run_critic", "CriticJob", "fit_critic_job", "fit_critic", "td_step", "td_fit", "scored_candidates", "rewarded_fit"]
+__all__ = [
+    "from_params",
+    "CriticSpec",
+    "critic_specs",
+    "run_critic",
+    "CriticJob",
+    "fit_critic_job",
+    "fit_critic",
+    "td_step",
+    "td_fit",
+    "scored_candidates",
+    "rewarded_fit",
+]
 
 
 def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
@@ -77,8 +89,8 @@ def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.
     ``floor``, so the term stops pushing it once it is there (the
     calibration of Cal-QL, with the lowest possible return as the bound).
     Without it, an action that is a candidate almost everywhere and rarely
-    taken has its Q pushed far below any return: Back's mean Q fell to -1.2
-    and Home's to -7 where returns lie in [0, 1] (README, results).
+    taken (Back, Home) has its Q pushed far below any return, where returns
+    lie in [0, 1].
     """
     ok = scored.clone()
     ok[:, 0] = True  # the taken action counts even when it did not parse
@@ -94,7 +106,7 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
 
     The conservative term lifts Q of the data's action against the other
     candidates; at every step it also lifts the base's slips, and the
-    critic's wrong picks went to Back, the commonest (README, results).
+    critic's wrong picks go to the commonest of them (Back).
     ``critic.conservative_gate`` keeps the term to these steps.
     """
     gain = _td_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"]))
@@ -107,9 +119,8 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     With ``targets`` (``critic.tap_targets``) an action is what it does,
     taps on the same element being one (:func:`distinct_actions`), as for the
     perfect critic (stage 06). Without them a tap is only its point; counting
-    distinct action strings (taps a pixel apart being two) halved the
-    labelled critic's picks where the expert taps (README, results), so
-    every candidate stays, as before.
+    distinct action strings would count taps a pixel apart as two and
+    push the right tap down with its near copies, so every candidate stays.
     """
     table = read_candidates(paths)
     valid = np.stack(table.column("valid_list").to_numpy(zero_copy_only=False))
@@ -203,8 +214,7 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     Best-of-N keeps a pick when Q - V clears a fixed threshold, so Q and V
     must agree where they meet, at the taken action. A conservative term
     strong enough to outweigh TD moves Q off its target by a shift that
-    differs from seed to seed, and with it the share of states kept (at 1.0:
-    Q(s, a) - V(s) from -0.17 to +0.20 on General over three seeds; docs/results_log.md).
+    differs from seed to seed, and with it the share of states kept.
     """
     q = torch.minimum(*critic.q(data["state"], data["action"]))
     target = _td_target(critic, data, gamma)
@@ -221,8 +231,8 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
     (``fit_critic``'s ``train_rows``). A rewarded step ends its episode, so
     its TD target is exactly the reward, 1: a Q far below it means the critic
     cannot tell that step from the unrewarded ones it resembles, and no
-    candidate that would finish the task there can stand out to Best-of-N
-    (README, results: four of Web Shopping's select_first). Both numbers are
+    candidate that would finish the task there can stand out to Best-of-N.
+    Both numbers are
     means over the seeds whose training split holds any of the family's
     rewarded steps; families with none in any split are left out.
     """
@@ -299,7 +309,9 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
                         f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
     scored = None
     if cfg.conservative > 0:
-        scored = process_cached(("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets))
+        scored = process_cached(
+            ("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets)
+        )
     fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
     if parallel.is_main():
         fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
@@ -348,8 +360,12 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
                          load_section(AblationsConfig, "ablations", params).untuned_vlm)  # fmt: skip
-    return run_critic(specs, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-                      workers=load_section(ComputeConfig, "compute", params).workers)
+    return run_critic(
+        specs,
+        paths,
+        seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+        workers=load_section(ComputeConfig, "compute", params).workers,
+    )

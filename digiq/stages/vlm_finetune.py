@@ -18,23 +18,17 @@ from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import VLMFinetuneConfig, load_section
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
+from digiq.io import require
 from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
 from digiq.paths import Paths
-from digiq.stagekit import require, save_curve_plot, timed, write_metrics
+from digiq.stages.common import save_curve_plot, timed, write_metrics
 
-__all__ = ["from_params", "run_vlm_finetune", "split_trajectories", "labelled_pairs", "trainable", "add_lora", "merge_lora"]
+__all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "trainable", "add_lora", "merge_lora"]
 
 # The language model's linear layers (Llama names); the vision tower's q/k/v/out projections stay frozen.
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
-
-
-def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:
-    """The held-out trajectory ids (a fixed fraction, by seed)."""
-    ids = sorted(set(traj_ids))
-    random.Random(seed).shuffle(ids)
-    return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()
 
 
 def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> list[dict[str, Any]]:
@@ -119,10 +113,9 @@ def checkpoint_layers(vlm: ScreenVLM) -> None:
 
     The projector trains in every mode, so the gradient runs back through all
     32 language-model layers and their activations are kept whatever trains:
-    with LLaVA-1.5-7B that is most of a step's memory, and a LoRA step on 16
-    pairs ran out of an 80 GB GPU without this (README, "Memory and size of
-    the real models", for the measured peaks and cost). The gradients are
-    the same up to float rounding.
+    with LLaVA-1.5-7B that is most of a step's memory, more than one 80 GB
+    GPU holds for a LoRA step (docs/real-models.md, "Memory and size of the
+    real models"). The gradients are the same up to float rounding.
     """
     vlm.model.activation_checkpointing_enable({"use_reentrant": False})
 
@@ -197,5 +190,5 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 03 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    """Stage 03 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths)

@@ -11,10 +11,7 @@ checkpoint), frozen, its states averaged over the tokens
 
 Without them the critic cannot tell a candidate that types the goal's words
 from one that types garbage: the VLM's fine-tune asks only whether an action
-changes the screen. In the default pipeline (3 seeds) they raised the
-held-out correlation of V with the return from 0.30 to 0.60, the critic's
-oracle top-1 from 51.2% to 53.9%, and Digi-Q's test success from 18.4 / 30.2
-to 19.4 / 36.5 (README, results).
+changes the screen.
 """
 
 from __future__ import annotations
@@ -26,19 +23,21 @@ import numpy as np
 import pandas as pd
 
 from digiq import parallel
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
 from digiq.env.hierarchy import Tapped, tapped_elements
-from digiq.models.critic import CriticNetConfig
+from digiq.io import require
+from digiq.models.checkpoint import read_meta
+from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stagekit import require
-from digiq.train.augment import read_candidates
-from digiq.train.embed import load_features
 
 __all__ = [
     "critic_inputs",
     "inputs_for",
+    "trained_inputs",
     "action_text",
     "tapped",
     "tap_targets",
@@ -80,8 +79,7 @@ def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence
     Read from the view hierarchy stored beside each screenshot
     (``collect.view_hierarchy``), one parse per screen. Digi-Q's critic gets
     this from LLaVA, which reads the screen; the tiny VLM here cannot read a
-    label at 96 pixels, so without it a tap is only a point to the critic
-    (README, results).
+    label at 96 pixels, so without it a tap is only a point to the critic.
     """
     out = []
     for image, texts in zip(images, action_lists, strict=True):
@@ -106,10 +104,9 @@ def entry_features(hits: Sequence[Tapped]) -> np.ndarray:
 
     A results page's entries differ in their labels, not in anything that
     says which comes first; a VLM sees the order, the tiny one here does not.
-    Select-the-first-entry tasks hinge on it: without it the critics valued
-    the rewarded tap on the first product like the unrewarded taps on the
-    others (README, results). The first number keeps "no entry" apart from
-    a deep one.
+    Select-the-first-entry tasks hinge on it: without it a critic can only
+    value the rewarded tap on the first product like the unrewarded taps on
+    the others. The first number keeps "no entry" apart from a deep one.
     """
     rows = [(1.0, 1.0 / (1 + hit.entry)) if hit.entry >= 0 else (0.0, 0.0) for hit in hits]
     return np.array(rows, np.float32).reshape(-1, 2)
@@ -120,8 +117,7 @@ def typed_match(goal: str, action: str) -> tuple[float, float]:
 
     Both are 0 for other actions and empty texts; case is ignored. A
     pretrained language model tells "seagate 2tb" from "ateseag 2tbse"; the
-    token averages of the tiny T5 here barely do, so its critic picked the
-    expert's typed text less often than the data did (README, results). AitW's
+    token averages of the tiny T5 here barely do. AitW's
     typing tasks type words of the goal (queries, addresses), which is what
     these two numbers measure; TD still learns when typing them pays.
     """
@@ -242,3 +238,19 @@ def critic_inputs(
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
     """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 06, the Q/V viewer)."""
     return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
+
+
+def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each stage-05 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
+
+    Rows whose critics read the same VLM's features with the same options
+    share one build (the paper's row and its ablations over N, for instance).
+    """
+    built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for row in rows:
+        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
+        if key not in built:
+            built[key] = inputs_for(paths, *key)
+        out[row] = built[key]
+    return out

@@ -11,20 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
 from digiq.config import AugmentConfig
-from digiq.data.candidates import CANDIDATE_FIELDS, write_candidates
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.candidates import write_candidates
+from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
+from digiq.io import require
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stagekit import require, timed, write_metrics
+from digiq.stages.common import timed, write_metrics
 
-__all__ = ["run_augment", "read_candidates"]
+__all__ = ["run_augment"]
 
 
 def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
@@ -67,15 +66,3 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
     )
     write_metrics(paths, "augment_actions", metrics)
     return metrics
-
-
-def read_candidates(paths: Paths) -> pa.Table:
-    require("augment_actions", paths.candidates)
-    try:
-        table = pq.read_table(paths.candidates)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"corrupt candidates file {paths.candidates}: {e}") from None
-    missing = set(CANDIDATE_FIELDS) - set(table.column_names)
-    if missing:
-        raise DataError(f"candidates file {paths.candidates} lacks field(s) {sorted(missing)}")
-    return table.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])

@@ -15,21 +15,10 @@ matplotlib.use("Agg")  # headless: stages run under papermill and DVC
 import matplotlib.pyplot as plt  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
-from digiq.io import atomic_path, atomic_write_text  # noqa: E402
+from digiq.io import StageError, atomic_path, atomic_write_text, require  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["StageError", "read_tasks", "write_metrics", "timed", "save_curve_plot", "require"]
-
-
-class StageError(RuntimeError):
-    """A stage cannot run: names the stage and what is missing or wrong."""
-
-
-def require(stage: str, *paths: Path) -> None:
-    """Stop with a message naming the stage and the missing upstream output."""
-    for p in paths:
-        if not p.exists():
-            raise StageError(f"stage {stage}: missing input {p}; run the upstream stage first (dvc repro)")
+__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot"]
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:

@@ -18,9 +18,8 @@ from tqdm.auto import tqdm
 from digiq import parallel
 from digiq.data.trajectories import TrajectoryStore
 from digiq.models.policy import AutoUIPolicy
-from digiq.rollout import RolloutBatch
 
-__all__ = ["FitRow", "load_screens", "fit_policy", "ModelPolicy", "demo_rows"]
+__all__ = ["FitRow", "load_screens", "fit_policy", "demo_rows"]
 
 
 @dataclass(frozen=True)
@@ -112,18 +111,6 @@ def _loss(model: AutoUIPolicy, rows: Sequence[FitRow], screens: dict[str, torch.
     images = torch.stack([screens[r.image_path] for r in rows])
     weights = torch.tensor([r.weight for r in rows], dtype=torch.float32, device=model.device)
     return model.loss([r.prompt for r in rows], images, [r.action for r in rows], weights)
-
-
-class ModelPolicy:
-    """A trained policy as a rollout :class:`~digiq.rollout.Policy` (sampling at ``temperature``, or greedy)."""
-
-    def __init__(self, model: AutoUIPolicy, temperature: float = 1.0, greedy: bool = False) -> None:
-        self.model, self.temperature, self.greedy = model, temperature, greedy
-
-    def act(self, batch: RolloutBatch) -> list[str]:
-        images = self.model.screen.prepare(batch.screenshots)
-        out = self.model.sample(batch.observations, images, n=1, temperature=self.temperature, greedy=self.greedy)
-        return [o[0] for o in out]
 
 
 def demo_rows(store: TrajectoryStore) -> list[FitRow]:

@@ -10,13 +10,14 @@ from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
 from digiq.env.tasks import TASK_SETS, Task
+from digiq.io import StageError, require
 from digiq.judge import evaluator_for
+from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
-from digiq.stagekit import StageError, read_tasks, require, timed, write_metrics
-from digiq.train.policy_fit import ModelPolicy
+from digiq.stages.common import read_tasks, timed, write_metrics
 
 __all__ = ["run_collect"]
 

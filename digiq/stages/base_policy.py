@@ -28,11 +28,11 @@ from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
 from digiq.env.tasks import TASK_SETS, Task, parse_task
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stagekit import read_tasks, save_curve_plot, timed, write_metrics
-from digiq.train.policy_fit import FitRow, demo_rows, fit_policy, load_screens
+from digiq.stages.common import read_tasks, save_curve_plot, timed, write_metrics
 
 __all__ = ["from_params", "family_top_up", "run_base_policy", "randomize_copied_words", "started_in_apps"]
 
@@ -146,7 +146,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
             "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
             "image_dim": Blip2ImageFeatures.from_pretrained(cfg.blip2).dim}  # fmt: skip
-        # A screen's listing takes 110 tokens on average and up to about 280 (demonstrations, README).
+        # Room for the longest screen listing the simulator draws, with the goal and the previous action.
         prompt = {"screen_text": True, "max_input_tokens": 320} if cfg.screen_text else {}
         model = AutoUIPolicy(PolicyConfig(d_model=cfg.d_model, num_layers=cfg.num_layers, d_ff=2 * cfg.d_model,
                                           **image, **prompt), tokenizer)  # fmt: skip
@@ -202,6 +202,6 @@ def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 00 as ``params.yaml`` sets it (:func:`digiq.stage.run_stage` runs it in one process or several)."""
+    """Stage 00 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     return run_base_policy(load_section(BasePolicyConfig, "base_policy", params), load_section(EnvConfig, "env", params),
                            paths, split_seed=load_section(TasksConfig, "tasks", params).split_seed)  # fmt: skip

@@ -19,18 +19,17 @@ from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import EmbedConfig
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
-from digiq.io import atomic_path
+from digiq.io import atomic_path, require
 from digiq.models.vlm import ScreenVLM, draw_marker, question, state_question
 from digiq.paths import Paths
-from digiq.stagekit import require, timed, write_metrics
-from digiq.train.augment import read_candidates
+from digiq.stages.common import timed, write_metrics
 from digiq.workers import map_jobs
 
-__all__ = ["run_embed", "EmbedJob", "embed_job", "load_features", "FEATURE_FILES"]
-
-FEATURE_FILES = ("state", "next_state", "candidates", "p_yes")
+__all__ = ["run_embed", "EmbedJob", "embed_job"]
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -134,21 +133,3 @@ def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False, workers: in
                     "feature_dim": int(feats["state"].shape[1]), "untuned_ablation": untuned})  # fmt: skip
     write_metrics(paths, "embed", metrics)
     return metrics
-
-
-def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]:
-    """The stage-04 arrays of one VLM, memory-mapped; a missing or mismatched file is named."""
-    out = {}
-    folder = paths.features(vlm)
-    for name in FEATURE_FILES:
-        p = folder / f"{name}.npy"
-        require("embed", p)
-        try:
-            out[name] = np.load(p, mmap_mode="r")
-        except ValueError as e:
-            raise DataError(f"corrupt feature file {p}: {e}") from None
-    S = out["state"].shape[0]
-    for name, arr in out.items():
-        if arr.shape[0] != S:
-            raise DataError(f"feature file {folder / name}.npy has {arr.shape[0]} rows, state.npy has {S}")
-    return out

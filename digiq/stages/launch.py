@@ -1,9 +1,9 @@
-"""Run a training stage in this process or in several (``accelerate launch``): ``python -m digiq.stage MODULE``.
+"""Run a training stage in this process or in several (``accelerate launch``): ``python -m digiq.stages.launch MODULE``.
 
 The notebooks of stages 00, 03, 05 and 06 call :func:`run_stage` with their
 module's ``from_params``. With ``compute.processes: 1`` the stage runs right
 there, in the notebook's kernel. With N > 1 it starts ``accelerate launch
---num_processes N -m digiq.stage MODULE`` (data parallel,
+--num_processes N -m digiq.stages.launch MODULE`` (data parallel,
 :mod:`digiq.parallel`) and returns the metrics the main process wrote, so
 the notebook reads the same either way.
 """
@@ -32,7 +32,7 @@ StageFunction = Callable[[dict[str, Any], Paths], dict[str, Any]]
 def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> dict[str, Any]:
     """Run ``stage`` with ``compute.processes`` processes; its metrics (what the stage function returns).
 
-    ``stage`` is a training module's ``from_params`` (e.g. :func:`digiq.train.critic.from_params`), so a
+    ``stage`` is a training module's ``from_params`` (e.g. :func:`digiq.stages.critic.from_params`), so a
     notebook imports exactly the module it runs, and DVC's deps follow from its imports.
     """
     module, name = stage.__module__, stage.__module__.rsplit(".", 1)[-1]
@@ -46,7 +46,7 @@ def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> di
     # joins one group, on the GPUs or, without GPUs or with compute.cpu, on the CPU (digiq.parallel.state).
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
            str(compute.processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "digiq.stage", module, "--root", str(paths.root), "--params", str(params_file)]  # fmt: skip
+           "-m", "digiq.stages.launch", module, "--root", str(paths.root), "--params", str(params_file)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # N processes share the cores
     if compute.cpu:
         env["ACCELERATE_USE_CPU"] = "true"
@@ -56,12 +56,10 @@ def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> di
         errors = sorted({line.split(_FAILED, 1)[1] for line in lines if _FAILED in line})
         detail = "\n".join(errors) if errors else "\n".join(lines[-40:])  # the stage's own error, else the log's end
         raise RuntimeError(f"stage {name} on {compute.processes} processes failed:\n{detail}")
-    if name == "actor":
-        return {k: _read(paths, k) for k in ("actor", "oracle") if (paths.metrics / f"{k}.json").exists()}
     return _read(paths, name)
 
 
-_FAILED = "digiq.stage failed: "
+_FAILED = "digiq.stages.launch failed: "
 
 
 def _read(paths: Paths, name: str) -> dict[str, Any]:
@@ -69,8 +67,8 @@ def _read(paths: Paths, name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m digiq.stage", description=__doc__.splitlines()[0])
-    ap.add_argument("module", help="the training stage's module, e.g. digiq.train.critic (its from_params runs)")
+    ap = argparse.ArgumentParser(prog="python -m digiq.stages.launch", description=__doc__.splitlines()[0])
+    ap.add_argument("module", help="the training stage's module, e.g. digiq.stages.critic (its from_params runs)")
     ap.add_argument("--root", default=None, help="pipeline root (default: this repository)")
     ap.add_argument("--params", default=None, help="params file (default: ROOT/params.yaml)")
     args = ap.parse_args(argv)

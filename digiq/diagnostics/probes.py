@@ -1,0 +1,115 @@
+"""Learned probes: what the critic's inputs allow, fit to the answers a critic never sees.
+
+:func:`feature_probe` regresses the true values on the critic's inputs and
+:func:`expert_probe` ranks candidates by the expert's choices; both are
+cross-fitted, so their scores on a state come from a model that did not see
+it. A probe far above the critic says its inputs hold what TD does not get out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from digiq.models.critic import mlp
+
+__all__ = ["within_state_share", "feature_probe", "expert_probe"]
+
+
+def within_state_share(candidates: np.ndarray, parts: Sequence[str]) -> dict[str, float]:
+    """Per named equal slice of the features (S, N, D): the share of its variance between a state's candidates.
+
+    Near 0, the representation hardly changes with the action: every
+    candidate of a state looks alike to the critic, whatever it learns.
+    """
+    out = {}
+    for name, x in zip(parts, np.split(np.asarray(candidates, np.float64), len(parts), axis=-1), strict=True):
+        total = x.reshape(-1, x.shape[-1]).var(0).sum()
+        out[name] = round(float(x.var(1).sum(-1).mean() / total), 4) if total > 0 else 0.0
+    return out
+
+
+def feature_probe(state: np.ndarray, candidates: np.ndarray, oracle: np.ndarray, valid: np.ndarray, *, seed: int,
+                  hidden: int = 256, steps: int = 400) -> np.ndarray:  # fmt: skip
+    """Scores (S, N) from the critic's inputs, fit to the oracle values themselves, cross-fitted over two halves.
+
+    An MLP shaped like a Q head regresses each candidate's oracle value minus
+    its state's mean (the part a ranking needs) from (state, candidate)
+    features, and scores the states it was not fit on. It has what no critic
+    has, the true values, so its ranking bounds what a critic on these
+    features could learn from this many states: at random level, the cause
+    is the representation, not TD learning.
+    """
+    g = torch.Generator().manual_seed(seed)
+    s, c = torch.as_tensor(np.asarray(state)), torch.as_tensor(np.asarray(candidates))
+    x = torch.cat([s[:, None].expand(-1, c.shape[1], -1), c], -1)
+    w = torch.as_tensor(valid, dtype=torch.float32)
+    y = torch.as_tensor(oracle, dtype=torch.float32)
+    y = y - (y * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)
+    half = torch.randperm(len(x), generator=g) < len(x) // 2
+    scores = np.zeros(oracle.shape, np.float32)
+    for fit in (half, ~half):
+        torch.manual_seed(seed)
+        net = mlp(x.shape[-1], hidden)
+        opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
+        for _ in range(steps):
+            loss = (((net(x[fit])[..., 0] - y[fit]) ** 2) * w[fit]).sum() / w[fit].sum().clamp(min=1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            scores[(~fit).numpy()] = net(x[~fit])[..., 0].numpy()
+    return scores
+
+
+def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, valid: np.ndarray,
+                 episodes: np.ndarray, *, seed: int, hidden: int = 256, epochs: int = 40) -> np.ndarray:  # fmt: skip
+    """Scores (S, N) from the critic's inputs, fit to the expert's choices, cross-fitted over two halves of episodes.
+
+    Where :func:`feature_probe` has the true values of a few hundred sampled
+    states, this ranker has the expert's verdict (``right``, from
+    :func:`expert_equivalent`) at every stored state whose valid candidates
+    include both right and wrong ones: a softmax over each such state's valid
+    candidates, pulled towards its right ones, by an MLP shaped like a Q head.
+    Each state is scored by the half fitted on the other episodes
+    (``episodes``: its trajectory id), so a pick is never one it was shown.
+    It has a signal no critic has, a label on every candidate, where TD
+    learns from the one action each state took and the return the base got
+    after it. A probe far above the critic says the inputs carry what the
+    ranking needs, and what the critic lacks is the signal; a probe near
+    random says the representation is the limit. Torch's global generator is
+    left as it was: the stage trains its actors after this.
+    """
+    ok = torch.as_tensor(np.asarray(valid, bool))
+    hit = torch.as_tensor(np.asarray(right, bool)) & ok
+    informative = (hit.any(1) & (ok & ~hit).any(1)).numpy()
+    s, c = torch.as_tensor(np.asarray(state)), torch.as_tensor(np.asarray(candidates))
+    rng = np.random.default_rng(seed)
+    ids = np.unique(episodes)
+    half = np.isin(episodes, rng.permutation(ids)[: len(ids) // 2])
+    scores = np.zeros(ok.shape, np.float32)
+
+    def logits(net: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([s[idx][:, None].expand(-1, c.shape[1], -1), c[idx]], -1)
+        return net(x)[..., 0].masked_fill(~ok[idx], -1e9)
+
+    with torch.random.fork_rng():
+        for fit in (half, ~half):
+            torch.manual_seed(seed)
+            net = mlp(s.shape[1] + c.shape[2], hidden)
+            opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
+            train = np.flatnonzero(fit & informative)
+            for _ in range(epochs if len(train) else 0):
+                for batch in np.array_split(rng.permutation(train), max(1, len(train) // 64)):
+                    idx = torch.as_tensor(batch)
+                    target = hit[idx].float() / hit[idx].sum(1, keepdim=True)
+                    loss = -(target * torch.log_softmax(logits(net, idx), 1)).sum(1).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            with torch.no_grad():
+                held = torch.as_tensor(np.flatnonzero(~fit))
+                scores[~fit] = logits(net, held).numpy()
+    return scores

@@ -1,0 +1,280 @@
+"""Stage 06: policies extracted from the same offline data.
+
+All start from the base policy and are fit by (filtered) negative
+log-likelihood; they differ only in which (state, action) rows they imitate:
+
+- ``digiq``: Best-of-N. For each state, K of the N candidates (always with
+  the action taken) are scored by the critic, A = Q(s, a) - V(s); the best
+  valid one is kept when A clears a threshold (0.10 General, 0.05 Web Shopping).
+- ``filtered_bc``: every step of the trajectories that succeeded.
+- ``digirl_offline``: the steps whose action beat a learned value baseline,
+  MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
+- named variants (``digiq_cql``, ``digiq_hierarchy``): Best-of-N with a
+  critic beyond the paper's (stage 05, ``variants`` in params.yaml).
+- ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
+  on the features of the VLM without the stage-03 fine-tune
+  (``digiq_untuned``), and on a perfect critic's picks.
+
+Each is trained once per seed, every seed alike, for the same number of
+optimizer steps (``actor.updates``) whatever the number of rows it keeps.
+The rows every policy imitates are written beside the actors
+(:mod:`digiq.data.picks`); stage 07 (diagnostics) judges them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from digiq import parallel
+from digiq.config import (
+    PERFECT_CRITIC_ROW,
+    UNTUNED_ROW,
+    AblationsConfig,
+    ActorConfig,
+    CollectConfig,
+    ComputeConfig,
+    DeviceConfig,
+    EnvConfig,
+    ExperimentConfig,
+    load_section,
+    load_variants,
+)
+from digiq.data.candidates import read_candidates
+from digiq.data.picks import Picks, write_picks
+from digiq.data.trajectories import TrajectoryStore, split_trajectories
+from digiq.diagnostics.ground_truth import expert_matrix
+from digiq.io import require
+from digiq.models.critic import Critic, mlp
+from digiq.models.critic_inputs import trained_inputs
+from digiq.models.policy import AutoUIPolicy
+from digiq.models.policy_fit import FitRow, fit_policy, load_screens
+from digiq.paths import Paths
+from digiq.stages.common import save_curve_plot, timed, write_metrics
+from digiq.workers import map_jobs, process_cached
+
+__all__ = [
+    "from_params",
+    "run_actor",
+    "ActorFitJob",
+    "fit_actor_job",
+    "best_of_n",
+    "policy_names",
+    "METHODS",
+]
+
+METHODS = ("digiq", "filtered_bc", "digirl_offline")
+
+
+def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
+    """Every Best-of-N policy stage 06 trains: name -> (whose critic, candidates per state).
+
+    The critic is named by its row (stage 05, :func:`digiq.stages.critic.critic_specs`); ``None``
+    candidates means ``actor.k_candidates`` (Digi-Q's own setting).
+    """
+    out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
+    out.update({name: (name, None) for name in variants})
+    out.update({f"digiq_n{n}": ("digiq", n) for n in ablations.n_candidates})
+    if ablations.untuned_vlm:
+        out[UNTUNED_ROW] = (UNTUNED_ROW, None)
+    return out
+
+
+def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """The policies stage 06 trains and stage 08 evaluates: the paper's comparison, the named variants, the ablations."""
+    extra = [n for n in best_of_n_plan(ablations) if n != "digiq"]
+    return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
+
+
+def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per state: the index of the best valid candidate among K drawn (0 always in), and its advantage."""
+    S, N = valid.shape
+    drawn = np.zeros((S, N), bool)
+    drawn[:, 0] = True
+    for i in range(S):
+        drawn[i, 1 + rng.permutation(N - 1)[: max(0, min(k, N) - 1)]] = True
+    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
+    adv = adv.numpy()
+    adv[~(drawn & valid)] = -np.inf
+    best = adv.argmax(1)
+    return best, adv[np.arange(S), best]
+
+
+def _rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
+    """Imitation rows: each picked state with its picked candidate."""
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c])
+            for i, c in zip(picks.states, picks.columns, strict=True)]  # fmt: skip
+
+
+def _best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
+                     valid: np.ndarray, k: int, seed: int) -> tuple[Picks, dict[str, float]]:  # fmt: skip
+    best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
+    task_sets = steps.task_set.to_numpy()
+    kept = adv > cfg.thresholds(task_sets)
+    keep = np.flatnonzero(kept)
+    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
+             **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
+    return Picks(keep, best[keep]), stats
+
+
+def _perfect_critic_picks(right: np.ndarray) -> Picks:
+    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
+
+    ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. States where no candidate does are
+    left out, as a critic could not pick what was never sampled. Trained like
+    Digi-Q's actor, this policy bounds what any critic could give Digi-Q on
+    these data: a target it misses is out of reach of the actor, not of the
+    critic.
+    """
+    states = np.flatnonzero(right.any(1))
+    return Picks(states, right[states].argmax(1))
+
+
+def _filtered_bc_picks(steps: pd.DataFrame) -> Picks:
+    return Picks.taken(np.flatnonzero(steps.trajectory_reward.to_numpy() > 0))
+
+
+def _digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> Picks:
+    """Steps whose Monte-Carlo return beats V(s) by the threshold.
+
+    V is regressed on MC returns with 2-fold cross-fitting by trajectory: a
+    value fit on the very trajectories it judges would memorise their returns
+    and leave every advantage near zero.
+    """
+    torch.manual_seed(seed)
+    x = torch.from_numpy(np.asarray(state))
+    y = torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32)
+    fold = steps.traj_id.isin(split_trajectories(steps.traj_id.tolist(), 0.5, seed)).to_numpy()
+    v = np.zeros(len(steps), np.float32)
+    for held in (fold, ~fold):
+        train = np.flatnonzero(~held)
+        net = mlp(x.shape[1], 256)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        gen = np.random.default_rng(seed)
+        for _ in range(cfg.digirl_value_epochs):
+            for _b in range(0, len(train), 256):
+                idx = torch.from_numpy(train[gen.integers(0, len(train), 256)])
+                loss = F.mse_loss(net(x[idx])[:, 0], y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            v[held] = net(x[torch.from_numpy(np.flatnonzero(held))])[:, 0].numpy()
+    return Picks.taken(np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold))
+
+
+class ActorFitJob(NamedTuple):
+    """One policy of stage 06: the base policy fit on a method's ``rows`` for seed ``seed`` (``fit_seed`` seeds it)."""
+
+    paths: Paths
+    name: str
+    seed: int
+    fit_seed: int
+    rows: list[FitRow]
+    cfg: ActorConfig
+
+
+def fit_actor_job(job: ActorFitJob) -> list[float]:
+    """Fit and save one policy (the base itself where the method kept no row); its loss curve."""
+    model = AutoUIPolicy.load(job.paths.base_policy)
+    curve = []
+    if job.rows:
+        store = TrajectoryStore(job.paths.offline)
+        screens = process_cached(
+            ("screens", job.paths.root),  # at the policy's input size, once per process
+            lambda: load_screens(model, store, store.read().column("image_path").to_pylist()),
+        )
+        curve = fit_policy(model, job.rows, screens, updates=job.cfg.updates,
+                           batch_size=job.cfg.batch_size, lr=job.cfg.lr, seed=job.fit_seed,
+                           desc=f"fit {job.name} (seed {job.seed})")  # fmt: skip
+    if parallel.is_main():
+        model.save(job.paths.actor(job.name, job.seed), stage="actor", method=job.name, seed=job.fit_seed,
+                   kept=len(job.rows))  # fmt: skip
+    return [p["loss"] for p in curve]
+
+
+def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
+              collect: CollectConfig, variants: Sequence[str] = (), workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Train every policy (the paper's comparison, the named ``variants``, the ablations) for every seed.
+
+    The fits, all with the same number of updates, are shared among ``workers`` processes (:mod:`digiq.workers`).
+
+    Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
+    """
+    plan = best_of_n_plan(ablations, variants)
+    critic_rows = sorted({row for row, _ in plan.values()})  # the stage-05 critics the Best-of-N policies use
+    require("actor", paths.base_policy / "config.json",
+            *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
+    main, named, extra = policy_names(ablations, variants)
+    metrics: dict[str, Any] = {}
+    parts: dict[str, float] = {}
+    with timed(metrics):
+        steps = TrajectoryStore(paths.offline).read().to_pandas()
+        cands = read_candidates(paths).to_pandas()
+        feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
+        valid = np.stack(cands.valid_list.to_numpy())
+        if ablations.perfect_critic:
+            with timed(parts, "expert_matrix"):
+                right, _ = expert_matrix(env, collect.seed, steps, cands)
+            perfect = _perfect_critic_picks(right)
+            metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
+                                         "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
+        kept: dict[str, list[int]] = {name: [] for name in main + named + extra}
+        not_taken: dict[str, list[float]] = {}
+        by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
+        every: dict[tuple[str, int], Picks] = {}
+        fits: list[ActorFitJob] = []  # every (method, seed) fit, run once all seeds' rows are picked
+        for s in range(seeds):
+            seed = cfg.seed + s
+            critics = {row: Critic.load(paths.critic(s, row)) for row in critic_rows}
+            plans: dict[str, Picks] = {}
+            for name, (row, k) in plan.items():
+                k = cfg.k_candidates if k is None else k
+                plans[name], stats = _best_of_n_picks(cfg, critics[row], feats[row], steps, valid, k, seed)
+                not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
+                by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
+            if ablations.perfect_critic:
+                plans[PERFECT_CRITIC_ROW] = perfect
+            plans["filtered_bc"] = _filtered_bc_picks(steps)
+            plans["digirl_offline"] = _digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
+            for name, picks in plans.items():
+                rows = _rows(steps, cands, picks)
+                every[(name, s)] = picks
+                kept[name].append(len(rows))
+                fits.append(ActorFitJob(paths, name, s, seed, rows, cfg))
+        with timed(parts, "fits"):
+            losses = map_jobs(fit_actor_job, fits, workers)
+        curves = {job.name: curve for job, curve in zip(fits, losses, strict=True) if job.seed == 0 and curve}
+    metrics["states"] = len(steps)
+    metrics["part_time_s"] = parts
+    metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
+    metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
+    metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
+    metrics["best_of_n_kept_fraction_per_seed"] = by_set
+    if parallel.is_main():
+        write_picks(paths, every)
+        # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
+        # candidates are all invalid.
+        save_curve_plot(paths.plots / "actor_loss.png", curves,
+                        "Stage 06: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
+        write_metrics(paths, "actor", metrics)
+    parallel.barrier()
+    return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
+    actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
+    if load_section(DeviceConfig, "devices", params).backend == "emulator" and ablations.perfect_critic:
+        raise ValueError("ablations.perfect_critic must be false with devices.backend emulator: the perfect critic "
+                         "replays the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
+    return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+                     ablations=ablations, env=load_section(EnvConfig, "env", params),
+                     collect=load_section(CollectConfig, "collect", params), variants=list(load_variants(params)),
+                     workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

@@ -1,0 +1,310 @@
+"""Stage 07: the critics' picks judged against what only the simulator knows.
+
+Nothing here feeds a policy: stage 06 trains the actors without waiting for
+it, and stage 08 evaluates them. On stored states of the offline data:
+
+- **true values** (:func:`oracle_sample`): a sample of ``oracle_states``
+  states is rebuilt, each candidate is taken on copies of it and the noisy
+  expert plays on (:func:`~digiq.diagnostics.ground_truth.candidate_values`);
+  with ``behaviour_rollouts`` the base policy plays on instead, the values
+  Digi-Q's critic is trained towards. Rankings of the candidates by the
+  critic, by probes fit on its inputs, by the base's likelihood and by the
+  data's own action are scored against them (``top1_hit_rate``).
+- **the expert's choices** on every stored state
+  (:func:`~digiq.diagnostics.ground_truth.expert_matrix`): how often each
+  critic's top candidate does what the expert would (``expert_pick``), where
+  it goes instead (``critic_wrong_picks``), whether the candidates hold the
+  expert's action at all (``expert_support``), and how many of each policy's
+  imitated rows are the expert's (``rows_expert_share``, from stage 06's
+  picks).
+
+Writes ``metrics/diagnostics.json``; with ``oracle_states: 0`` (imported
+data, real devices) only ``{"off": why}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+
+from digiq.config import (
+    UNTUNED_ROW,
+    AblationsConfig,
+    CollectConfig,
+    ComputeConfig,
+    DeviceConfig,
+    DiagnosticsConfig,
+    EnvConfig,
+    ExperimentConfig,
+    load_section,
+    load_variants,
+)
+from digiq.data.candidates import read_candidates
+from digiq.data.features import load_features
+from digiq.data.picks import read_picks
+from digiq.data.trajectories import TrajectoryStore
+from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_matrix, replay
+from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
+from digiq.diagnostics.reports import (
+    action_kinds,
+    behaviour_report,
+    expert_pick_report,
+    expert_share,
+    keep_by_group,
+    ranking_report,
+    support_report,
+    wrong_pick_report,
+)
+from digiq.env.catalog import stable_int
+from digiq.env.tasks import parse_task
+from digiq.io import require
+from digiq.models.agents import ModelPolicy
+from digiq.models.checkpoint import read_meta
+from digiq.models.critic import Critic
+from digiq.models.critic_inputs import trained_inputs
+from digiq.models.policy import AutoUIPolicy
+from digiq.models.vlm import REPRESENTATION_PARTS
+from digiq.paths import Paths
+from digiq.rollout import episode_seed
+from digiq.stages.actor import policy_names
+from digiq.stages.common import timed, write_metrics
+from digiq.workers import map_jobs, process_cached
+
+__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "from_params"]
+
+
+# States per oracle job. Fixed, not derived from the number of workers, so the
+# diagnostic's random streams (one per chunk) and its values do not depend on it.
+
+
+ORACLE_CHUNK = 25
+
+
+class OracleState(NamedTuple):
+    """One sampled state of the oracle diagnostic, as its job needs it: enough to replay and score it."""
+
+    task: str
+    task_set: str
+    episode_seed: int  # the collecting episode's device seed
+    earlier: list[str]  # the episode's actions before this state
+    candidates: list[str]
+    observation: str  # the prompt the base saw here
+    image_path: str
+    branch_seed: int  # the oracle rollouts' seed for this state
+
+
+class OracleJob(NamedTuple):
+    """Oracle values, base log-likelihoods and behaviour values of one chunk of sampled states (:func:`oracle_job`)."""
+
+    paths: Paths
+    chunk: int
+    states: list[OracleState]
+    cfg: DiagnosticsConfig
+    env: EnvConfig
+    temperature: float  # the base's sampling temperature when it collected the data
+    gamma: float
+
+
+def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
+    """``{"oracle", "loglik"[, "behaviour"]}``, each (states, candidates), for one chunk of states."""
+    cfg = job.cfg
+    base = process_cached(("base policy", job.paths.root), lambda: AutoUIPolicy.load(job.paths.base_policy))
+    store = TrajectoryStore(job.paths.offline)
+    n = len(job.states[0].candidates)
+    out = {"oracle": np.zeros((len(job.states), n)), "loglik": np.zeros((len(job.states), n))}
+    starts = []
+    for j, st in enumerate(job.states):
+        task = parse_task(st.task, st.task_set)
+        device = replay(task, st.episode_seed, st.earlier, job.env.dynamics(), job.env.width)
+        out["oracle"][j] = candidate_values(device, task, task.max_steps - len(st.earlier), st.candidates,
+                                            rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=job.gamma,
+                                            seed=st.branch_seed)  # fmt: skip
+        if cfg.behaviour_rollouts:  # the same replayed state: candidate_values branches off copies of it
+            starts.append((device, task, st.earlier, st.candidates))
+        shot = base.screen.prepare(store.load_image(st.image_path)[None])
+        shot = shot.expand(len(st.candidates), *shot.shape[1:])
+        with torch.no_grad():
+            out["loglik"][j] = base.action_logprobs([st.observation] * len(st.candidates), shot,
+                                                    st.candidates).numpy()  # fmt: skip
+    if starts:
+        # The base continues as it collected the data, on this chunk's own random stream; run in the
+        # notebook's process, it must not shift the draws that follow.
+        seed = stable_int("behaviour values", cfg.seed, job.chunk)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            out["behaviour"] = np.stack(behaviour_values(
+                starts, ModelPolicy(base, temperature=job.temperature), rollouts=cfg.behaviour_rollouts,
+                gamma=job.gamma, seed=seed, screen_text=base.cfg.screen_text))  # fmt: skip
+    return out
+
+
+def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
+                  cands: pd.DataFrame, paths: Paths, workers: int) -> dict[str, Any]:  # fmt: skip
+    """True values, the base policy's log-likelihoods and (``behaviour_rollouts``) its values of the candidates of sampled states.
+
+    The states are shared among ``workers`` processes in chunks of :data:`ORACLE_CHUNK`.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
+    states = []
+    for i in idx:
+        r = steps.iloc[i]
+        earlier = steps.action[(steps.traj_id == r.traj_id) & (steps.step_id < r.step_id)].tolist()
+        states.append(OracleState(r.task, r.task_set, episode_seed(collect.seed, int(r.traj_id)), earlier,
+                                  list(cands.action_list.iat[i]), r.observation, r.image_path,
+                                  stable_int("oracle state", cfg.seed, int(i))))  # fmt: skip
+    jobs = [OracleJob(paths, c, states[start : start + ORACLE_CHUNK], cfg, env, collect.temperature, gamma)
+            for c, start in enumerate(range(0, len(states), ORACLE_CHUNK))]  # fmt: skip
+    parts = map_jobs(oracle_job, jobs, workers)
+    sample = {"idx": idx, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
+    sample.update({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
+    return sample
+
+
+def _taken(valid: np.ndarray) -> np.ndarray:
+    """Scores that rank the data's own action (column 0) first: a ranking that trusts the data.
+
+    A conservative critic leans on it, so the diagnostics set the critic against it.
+    """
+    scores = np.zeros(valid.shape)
+    scores[:, 0] = 1.0
+    return scores
+
+
+def _all_q(critic: Critic, feats: dict[str, np.ndarray]) -> np.ndarray:
+    """Q (S, N) of every stored state's candidates."""
+    q, _, _ = critic.advantage(torch.from_numpy(np.asarray(feats["state"])),
+                               torch.from_numpy(np.asarray(feats["candidates"])))  # fmt: skip
+    return q.numpy()
+
+
+def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per task set, the mean of :func:`expert_share` over the seeds that kept rows there."""
+    out: dict[str, float | None] = {}
+    for ts in shares[0]:
+        kept = [x[ts] for x in shares if x[ts] is not None]
+        out[ts] = round(float(np.mean(kept)), 4) if kept else None
+    return out
+
+
+def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Average the numeric leaves of per-seed ranking reports.
+
+    A leaf that only some seeds have is averaged over those.
+    """
+    out: dict[str, Any] = {}
+    for key, value in reports[0].items():
+        if isinstance(value, dict):
+            names = dict.fromkeys(k for r in reports for k in r[key])
+            out[key] = {k: round(float(np.mean([r[key][k] for r in reports if k in r[key]])), 4) for k in names}
+        else:
+            out[key] = value
+    return out
+
+
+def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
+                    policies: Sequence[str], workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
+
+    ``policies`` are the ones stage 06 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
+    row of a task set on a seed has no share there (``None``).
+    """
+    metrics: dict[str, Any] = {}
+    if cfg.oracle_states == 0:
+        metrics["off"] = "diagnostics.oracle_states is 0"
+        write_metrics(paths, "diagnostics", metrics)
+        return metrics
+    require("diagnostics", paths.picks, *(paths.critic(s) / "config.json" for s in range(seeds)))
+    parts: dict[str, float] = {}
+    with timed(metrics):
+        steps = TrajectoryStore(paths.offline).read().to_pandas()
+        cands = read_candidates(paths).to_pandas()
+        picks = read_picks(paths)
+        critic_rows = sorted(p.name for p in paths.critic(0).parent.iterdir() if (p / "config.json").exists())
+        feats = trained_inputs(paths, critic_rows)
+        # The paper's critic inputs on each VLM's features: what the probes read.
+        by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
+        gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
+        valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
+        task_sets = steps.task_set.to_numpy()
+
+        with timed(parts, "oracle_values"):
+            sample = oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers)
+        probes: dict[str, np.ndarray] = {}
+        for vlm, f in by_vlm.items():  # what the critic's inputs allow, whatever the critic: once per VLM
+            s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
+            probes[f"feature_probe_{vlm}"] = feature_probe(s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed)
+            metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
+                load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
+            )
+        behaviour: dict[str, np.ndarray] = {}
+        if "behaviour" in sample:  # a perfect Digi-Q critic ranks by these; its ties (mostly all 0) broken at random
+            noise = np.random.default_rng(cfg.seed).uniform(0, 1e-9, sample["behaviour"].shape)
+            behaviour["behaviour_value"] = sample["behaviour"] + noise
+            metrics["behaviour_values"] = {
+                "rollouts": cfg.behaviour_rollouts, "temperature": collect.temperature,
+                **behaviour_report(sample["oracle"], sample["behaviour"], sample["valid"], cfg.oracle_tolerance,
+                                   task_sets[sample["idx"]])}  # fmt: skip
+
+        with timed(parts, "expert_matrix"):
+            right, kinds = expert_matrix(env, collect.seed, steps, cands)
+        metrics["expert_support"] = support_report(right, task_sets, steps.family.to_numpy())
+        metrics["expert_support_by_kind"] = support_report(right, task_sets, kinds)
+        # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
+        expert_probes = {f"probe_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes, seed=cfg.seed)
+                         for vlm, f in by_vlm.items()}  # fmt: skip
+
+        # The rows each policy of stage 06 imitates: how many are the expert's.
+        shares: dict[str, list[dict[str, float | None]]] = {}
+        digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # over seeds
+        by_key = dict(iter(picks.groupby(["policy", "seed"], sort=True)))
+        for policy in policies:
+            for s in range(seeds):
+                rows = by_key.get((policy, s), picks.iloc[:0])  # no rows: it kept none on this seed
+                states, columns = rows.state.to_numpy(), rows.column.to_numpy()
+                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets))
+                if policy == "digiq":
+                    digiq_kept[states] += 1
+                    digiq_right[states] += right[states, columns]
+        metrics["rows_expert_share"] = {name: _mean_share(s) for name, s in shares.items()}
+        metrics["rows_expert_share_per_seed"] = shares
+        metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
+
+        reports, expert_reports, critic_q = [], [], []
+        for s in range(seeds):
+            q = {row: _all_q(Critic.load(paths.critic(s, row)), feats[row]) for row in critic_rows}
+            critic_q.append(q["digiq"])
+            reports.append(ranking_report(sample["oracle"], sample["valid"],
+                                          {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],
+                                           "taken_action": _taken(sample["valid"]), **probes, **behaviour},
+                                          cfg.oracle_tolerance))  # fmt: skip
+            # every stored state: does each critic's argmax do what the expert would?
+            scores = {f"critic_{row}": scores for row, scores in q.items()}
+            expert_reports.append(expert_pick_report(right, valid, {**scores, **expert_probes, "taken_action": _taken(valid)},
+                                                     task_sets))  # fmt: skip
+        metrics.update(_mean_report(reports))
+        metrics["per_seed"] = reports
+        metrics["expert_pick"] = {**_mean_report(expert_reports), "per_seed": expert_reports}
+        metrics["critic_wrong_picks"] = wrong_pick_report(right, valid, critic_q,
+                                                          action_kinds(cands.action_list.tolist()), kinds, task_sets)  # fmt: skip
+    metrics["part_time_s"] = parts
+    write_metrics(paths, "diagnostics", metrics)
+    return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 07 as ``params.yaml`` sets it."""
+    cfg = load_section(DiagnosticsConfig, "diagnostics", params)
+    if load_section(DeviceConfig, "devices", params).backend == "emulator" and cfg.oracle_states:
+        raise ValueError("diagnostics.oracle_states must be 0 with devices.backend emulator: the diagnostics "
+                         "replay the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
+    main, named, extra = policy_names(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
+    return run_diagnostics(cfg, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+                           policies=[*main, *named, *extra],
+                           env=load_section(EnvConfig, "env", params),
+                           collect=load_section(CollectConfig, "collect", params),
+                           workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

@@ -1,0 +1,163 @@
+"""Stage 08: roll every policy out on held-out test tasks; success by task set and family.
+
+Protocol (docs/experiments.md): the first ``n_tasks`` tasks of
+each test list, in order; 10 steps for General, 20 for Web Shopping; success
+when the task's condition holds. The paper's protocol is the first 96 tasks;
+the whole list (320 General, 450 Web Shopping) carries the confidence intervals. Every
+seed's policies are evaluated with that seed's device and sampling seed (the
+base policy too, so its spread is sampling noise), which pairs seed ``s`` of
+one policy with seed ``s`` of another for the paired bootstrap.
+
+Writes, as ``{policy: {task_set: summary}}`` with each summary
+``{"success_rate", "success_rate_std", "per_seed", "n_episodes", "by_family",
+"tasks_by_family", "first96": {"success_rate", "success_rate_std", "per_seed",
+"n_episodes"}}`` (rates are means over seeds, the std is the sample std over
+seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
+
+- ``metrics/eval.json``: the base, the paper's comparison (``main``) and
+  Digi-Q's named ``variants`` (its rows beside the paper's method);
+- ``metrics/ablations.json``: Digi-Q and its ``ablations``;
+- ``metrics/eval_outcomes.json``: every episode's 0/1 success as
+  ``{policy: {task_set: ["0110...", one string per seed]}}``, in task-list order;
+- ``metrics/comparisons.json``: paired bootstrap intervals (:mod:`digiq.stats`)
+  as ``{task_set: {"A-B": {"diff", "ci95", "n_tasks", "seeds"}}}`` in
+  percentage points, for Digi-Q minus each other policy of ``eval.json`` and
+  each variant or ablation minus Digi-Q.
+
+With ``eval.train_tasks`` it also rolls the base and the paper's comparison
+(``main``) out on train tasks, the tasks of the first trajectories per task set in the
+offline data, into ``metrics/eval_train.json`` (same layout; ``{"off": why}``
+without them): the train columns of the paper's table, which tell a failure
+to generalise to unseen entities from a failure on the very tasks the data hold.
+
+On the simulator it also writes ``metrics/skills.json``: the base policy of
+the first seed again on the first 96 test tasks, with one skill at a time taken from the expert
+(:class:`digiq.models.agents.ExpertSkill`), as ``{skill: {task_set: {"success_rate",
+"n_episodes", "by_family", "tasks_by_family"}}}`` beside ``none``, the base
+alone on the same devices.
+
+``python -m digiq.evaluate`` runs any checkpoint on any task file with the
+same code (:mod:`digiq.evaluate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.taskgen import PROTOCOL_TASKS
+from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
+from digiq.evaluate import EvalJob, outcome_array, outcome_strings, run_jobs, seed_metrics, summarize
+from digiq.io import require
+from digiq.models.checkpoint import read_config
+from digiq.paths import Paths
+from digiq.stages.common import read_tasks, timed, write_metrics
+from digiq.stats import comparisons
+
+__all__ = ["run_eval", "train_tasks"]
+
+
+def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
+    return paths.base_policy if policy == "base" else paths.actor(policy, seed)
+
+
+def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
+    """Per task set, the tasks of the first ``n`` trajectories in the offline data (by ``traj_id``).
+
+    Those are the train tasks the data hold, as the paper's train columns
+    count them. Instructions the simulator cannot parse (imported real data)
+    are passed over; a task set with no trajectory gets no list.
+    """
+    require("eval", paths.offline)
+    table = TrajectoryStore(paths.offline).read().select(["traj_id", "task_set", "task"]).to_pandas()
+    firsts = table.groupby("traj_id", sort=True).first()
+    out: dict[str, list[Task]] = {}
+    for ts in TASK_SETS:
+        tasks = []
+        for text in firsts.task[firsts.task_set == ts]:
+            try:
+                tasks.append(parse_task(text, ts))
+            except UnsupportedInstruction:
+                continue
+            if len(tasks) == n:
+                break
+        if tasks:
+            out[ts] = tasks
+    return out
+
+
+def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
+             variants: Sequence[str] = (), devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
+             workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
+
+    Every policy for every seed, so that each comparison pairs the same
+    seeds. Variants are Digi-Q with changes beyond the paper (``digiq_cql``...):
+    their rows stand beside the main ones, compared as "variant - digiq" like
+    the ablations. The train-task columns cover the paper's rows (the base
+    and ``main``); the expert-skill diagnostic the protocol's first 96 test tasks.
+
+    On ``devices`` (default: the in-process simulator); success on a real
+    emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
+    On the simulator the (policy, seed) evaluations are shared among
+    ``workers`` processes (:mod:`digiq.workers`); real devices are stepped
+    from this process. Returns every policy's summary (:func:`summarize`) per task set.
+    """
+    devices = devices or DeviceConfig()
+    table_rows = ["base", *main, *variants]  # the rows of eval.json; the ablations go to ablations.json
+    policies = [*table_rows, *ablations]
+    for s in range(seeds):
+        for p in policies:
+            require("eval", _checkpoint(paths, p, s) / "config.json")
+    tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
+    held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
+    train_rows = ["base", *main] if held_in else []
+    timing: dict[str, Any] = {}
+    # Every policy here descends from the base: its prompts read the screen when the base's did.
+    screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
+
+    def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str, skill: str | None = None) -> EvalJob:
+        return EvalJob(_checkpoint(paths, policy, seed), name, seed, listed, cfg, env, screen_text, skill)
+
+    # Each job reloads its checkpoint on its seed's own stream, so the train runs draw apart from the test runs.
+    jobs = [job(p, s, tasks, p) for s in range(seeds) for p in policies]
+    jobs += [job(p, s, held_in, f"{p} train") for s in range(seeds) for p in train_rows]
+    on_sim = devices.backend == "sim"
+    skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
+    if on_sim:
+        protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
+        jobs += [job("base", 0, protocol, f"base + expert {skill}", skill) for skill in cfg.expert_skills]
+    with timed(timing):
+        results = run_jobs(jobs, devices, judge or JudgeConfig(), workers)
+    done = dict(zip([(j.name, j.seed) for j in jobs], results, strict=True))
+    runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
+    if on_sim:
+        skills = {"policy": "base", "seed": 0,
+                  "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
+        for skill in cfg.expert_skills:
+            skills[skill] = {ts: seed_metrics(r) for ts, r in done[(f"base + expert {skill}", 0)].items()}
+    summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
+    write_metrics(paths, "eval", {p: summary[p] for p in table_rows})
+    write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
+    write_metrics(
+        paths, "eval_outcomes", {p: {ts: outcome_strings(r) for ts, r in sets.items()} for p, sets in runs.items()}
+    )
+    pairs = [("digiq", p) for p in ["base", *main] if p != "digiq"] + [(v, "digiq") for v in [*variants, *ablations]]
+    arrays = {p: {ts: outcome_array(r) for ts, r in sets.items()} for p, sets in runs.items()}
+    write_metrics(paths, "comparisons", comparisons(arrays, pairs))
+    write_metrics(paths, "skills", skills)
+    if held_in:
+        train_summary: dict[str, Any] = {
+            p: {ts: summarize([done[(f"{p} train", s)][ts] for s in range(seeds)]) for ts in held_in}
+            for p in train_rows
+        }
+    else:
+        train_summary = {
+            "off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"
+        }
+    write_metrics(paths, "eval_train", train_summary)
+    write_metrics(paths, "eval_timing", {**timing, "workers": workers if on_sim else 1})
+    return summary

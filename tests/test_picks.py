@@ -1,0 +1,35 @@
+"""``digiq.data.picks``: the rows each policy imitates, written by stage 06 and read back by stage 07."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from digiq.data.picks import Picks, read_picks, write_picks
+from digiq.data.trajectories import DataError
+from digiq.io import StageError
+from digiq.paths import Paths
+
+
+def test_picks_come_back_per_policy_and_seed(tmp_path):
+    paths = Paths(tmp_path)
+    picks = {("digiq", 0): Picks(np.array([3, 7]), np.array([2, 0])), ("filtered_bc", 1): Picks.taken(np.array([1])),
+             ("digirl_offline", 0): Picks.taken(np.array([], int))}  # fmt: skip
+    write_picks(paths, picks)
+    table = read_picks(paths)
+    assert sorted(table.columns) == ["column", "policy", "seed", "state"]
+    back = {key: Picks(rows.state.to_numpy(), rows.column.to_numpy())
+            for key, rows in table.groupby(["policy", "seed"])}  # fmt: skip
+    assert set(back) == {("digiq", 0), ("filtered_bc", 1)}  # a policy that kept no row has none
+    assert back[("digiq", 0)].states.tolist() == [3, 7] and back[("digiq", 0)].columns.tolist() == [2, 0]
+    assert back[("filtered_bc", 1)].columns.tolist() == [0]
+
+
+def test_a_missing_or_incomplete_picks_file_is_named(tmp_path):
+    paths = Paths(tmp_path)
+    with pytest.raises(StageError, match="picks.parquet"):
+        read_picks(paths)
+    paths.picks.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"seed": [0], "policy": ["digiq"]}), paths.picks)
+    with pytest.raises(DataError, match=r"lacks field\(s\) \['column', 'state'\]"):
+        read_picks(paths)
