@@ -13,7 +13,6 @@ widths and runs on the CPU: a check of this script where there is no GPU.
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 import time
 from dataclasses import replace
@@ -31,7 +30,7 @@ from transformers import (
     LlavaForConditionalGeneration,
 )
 
-from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
+from digiq.config import EmbedConfig, VLMFinetuneConfig, load_params, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
@@ -48,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def offline_root(root: Path) -> tuple[Paths, dict]:
     """Stage 01 and 02's outputs in ``root``: noisy-expert rollouts of 8 train tasks, 16 candidates per state."""
-    shutil.copy(ROOT / "params.yaml", root / "params.yaml")
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    params = load_params()
+    (root / "params.yaml").write_text(yaml.safe_dump(params))  # one file: the stages read it from root
     paths = Paths(root)
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 8, seed=3)]
     store = TrajectoryStore(paths.offline)

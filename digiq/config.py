@@ -1,7 +1,12 @@
-"""Typed stage configs read from ``params.yaml``.
+"""Typed stage configs read from ``params.yaml`` and ``params/*.yaml``.
 
-``params.yaml`` is the one source of truth for every knob, grouped by stage.
-Each group maps onto a frozen dataclass whose fields carry a one-line help;
+Each group of knobs maps onto a frozen dataclass whose fields carry the
+knob's one-line help and its default: that is where a knob's meaning is
+written. ``params.yaml`` sets the method's knobs, grouped by stage;
+``params/`` holds the settings of the machine rather than of the method
+(devices and the simulator, the success judge, compute, released
+checkpoints). A field that neither file sets takes its default, and every
+stage depends on this module, so DVC reruns a stage whose defaults change.
 :func:`load_section` checks names and types and names the file and key of
 anything wrong, so a typo stops a stage at once instead of deep in a run.
 """
@@ -19,8 +24,6 @@ from typing import Any, TypeVar
 import numpy as np
 import yaml
 
-from digiq.env.state import Dynamics
-
 __all__ = [
     "ConfigError",
     "EnvConfig",
@@ -36,8 +39,12 @@ __all__ = [
     "ActorConfig",
     "DiagnosticsConfig",
     "EvalConfig",
+    "SECTIONS",
+    "Params",
+    "params_files",
     "load_params",
     "load_section",
+    "with_defaults",
     "help_text",
 ]
 
@@ -71,10 +78,11 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if not 32 <= self.width <= 1080:
             raise ValueError(f"width must be in [32, 1080], got {self.width}")
-        self.dynamics()  # range checks of the rates
-
-    def dynamics(self) -> Dynamics:
-        return Dynamics(self.popup_rate, self.delay_rate, self.jitter_px, self.ad_rate)
+        for name in ("popup_rate", "delay_rate", "ad_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
+        if not 0 <= self.jitter_px <= 200:
+            raise ValueError(f"jitter_px must be in [0, 200], got {self.jitter_px}")
 
 
 @dataclass(frozen=True)
@@ -166,9 +174,18 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def load_params(path: Path | str = PARAMS) -> dict[str, Any]:
-    """The whole params file as a dict, with a clear error for a missing or malformed file."""
-    p = Path(path)
+class Params(dict):
+    """Groups of knobs merged from several files; ``source[group, key]`` names the file that set each key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.source: dict[tuple[str, str], Path] = {}
+
+
+yaml.SafeDumper.add_representer(Params, yaml.SafeDumper.represent_dict)  # merged params save as one plain file
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as e:
@@ -178,6 +195,32 @@ def load_params(path: Path | str = PARAMS) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"params file {p} must hold a mapping of stage groups, got {type(data).__name__}")
     return data
+
+
+def params_files(path: Path | str = PARAMS) -> list[Path]:
+    """``path`` and the ``params/*.yaml`` beside it, in the order :func:`load_params` merges them."""
+    p = Path(path)
+    return [p, *sorted((p.parent / "params").glob("*.yaml"))]
+
+
+def load_params(path: Path | str = PARAMS) -> Params:
+    """``path`` and every ``params/*.yaml`` beside it, merged group by group; a key set twice is an error."""
+    merged = Params()
+    for f in params_files(path):
+        for group, keys in _read_yaml(f).items():
+            if not isinstance(keys, dict):
+                if group in merged:
+                    raise ConfigError(f"{f.name}: group {group!r} is also set in {merged.source[group, '']}")
+                merged[group], merged.source[group, ""] = keys, f
+                continue
+            earlier = merged.setdefault(group, {})
+            if not isinstance(earlier, dict):
+                raise ConfigError(f"{f.name}: group {group!r} is also set in {merged.source[group, '']}")
+            for key, value in keys.items():
+                if key in earlier:
+                    raise ConfigError(f"{f.name}: {group}.{key} is also set in {merged.source[group, key].name}")
+                earlier[key], merged.source[group, key] = value, f
+    return merged
 
 
 def _check(value: Any, tp: Any) -> bool:
@@ -204,22 +247,29 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
     """
     params = load_params(path) if params is None else params
     raw = params.get(name, {})
-    where = f"{Path(path).name}: {name}"
+    source = getattr(params, "source", {})
+
+    def where(key: str = "") -> str:
+        """The file that set ``key`` (or every file that set a key of the group) and the knob's name."""
+        keys = [key] if key else list(raw) if isinstance(raw, dict) else []
+        files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
+        return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
+
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping of keys, got {type(raw).__name__}")
+        raise ConfigError(f"{where()} must be a mapping of keys, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raise ConfigError(f"{where(unknown[0])}: unknown key(s) {unknown}; known keys: {sorted(known)}")
     for key, value in raw.items():
         if not _check(value, hints[key]):
-            raise ConfigError(f"{where}.{key} must be {_type_name(hints[key])}, got {value!r} ({type(value).__name__})")
+            raise ConfigError(f"{where(key)} must be {_type_name(hints[key])}, got {value!r} ({type(value).__name__})")
     values = {k: (float(v) if hints[k] is float else v) for k, v in raw.items()}
     try:
         return cls(**values)
     except ValueError as e:  # a dataclass's own range checks
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(f"{where()}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -230,7 +280,6 @@ class BasePolicyConfig:
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
     # out (AitW's base, AutoUI, leaves much for Filtered BC to gain). How each value was set: docs/experiments.md.
     demo_tasks: int = _help("demonstrated train tasks per task set", 200)
-    demo_tasks_webshop: int | None = _help("Web Shopping's own count of demonstrated tasks; null: demo_tasks", None)
     expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4)
     vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024)
     d_model: int = _help("T5 width (AutoUI-Base: 768)", 128)
@@ -239,36 +288,17 @@ class BasePolicyConfig:
     batch_size: int = _help("rows per optimizer step", 32)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
     copy_augment: float = _help("P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5)
-    # Episodes that all start on the launcher almost never demonstrate pressing Home to leave a wrong app; starting
-    # some in a random app does, at a cost to the base's success elsewhere (docs/results_log.md).
-    start_in_app: float = _help("P(a demonstration starts in a random default app, as a phone found in use)", 0.0)
-    # Drawn in AitW's proportions, the demonstrations hold few of the rare families, and a base that never solves
-    # one leaves its data no success there for any method to learn (docs/results_log.md).
-    demo_family_min: int = _help("each family is demonstrated at least this often: short families get more "
-                                 "train-split tasks, generated beyond the list (0: the list's first tasks only)", 0)  # fmt: skip
     seed: int = _help("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
     screen_text: bool = _help("the prompt also lists the screen's tappable elements and their positions "
                               "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)", False)  # fmt: skip
 
-    def demo_count(self, task_set: str) -> int:
-        """Demonstrated train tasks of ``task_set``."""
-        return (
-            self.demo_tasks_webshop
-            if task_set == "webshop" and self.demo_tasks_webshop is not None
-            else self.demo_tasks
-        )
-
     def __post_init__(self) -> None:
-        if self.demo_tasks < 1 or (self.demo_tasks_webshop is not None and self.demo_tasks_webshop < 1):
-            raise ValueError(f"demo_tasks and demo_tasks_webshop must be >= 1, got {self.demo_tasks}, "
-                             f"{self.demo_tasks_webshop}")  # fmt: skip
-        if self.demo_family_min < 0:
-            raise ValueError(f"demo_family_min must be >= 0, got {self.demo_family_min}")
-        for name in ("copy_augment", "start_in_app"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
+        if self.demo_tasks < 1:
+            raise ValueError(f"demo_tasks must be >= 1, got {self.demo_tasks}")
+        if not 0.0 <= self.copy_augment <= 1.0:
+            raise ValueError(f"copy_augment is a probability in [0, 1], got {self.copy_augment}")
         if self.checkpoint and self.screen_text:
             raise ValueError("screen_text: the released Auto-UI-Base was trained on prompts without the screen's text")
         if self.checkpoint and not self.blip2:
@@ -292,7 +322,7 @@ class CollectConfig:
     # rolls out the very tasks it was shown solves them from memory, so its data would not hold the mistakes it
     # makes on new tasks, which are what offline RL has to correct.
     skip_demonstrated: bool = _help("roll out the train tasks after the ones the base policy was demonstrated "
-                                    "(base_policy.demo_tasks, demo_tasks_webshop), which the "
+                                    "(base_policy.demo_tasks), which the "
                                     "base's demonstrations covered; false: from the first train task", True)  # fmt: skip
 
 
@@ -542,3 +572,37 @@ class EvalConfig:
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]
         if unknown:
             raise ValueError(f"expert_skills: unknown {unknown}; known: {list(EXPERT_SKILLS)}")
+
+
+# Every group of knobs and the dataclass that reads it; ``variants`` holds named changes of the critic group.
+SECTIONS: dict[str, type] = {
+    "env": EnvConfig,
+    "devices": DeviceConfig,
+    "judge": JudgeConfig,
+    "tasks": TasksConfig,
+    "base_policy": BasePolicyConfig,
+    "collect": CollectConfig,
+    "augment": AugmentConfig,
+    "vlm_finetune": VLMFinetuneConfig,
+    "embed": EmbedConfig,
+    "compute": ComputeConfig,
+    "experiment": ExperimentConfig,
+    "ablations": AblationsConfig,
+    "critic": CriticConfig,
+    "actor": ActorConfig,
+    "diagnostics": DiagnosticsConfig,
+    "eval": EvalConfig,
+}
+
+
+def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every group's unset knobs at their defaults: the values the stages see.
+
+    Keys are kept as given, unchecked, so that the params of a run made
+    before a knob was removed still read (``digiq.rerun`` compares them).
+    """
+    out = {name: dict(value) if isinstance(value, dict) else value for name, value in params.items()}
+    for name, cls in SECTIONS.items():
+        given = out.get(name) if isinstance(out.get(name), dict) else {}
+        out[name] = {f.name: _default(f) for f in dataclasses.fields(cls)} | given
+    return out

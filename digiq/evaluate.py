@@ -37,6 +37,7 @@ from digiq.config import (
 )
 from digiq.env.backends import EnvFactory
 from digiq.env.gym_env import PhoneEnv
+from digiq.env.state import Dynamics
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
 from digiq.io import atomic_write_text
@@ -76,7 +77,7 @@ def device_pool(
     is the VLM ``judge``'s verdict (:func:`digiq.judge.evaluator_for`).
     """
     evaluator = evaluator_for(devices, judge)
-    with EnvFactory(devices, env.dynamics(), env.width, evaluator) as factory:
+    with EnvFactory(devices, Dynamics.of(env), env.width, evaluator) as factory:
         pool = itertools.cycle([factory() for _ in range(max(1, size))])
         yield lambda: next(pool)
 
@@ -91,7 +92,7 @@ def evaluate_policy(agent: Policy, tasks: Mapping[str, Sequence[Task]], cfg: Eva
     seed), ``cfg.n_envs`` at a time, each task's own step limit.
     """
     return {
-        ts: rollout(agent, listed, n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=env.dynamics(), width=env.width,
+        ts: rollout(agent, listed, n_envs=cfg.n_envs, seed=cfg.seed + seed, dynamics=Dynamics.of(env), width=env.width,
                     desc=f"eval {name} {ts} (seed {seed})", env_factory=env_factory, screen_text=screen_text)
         for ts, listed in tasks.items()
     }  # fmt: skip
@@ -168,7 +169,7 @@ def _worker_envs(env: EnvConfig, size: int) -> Callable[[], PhoneEnv]:
     """A worker process's own simulated devices, made on its first job (a worker steps the simulator only)."""
 
     def build() -> Callable[[], PhoneEnv]:
-        factory = EnvFactory(DeviceConfig(), env.dynamics(), env.width, evaluator_for(DeviceConfig(), JudgeConfig()))
+        factory = EnvFactory(DeviceConfig(), Dynamics.of(env), env.width, evaluator_for(DeviceConfig(), JudgeConfig()))
         pool = itertools.cycle([factory() for _ in range(size)])
         return lambda: next(pool)
 

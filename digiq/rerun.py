@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from digiq.config import load_params, with_defaults
 from digiq.env.tasks import TASK_SETS
 from digiq.paths import Paths
 from digiq.report import TASK_SET_NAMES, fill_block, pct
@@ -47,7 +46,7 @@ def _read(folder: Path, name: str) -> dict[str, Any]:
     p = folder / name
     if not p.exists():
         raise FileNotFoundError(f"{p} is missing: a run's folder needs eval.json, comparisons.json and params.yaml")
-    return yaml.safe_load(p.read_text(encoding="utf-8")) if p.suffix == ".yaml" else json.loads(p.read_text())
+    return with_defaults(load_params(p)) if p.suffix == ".yaml" else json.loads(p.read_text())
 
 
 def _interval(c: dict[str, Any]) -> str:

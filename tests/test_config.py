@@ -1,4 +1,5 @@
-import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -9,6 +10,8 @@ from digiq.config import (
     BasePolicyConfig,
     ComputeConfig,
     ConfigError,
+    CriticConfig,
+    DeviceConfig,
     EnvConfig,
     EvalConfig,
     TasksConfig,
@@ -16,6 +19,7 @@ from digiq.config import (
     load_params,
     load_section,
 )
+from digiq.env.state import Dynamics
 from digiq.paths import Paths
 from digiq.stages.actor import from_params as actor_stage
 from digiq.stages.diagnostics import from_params as diagnostics_stage
@@ -25,7 +29,7 @@ from digiq.stages.launch import run_stage
 def test_repository_params_load():
     params = load_params()
     env = load_section(EnvConfig, "env", params)
-    assert env.dynamics().popup_rate == params["env"]["popup_rate"]
+    assert Dynamics.of(env).popup_rate == params["env"]["popup_rate"]
     assert load_section(TasksConfig, "tasks", params).n_test == params["tasks"]["n_test"]
 
 
@@ -34,12 +38,11 @@ def test_repository_params_load():
     [
         ({"env": {"width": "wide"}}, "env.width must be int, got 'wide'"),
         ({"env": {"popup_rate": True}}, "env.popup_rate must be float"),
-        ({"env": {"popup_rate": 1.5}}, "popup_rate must be in [0, 1]"),
+        ({"env": {"popup_rate": 1.5}}, "popup_rate is a probability in [0, 1], got 1.5"),
         ({"env": {"widht": 100}}, "unknown key(s) ['widht']"),
         ({"env": [1, 2]}, "env must be a mapping"),
-        ({"base_policy": {"start_in_app": 1.2}}, "start_in_app is a probability in [0, 1], got 1.2"),
         ({"base_policy": {"copy_augment": -0.1}}, "copy_augment is a probability in [0, 1], got -0.1"),
-        ({"base_policy": {"demo_family_min": -1}}, "demo_family_min must be >= 0, got -1"),
+        ({"base_policy": {"demo_tasks": 0}}, "demo_tasks must be >= 1, got 0"),
         ({"compute": {"workers": 0}}, "workers must be >= 1, got 0"),
         ({"compute": {"workers": 2, "processes": 2}}, "either shares its jobs among workers or each job's batches"),
         ({"actor": {"updates": 0}}, "updates must be >= 1, got 0"),
@@ -51,18 +54,6 @@ def test_bad_values_name_the_key(group, needle):
     with pytest.raises(ConfigError) as e:
         load_section(configs[section], section, group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
-
-
-def test_web_shopping_demonstrations_default_to_demo_tasks_and_must_be_positive():
-    def load(**raw):
-        return load_section(BasePolicyConfig, "base_policy", {"base_policy": raw})
-
-    assert load(demo_tasks=150, demo_tasks_webshop=None).demo_count("webshop") == 150
-    assert [load(demo_tasks=150, demo_tasks_webshop=100).demo_count(ts) for ts in ("general", "webshop")] == [150, 100]
-    with pytest.raises(ConfigError, match="demo_tasks_webshop must be >= 1"):
-        load(demo_tasks_webshop=0)
-    with pytest.raises(ConfigError, match=re.escape("base_policy.demo_tasks_webshop must be int | None, got 'x'")):
-        load(demo_tasks_webshop="x")
 
 
 def test_ints_are_accepted_for_floats_and_defaults_fill_in():
@@ -77,6 +68,21 @@ def test_missing_or_broken_params_file(tmp_path):
     bad.write_text("env: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_params(bad)
+
+
+def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(tmp_path):
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params.yaml").write_text("critic:\n  epochs: 5\n")
+    (tmp_path / "params" / "machine.yaml").write_text("critic:\n  lr: 0.1\ndevices:\n  timeout_s: -1.0\n")
+    params = load_params(tmp_path / "params.yaml")
+    assert params["critic"] == {"epochs": 5, "lr": 0.1}
+    critic = load_section(CriticConfig, "critic", params)
+    assert (critic.epochs, critic.lr) == (5, 0.1)
+    with pytest.raises(ConfigError, match=r"machine\.yaml: devices"):
+        load_section(DeviceConfig, "devices", params)
+    (tmp_path / "params" / "more.yaml").write_text("critic:\n  epochs: 7\n")
+    with pytest.raises(ConfigError, match=r"more\.yaml: critic\.epochs is also set in params\.yaml"):
+        load_params(tmp_path / "params.yaml")
 
 
 def test_help_text_lists_every_field():
@@ -98,3 +104,16 @@ def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
 def test_an_unknown_expert_skill_is_named():
     with pytest.raises(ConfigError, match=r"eval: expert_skills: unknown \['swipe'\]"):
         load_section(EvalConfig, "eval", {"eval": {"expert_skills": ["type", "swipe"]}})
+
+
+def test_layers_import_downward_only():
+    """The config reads no simulator, and the simulator's command line loads no model, stage or torch."""
+    code = (
+        "import sys, digiq.config\n"
+        "assert not [m for m in sys.modules if m.startswith('digiq.env')], 'config imports the simulator'\n"
+        "import digiq.env.__main__\n"
+        "heavy = ('torch', 'digiq.models', 'digiq.stages', 'digiq.diagnostics', 'digiq.data')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,6 +1,7 @@
 """dvc.yaml and params.yaml agree with the notebooks and the typed configs."""
 
 import dataclasses
+import re
 
 import yaml
 
@@ -8,25 +9,8 @@ from digiq import config
 from digiq.paths import ROOT
 
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
-SECTIONS = {
-    "env": config.EnvConfig,
-    "tasks": config.TasksConfig,
-    "base_policy": config.BasePolicyConfig,
-    "collect": config.CollectConfig,
-    "augment": config.AugmentConfig,
-    "vlm_finetune": config.VLMFinetuneConfig,
-    "embed": config.EmbedConfig,
-    "critic": config.CriticConfig,
-    "actor": config.ActorConfig,
-    "diagnostics": config.DiagnosticsConfig,
-    "eval": config.EvalConfig,
-    "experiment": config.ExperimentConfig,
-    "ablations": config.AblationsConfig,
-    "devices": config.DeviceConfig,
-    "compute": config.ComputeConfig,
-    "judge": config.JudgeConfig,
-}
+PARAMS = config.load_params()
+METHOD = yaml.safe_load((ROOT / "params.yaml").read_text())  # the method's knobs alone
 
 
 EXPLORATION = {"09_explore_values.ipynb"}  # notebooks for people, run after the pipeline; not stages
@@ -48,21 +32,55 @@ def test_every_notebook_is_one_stage_that_depends_on_it():
 
 
 def test_params_match_the_typed_configs_and_their_defaults():
-    assert set(PARAMS) == set(SECTIONS) | {"variants"}  # variants: named critics, each the critic group changed
+    assert set(PARAMS) == set(config.SECTIONS) | {"variants"}  # variants: named critics, each the critic group changed
     assert set(config.load_variants(PARAMS)) == {"digiq_cql", "digiq_hierarchy"}
-    for name, cls in SECTIONS.items():
+    for name, cls in config.SECTIONS.items():
         cfg = config.load_section(cls, name, PARAMS)
         for f in dataclasses.fields(cls):
-            assert f.name in PARAMS[name], f"params.yaml lacks {name}.{f.name}"
+            # A value set in a params file is its field's default too, so a knob left out changes nothing.
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            assert getattr(cfg, f.name) == default, f"params.yaml {name}.{f.name} differs from the config default"
+            assert getattr(cfg, f.name) == default, f"{name}.{f.name} differs from the config default"
+
+
+def test_params_yaml_holds_the_methods_knobs_and_params_the_machines():
+    knobs = [k for group, keys in METHOD.items() for k in keys if group != "variants"]
+    knobs += [k for changes in METHOD["variants"].values() for k in changes]
+    assert len(knobs) <= 45, f"params.yaml has {len(knobs)} knobs"
+    assert not {"env", "devices", "judge", "compute"} & set(METHOD)  # in params/, beside it
+    assert {p.name for p in config.params_files()[1:]} == {"compute.yaml", "devices.yaml", "released_models.yaml"}
+
+
+def _commented_keys(path):
+    """(group, key, comment) of every key line of a params file; a variant's keys are the critic group's."""
+    group = None
+    for line in path.read_text().splitlines():
+        top = re.match(r"^(\w+):", line)
+        if top:
+            group = "critic" if top.group(1) == "variants" else top.group(1)
+            continue
+        key = re.match(r"^ +(\w+): *(.*?)(?: +# (.*))?$", line)
+        if key and key.group(2):  # a variant's own name line holds no value
+            yield group, key.group(1), key.group(3)
+
+
+def test_each_knob_is_explained_once_by_its_config_help():
+    for path in config.params_files():
+        seen = list(_commented_keys(path))
+        assert seen, path
+        for group, key, comment in seen:
+            fields = {f.name: f.metadata["help"] for f in dataclasses.fields(config.SECTIONS[group])}
+            assert comment == fields[key], f"{path.name}: {group}.{key}: the comment is not the config's help"
 
 
 def test_stage_params_are_declared():
     for stage in DVC.values():
-        for key in stage.get("params", []):
-            group, *leaf = key.split(".")
-            assert group in PARAMS and (not leaf or leaf[0] in PARAMS[group]), key
+        for item in stage.get("params", []):
+            if isinstance(item, str):
+                assert item in METHOD, item  # whole groups, so any knob added to a group is tracked
+            else:
+                ((file, groups),) = item.items()
+                declared = yaml.safe_load((ROOT / file).read_text())
+                assert all(g in declared for g in groups), (file, groups)
 
 
 def test_the_digiq_row_is_the_papers_critic_and_the_variants_go_beyond_it():

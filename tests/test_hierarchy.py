@@ -252,21 +252,20 @@ def test_a_base_policy_that_reads_the_screen_is_collected_with_it(tmp_path):
     for ts, lines in lists.items():
         paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
         paths.task_list(ts, "train").write_text("\n".join(lines) + "\n")
-    # Web Shopping's own, smaller count (base_policy.demo_tasks_webshop): collect starts past each set's demos.
-    cfg = BasePolicyConfig(demo_tasks=2, demo_tasks_webshop=1, d_model=32, num_layers=1, epochs=1, vocab_size=400,
+    cfg = BasePolicyConfig(demo_tasks=2, d_model=32, num_layers=1, epochs=1, vocab_size=400,
                            screen_text=True)  # fmt: skip
     run_base_policy(cfg, EnvConfig(width=108), paths)
     model = AutoUIPolicy.load(paths.base_policy)
     assert model.cfg.screen_text and model.cfg.max_input_tokens == 320
     assert TrajectoryStore(paths.demos).read().to_pandas().observation.str.contains(" Screen:").all()
-    assert set(TrajectoryStore(paths.demos).read().to_pandas().task) == set(lists["general"][:2] + lists["webshop"][:1])
+    assert set(TrajectoryStore(paths.demos).read().to_pandas().task) == set(lists["general"][:2] + lists["webshop"][:2])
     with pytest.raises(StageError, match=r"tasks_per_set 3 after the 2 the base policy was demonstrated needs 5"):
         run_collect(CollectConfig(tasks_per_set=3, n_envs=2), EnvConfig(width=108), paths)
     metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths)
     collected = TrajectoryStore(paths.offline).read().to_pandas()
     assert collected.observation.str.contains(" Screen:").all()
-    assert metrics["first_train_task"] == {"general": 2, "webshop": 1}
-    assert set(collected.task) == set(lists["general"][2:] + lists["webshop"][1:3])
+    assert metrics["first_train_task"] == {"general": 2, "webshop": 2}  # collect starts past each set's demonstrations
+    assert set(collected.task) == set(lists["general"][2:] + lists["webshop"][2:])
     with pytest.raises(ValueError, match="trained on prompts without the screen"):
         BasePolicyConfig(checkpoint="autoui", blip2="blip2", screen_text=True)
 

@@ -2,8 +2,6 @@ import os
 import random
 import subprocess
 import sys
-from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,9 +10,7 @@ from PIL import Image
 
 from digiq.data.picks import Picks
 from digiq.diagnostics.reports import expert_share, keep_by_group
-from digiq.env import generate_tasks, parse_task
 from digiq.env.actions import format_action, press_enter, tap, type_text
-from digiq.env.catalog import DEFAULT_APPS
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.policy_fit import FitRow, fit_policy
@@ -35,7 +31,7 @@ from digiq.report import (
     wrong_pick_table,
 )
 from digiq.stages.actor import best_of_n
-from digiq.stages.base_policy import family_top_up, randomize_copied_words, started_in_apps
+from digiq.stages.base_policy import randomize_copied_words
 from digiq.stages.common import write_metrics
 from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
 from digiq.stats import sample_std
@@ -370,34 +366,6 @@ def test_a_checkpoint_with_tied_weights_is_the_same_bytes_at_every_save(tmp_path
     for (name, a), b in zip(policy.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert loaded.t5.lm_head.weight is loaded.t5.shared.weight  # tied again on load
-
-
-def test_demonstrations_start_in_apps_at_the_asked_rate_and_p0_changes_nothing():
-    tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 400, seed=1)]
-    started = started_in_apps(tasks, 0.3, seed=1)
-    assert started == started_in_apps(tasks, 0.3, seed=1)  # the stage reruns to the same demonstrations
-    moved = [t for t in started if t.start_app]
-    assert 0.24 < len(moved) / len(tasks) < 0.36
-    assert {t.start_app for t in moved} <= {a.key for a in DEFAULT_APPS} and len({t.start_app for t in moved}) > 10
-    assert [replace(t, start_app="") for t in started] == tasks  # only where the episode starts changes
-    assert started_in_apps(tasks, 0.0, seed=1) == tasks
-
-
-def test_family_top_up_makes_every_family_reach_the_minimum_from_train_entities_only():
-    listed = [parse_task(t, "general") for t in generate_tasks("general", "train", 400, seed=0)][:150]
-    have = Counter(t.family for t in listed)
-    assert have["search"] > 20 and min(have.values()) < 20  # AitW's proportions: many searches, few of the rest
-    extra = family_top_up(listed, "general", 20, seed=1, split_seed=0)
-    total = Counter(t.family for t in listed + extra)
-    assert all(total[f] == max(20, have[f]) for f in have)  # short families made up exactly, none topped past
-    assert extra == family_top_up(listed, "general", 20, seed=1, split_seed=0)  # the stage reruns the same
-    assert family_top_up(listed, "general", 0, seed=1, split_seed=0) == []
-    test = {t for n in range(3) for t in generate_tasks("general", "test", 400, seed=n, split_seed=0)}
-    assert not {t.instruction for t in extra} & test  # test-only entities stay unseen
-    # Each family draws from its own stream: another family's shortfall does not change its tasks.
-    fewer_maps = [t for t in listed if t.family != "maps"]
-    alarm = [t for t in extra if t.family == "alarm"]
-    assert [t for t in family_top_up(fewer_maps, "general", 20, 1, 0) if t.family == "alarm"] == alarm
 
 
 def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):

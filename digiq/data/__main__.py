@@ -6,8 +6,7 @@ import argparse
 import json
 import sys
 
-import yaml
-
+from digiq.config import load_params
 from digiq.data.legacy import IMAGE_PREFIX, import_legacy
 from digiq.data.start import START_STAGES, place_imported
 from digiq.data.trajectories import DataError
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                                     trust_pickle=args.trust_pickle, gamma=args.gamma)  # fmt: skip
         else:
             paths = Paths(args.root)
-            params = yaml.safe_load((paths.root / "params.yaml").read_text())
+            params = load_params(paths.root / "params.yaml")
             summary = place_imported(args.folders, paths, args.stage, params)
             summary["next"] = ["dvc repro base_policy", f"dvc repro --downstream {args.stage}"]
     except DataError as e:

@@ -239,7 +239,7 @@ def expert_matrix(env: EnvConfig, collect_seed: int, steps: pd.DataFrame,
     for _, traj in steps.groupby("traj_id", sort=True):
         traj = traj.sort_values("step_id")
         task = parse_task(traj.task.iat[0], traj.task_set.iat[0])
-        device = replay(task, episode_seed(collect_seed, int(traj.traj_id.iat[0])), [], env.dynamics(), env.width)
+        device = replay(task, episode_seed(collect_seed, int(traj.traj_id.iat[0])), [], Dynamics.of(env), env.width)
         for i, action in zip(traj.index, traj.action, strict=True):
             right[i] = expert_equivalent(device, task, list(cands.action_list.iat[i]))
             kinds[i] = expert_kind(device, task)

@@ -8,6 +8,10 @@ pixels, so the simulator's ground truth is exact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the simulator reads the config's values, never the config module at run time
+    from digiq.config import EnvConfig
 
 __all__ = ["DeviceState", "Dynamics", "Page", "Popup"]
 
@@ -62,6 +66,11 @@ class Dynamics:
                 raise ValueError(f"Dynamics.{name} must be in [0, 1], got {v!r}")
         if not 0 <= self.jitter_px <= 200:
             raise ValueError(f"Dynamics.jitter_px must be in [0, 200], got {self.jitter_px!r}")
+
+    @classmethod
+    def of(cls, env: EnvConfig) -> Dynamics:
+        """The disturbances that params' ``env`` group sets."""
+        return cls(env.popup_rate, env.delay_rate, env.jitter_px, env.ad_rate)
 
     @classmethod
     def calm(cls) -> Dynamics:

@@ -314,10 +314,8 @@ class Task:
     ``query`` is the text a sensible user would type for it (empty when the
     task needs no typing); the expert types exactly this. ``start_app`` is
     the app a simulated episode opens on instead of the launcher, as a phone
-    found in use shows whatever a previous task left open; stage 00's
-    demonstrations use it so that the base policy sees the way out of a
-    wrong app (``base_policy.start_in_app``). Test and collected episodes
-    start on the launcher, as AitW's do.
+    found in use shows whatever a previous task left open. The pipeline's
+    episodes start on the launcher, as AitW's do.
     """
 
     instruction: str

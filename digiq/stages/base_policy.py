@@ -11,7 +11,6 @@ import random
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,8 @@ from digiq import parallel
 from digiq.config import BasePolicyConfig, EnvConfig, TasksConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import ActionType, parse_action
-from digiq.env.catalog import DEFAULT_APPS, stable_int
-from digiq.env.taskgen import FAMILY_WEIGHTS, generate_tasks
-from digiq.env.tasks import TASK_SETS, Task, parse_task
+from digiq.env.state import Dynamics
+from digiq.env.tasks import TASK_SETS
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
@@ -34,7 +32,7 @@ from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import read_tasks, save_curve_plot, timed, write_metrics
 
-__all__ = ["from_params", "family_top_up", "run_base_policy", "randomize_copied_words", "started_in_apps"]
+__all__ = ["from_params", "run_base_policy", "randomize_copied_words"]
 
 _TYPED = re.compile(r'("typed_text": ")(.*?)(")')
 _WORD = re.compile(r"[A-Za-z0-9]{2,}")
@@ -74,41 +72,6 @@ def randomize_copied_words(row: FitRow, rng: random.Random, p: float = 0.5) -> F
     return replace(row, prompt=rename_typed(row.prompt[:goal_at]) + rename(goal), action=rename_typed(row.action))
 
 
-def started_in_apps(tasks: Sequence[Task], p: float, seed: int) -> list[Task]:
-    """The tasks, each with probability ``p`` starting in a default app drawn at random (``Task.start_app``).
-
-    Demonstrations that all start on the launcher hardly ever press Home (4
-    presses in 1,619 steps), so the base never learns to leave an app it
-    should not be in. Started in one, the expert shows the way out (or goes
-    on, where the app is the task's). Draws come from their own stream, so
-    ``p = 0`` leaves every task, and stage 00, as before.
-    """
-    rng = random.Random(stable_int("start_app", seed))
-    apps = [a.key for a in DEFAULT_APPS]
-    return [replace(t, start_app=rng.choice(apps)) if rng.random() < p else t for t in tasks]
-
-
-def family_top_up(tasks: Sequence[Task], task_set: str, minimum: int, seed: int, split_seed: int) -> list[Task]:
-    """Train-split tasks of each family of ``task_set`` that ``tasks`` hold fewer than ``minimum`` of, to make up the rest.
-
-    A list drawn in AitW's proportions is half searches, and the few
-    demonstrations of a rare family do not teach the base to solve it ever,
-    so the data it collects hold no success there to learn from. The extra
-    tasks come from the train entities (``split_seed`` as the task lists'),
-    one generator stream per family. Only the task set's own families are
-    counted and made up.
-    """
-    have = Counter(t.family for t in tasks)
-    extra: list[Task] = []
-    for family in FAMILY_WEIGHTS[task_set]:
-        need = minimum - have[family]
-        if need > 0:
-            lines = generate_tasks(task_set, "train", need, seed=stable_int("demo_top_up", seed, family),
-                                   split_seed=split_seed, families=[family])  # fmt: skip
-            extra += [parse_task(line, task_set) for line in lines]
-    return extra
-
-
 def _same_case(word: str, like: str) -> str:
     """``word`` capitalised as ``like`` is (all caps, first letter, or lower)."""
     if like.isupper() and len(like) > 1:
@@ -119,23 +82,18 @@ def _same_case(word: str, like: str) -> str:
 def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_seed: int = 0) -> dict[str, Any]:
     """SFT on demonstrations, or (``cfg.checkpoint``) the released Auto-UI-Base, saved as the base policy.
 
-    ``split_seed`` is the task lists' (``tasks.split_seed``): the tasks that
-    ``cfg.demo_family_min`` adds are drawn from the same train entities.
+    ``split_seed`` is the task lists' (``tasks.split_seed``): the tokenizer's
+    corpus is drawn from the same train entities.
     """
     if cfg.checkpoint:
         return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        demo_tasks = {ts: cfg.demo_count(ts) for ts in TASK_SETS}
-        tasks = []
-        for ts in TASK_SETS:
-            listed = read_tasks(paths, ts, "train", demo_tasks[ts], "base_policy")
-            tasks += listed + family_top_up(listed, ts, cfg.demo_family_min, cfg.seed, split_seed)
-        tasks = started_in_apps(tasks, cfg.start_in_app, cfg.seed)
+        tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
         store = TrajectoryStore(paths.demos)
         tokenizer_dir = paths.base_policy / "tokenizer"
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
-            rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=env.dynamics(),
+            rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=Dynamics.of(env),
                     width=env.width, store=store, desc="demonstrations", screen_text=cfg.screen_text)  # fmt: skip
             # The tokenizer learns from train-split text only: test entities stay unseen.
             corpus = default_corpus(seed=cfg.seed, split_seed=split_seed) + [t.instruction for t in tasks]
@@ -157,7 +115,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
         curve = fit_policy(model, rows, screens, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip
         if parallel.is_main():
-            model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=demo_tasks)
+            model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=cfg.demo_tasks)
     demos = (
         store.read().group_by("traj_id").aggregate([("trajectory_reward", "max")])["trajectory_reward_max"].to_pylist()
     )
@@ -168,7 +126,6 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
             "demo_episodes_by_family": dict(sorted(Counter(t.family for t in tasks).items())),
             "demo_success_rate": round(sum(d > 0 for d in demos) / len(demos), 4),
             "demo_steps": len(rows),
-            "demo_started_in_app": sum(bool(t.start_app) for t in tasks),
             "demo_home_presses": sum(parse_action(r.action).type is ActionType.PRESS_HOME for r in rows),
             "train_loss_first": round(losses[0], 4),
             "train_loss_last": round(sum(losses[-20:]) / len(losses[-20:]), 4),

@@ -9,6 +9,7 @@ import torch
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
+from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, require
 from digiq.judge import evaluator_for
@@ -23,13 +24,9 @@ __all__ = ["run_collect"]
 
 
 def _first_tasks(cfg: CollectConfig, paths: Paths) -> dict[str, int]:
-    """Per task set, the index of the first train task rolled out: past those the base was demonstrated (none if released).
-
-    A checkpoint records one count for both task sets, or (since Web Shopping
-    got its own, ``base_policy.demo_tasks_webshop``) one per task set.
-    """
+    """Per task set, the index of the first train task rolled out: past those the base was demonstrated (none if released)."""
     shown = read_meta(paths.base_policy).get("demo_tasks", 0) if cfg.skip_demonstrated else 0
-    return {ts: int(shown[ts] if isinstance(shown, dict) else shown) for ts in TASK_SETS}
+    return {ts: int(shown) for ts in TASK_SETS}
 
 
 def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) -> list[Task]:
@@ -40,7 +37,7 @@ def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) 
         raise StageError(
             f"stage collect: {paths.task_list(task_set, 'train')} has {first + len(tasks)} tasks; collect.tasks_per_set "
             f"{cfg.tasks_per_set} after the {first} the base policy was demonstrated needs {first + cfg.tasks_per_set} "
-            "(raise tasks.n_train, or lower base_policy.demo_tasks, demo_tasks_webshop or collect.tasks_per_set)"
+            "(raise tasks.n_train, or lower base_policy.demo_tasks or collect.tasks_per_set)"
         )
     return tasks[: cfg.tasks_per_set]
 
@@ -60,9 +57,11 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         first = _first_tasks(cfg, paths)
         tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first[ts])]
         store = TrajectoryStore(paths.offline)
-        with EnvFactory(devices, env.dynamics(), env.width, evaluator_for(devices, judge or JudgeConfig())) as make_env:
+        with EnvFactory(
+            devices, Dynamics.of(env), env.width, evaluator_for(devices, judge or JudgeConfig())
+        ) as make_env:
             rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
-                    dynamics=env.dynamics(), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
+                    dynamics=Dynamics.of(env), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
                     env_factory=make_env, screen_text=model.cfg.screen_text,
                     hierarchies=cfg.view_hierarchy)  # fmt: skip
     table = store.read()

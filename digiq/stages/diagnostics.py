@@ -60,6 +60,7 @@ from digiq.diagnostics.reports import (
     wrong_pick_report,
 )
 from digiq.env.catalog import stable_int
+from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
@@ -119,7 +120,7 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
     starts = []
     for j, st in enumerate(job.states):
         task = parse_task(st.task, st.task_set)
-        device = replay(task, st.episode_seed, st.earlier, job.env.dynamics(), job.env.width)
+        device = replay(task, st.episode_seed, st.earlier, Dynamics.of(job.env), job.env.width)
         out["oracle"][j] = candidate_values(device, task, task.max_steps - len(st.earlier), st.candidates,
                                             rollouts=cfg.oracle_rollouts, noise=cfg.oracle_noise, gamma=job.gamma,
                                             seed=st.branch_seed)  # fmt: skip

@@ -22,6 +22,7 @@ from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.trajectories import TrajectoryStore
 from digiq.diagnostics.ground_truth import stored_state_values
+from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.checkpoint import read_meta
@@ -73,7 +74,7 @@ class ValueData:
         cands = self.candidates[(self.candidates.traj_id == traj_id) & (self.candidates.step_id == step_id)]
         return stored_state_values(parse_task(row.task, row.task_set), episode_seed(self.collect_seed, traj_id),
                                    step.action[step.step_id < step_id].tolist(),
-                                   cands.sort_values("index").action.tolist(), dynamics=self.env.dynamics(),
+                                   cands.sort_values("index").action.tolist(), dynamics=Dynamics.of(self.env),
                                    width=self.env.width, rollouts=self.diagnostics.oracle_rollouts,
                                    noise=self.diagnostics.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
 
