@@ -53,6 +53,10 @@ __all__ = [
     "CriticJob",
     "fit_critic_job",
     "fit_critic",
+    "transitions",
+    "spec_inputs",
+    "transition_tensors",
+    "build_critic",
     "td_step",
     "td_fit",
     "scored_candidates",
@@ -131,6 +135,26 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     return valid & distinct_actions(lists, tap_targets(store, store.read().column("image_path").to_pylist(), lists))
 
 
+def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dict[str, torch.Tensor]:
+    """One row per stored step: the features of s, s' and the action taken (candidate 0), reward, done, MC return."""
+    return {
+        "state": torch.from_numpy(np.asarray(feats["state"])),
+        "next_state": torch.from_numpy(np.asarray(feats["next_state"])),
+        "action": torch.from_numpy(np.asarray(feats["candidates"][:, 0])),  # index 0: the action taken
+        "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
+        "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
+        "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
+    }
+
+
+def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
+    """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed)."""
+    net = CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
+                          action_dim=feats["candidates"].shape[2], text=cfg.text_features, targets=cfg.tap_targets,
+                          typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+    return Critic(net)
+
+
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
                scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one critic by TD (seeded by ``seed``); the held-out V-vs-return correlation measures it.
@@ -145,14 +169,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     held = split_trajectories(steps.traj_id.tolist(), cfg.holdout, seed)
     train_idx = np.flatnonzero(~steps.traj_id.isin(held).to_numpy())
     test_idx = np.flatnonzero(steps.traj_id.isin(held).to_numpy())
-    data = {
-        "state": torch.from_numpy(np.asarray(feats["state"])),
-        "next_state": torch.from_numpy(np.asarray(feats["next_state"])),
-        "action": torch.from_numpy(np.asarray(feats["candidates"][:, 0])),  # index 0: the action taken
-        "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
-        "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
-        "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
-    }
+    data = transition_tensors(feats, steps)
     if cfg.conservative > 0:
         data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
         data["scored"] = torch.from_numpy(np.asarray(scored, bool))
@@ -161,10 +178,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     penalised = min(cfg.penalty_states, cfg.batch_size)
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
-    net = CriticNetConfig(feature_dim=data["state"].shape[1], hidden=cfg.hidden, action_dim=data["action"].shape[1],
-                          text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
-                          entries=cfg.list_entries)  # fmt: skip
-    critic = Critic(net).to(dev)
+    critic = build_critic(cfg, feats).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
     curves: dict[str, list[float]] = {name: [] for name in names}
@@ -281,7 +295,8 @@ class CriticJob(NamedTuple):
     seed: int
 
 
-def _build_inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
+def spec_inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
+    """What the critic of ``spec`` reads per stored step: its VLM's features and the inputs its settings add."""
     cfg = spec.cfg
     return critic_inputs(paths, spec.vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
                          entries=cfg.list_entries)  # fmt: skip
@@ -292,10 +307,11 @@ def _inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
     cfg = spec.cfg
     key = ("critic inputs", paths.root, spec.vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match,
            cfg.list_entries)  # fmt: skip
-    return process_cached(key, lambda: _build_inputs(paths, spec))
+    return process_cached(key, lambda: spec_inputs(paths, spec))
 
 
-def _steps(paths: Paths) -> pd.DataFrame:
+def transitions(paths: Paths) -> pd.DataFrame:
+    """The stored steps' columns the critics train and are judged on, in the features' row order."""
     columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
     return TrajectoryStore(paths.offline).read().select(columns).to_pandas()
 
@@ -303,7 +319,7 @@ def _steps(paths: Paths) -> pd.DataFrame:
 def fit_critic_job(job: CriticJob) -> dict[str, Any]:
     """Fit and save one critic; its held-out correlation, TD fit, training rows and (seed 0) loss curves."""
     paths, (vlm, cfg) = job.paths, job.spec
-    steps, feats = _steps(paths), _inputs(paths, job.spec)
+    steps, feats = transitions(paths), _inputs(paths, job.spec)
     if len(steps) != feats["state"].shape[0]:
         raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                         f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
@@ -350,7 +366,7 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
         parallel.barrier()  # the main process saved the critics
         trained = [(Critic.load(paths.critic(seed, "digiq")), fits[("digiq", seed)]["train_rows"])
                    for seed in range(seeds)]  # fmt: skip
-        metrics["rewarded_steps"] = rewarded_fit(trained, _build_inputs(paths, specs["digiq"]), _steps(paths))
+        metrics["rewarded_steps"] = rewarded_fit(trained, spec_inputs(paths, specs["digiq"]), transitions(paths))
         metrics["by_critic"] = by_critic
     if parallel.is_main():
         save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
