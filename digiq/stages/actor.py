@@ -64,6 +64,11 @@ __all__ = [
     "ActorFitJob",
     "fit_actor_job",
     "best_of_n",
+    "best_of_n_picks",
+    "perfect_critic_picks",
+    "filtered_bc_picks",
+    "digirl_picks",
+    "imitation_rows",
     "policy_names",
     "METHODS",
 ]
@@ -106,14 +111,15 @@ def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: 
     return best, adv[np.arange(S), best]
 
 
-def _rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
+def imitation_rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
     """Imitation rows: each picked state with its picked candidate."""
     return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c])
             for i, c in zip(picks.states, picks.columns, strict=True)]  # fmt: skip
 
 
-def _best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
+def best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
                      valid: np.ndarray, k: int, seed: int) -> tuple[Picks, dict[str, float]]:  # fmt: skip
+    """Digi-Q's rows: each state's best of ``k`` candidates, kept where its advantage clears the task set's threshold."""
     best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
     task_sets = steps.task_set.to_numpy()
     kept = adv > cfg.thresholds(task_sets)
@@ -123,7 +129,7 @@ def _best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarr
     return Picks(keep, best[keep]), stats
 
 
-def _perfect_critic_picks(right: np.ndarray) -> Picks:
+def perfect_critic_picks(right: np.ndarray) -> Picks:
     """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
 
     ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. States where no candidate does are
@@ -136,11 +142,12 @@ def _perfect_critic_picks(right: np.ndarray) -> Picks:
     return Picks(states, right[states].argmax(1))
 
 
-def _filtered_bc_picks(steps: pd.DataFrame) -> Picks:
+def filtered_bc_picks(steps: pd.DataFrame) -> Picks:
+    """Every step of the successful trajectories, with the action taken."""
     return Picks.taken(np.flatnonzero(steps.trajectory_reward.to_numpy() > 0))
 
 
-def _digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> Picks:
+def digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> Picks:
     """Steps whose Monte-Carlo return beats V(s) by the threshold.
 
     V is regressed on MC returns with 2-fold cross-fitting by trajectory: a
@@ -222,7 +229,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         if ablations.perfect_critic:
             with timed(parts, "expert_matrix"):
                 right, _ = expert_matrix(env, collect.seed, steps, cands)
-            perfect = _perfect_critic_picks(right)
+            perfect = perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + named + extra}
@@ -236,15 +243,15 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             plans: dict[str, Picks] = {}
             for name, (row, k) in plan.items():
                 k = cfg.k_candidates if k is None else k
-                plans[name], stats = _best_of_n_picks(cfg, critics[row], feats[row], steps, valid, k, seed)
+                plans[name], stats = best_of_n_picks(cfg, critics[row], feats[row], steps, valid, k, seed)
                 not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
             if ablations.perfect_critic:
                 plans[PERFECT_CRITIC_ROW] = perfect
-            plans["filtered_bc"] = _filtered_bc_picks(steps)
-            plans["digirl_offline"] = _digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
+            plans["filtered_bc"] = filtered_bc_picks(steps)
+            plans["digirl_offline"] = digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
             for name, picks in plans.items():
-                rows = _rows(steps, cands, picks)
+                rows = imitation_rows(steps, cands, picks)
                 every[(name, s)] = picks
                 kept[name].append(len(rows))
                 fits.append(ActorFitJob(paths, name, s, seed, rows, cfg))
