@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch goes first and pinned: the CPU build; an unpinned torch pulls CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: test repro repro-from val venv lint clean-venv
+.PHONY: test test-fast repro repro-from val venv lint clean-venv
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# While developing: every test but those marked slow (whole notebooks, DVC runs, several processes, a browser).
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # dvc runs stage commands through the shell: put .venv first on PATH so `python` is ours.
 repro: venv
@@ -44,6 +48,7 @@ val: venv
 
 lint: venv
 	$(BIN)/ruff check digiq tests benchmarks notebooks
+	$(BIN)/ruff format --check digiq tests benchmarks
 
 clean-venv:
 	rm -rf $(VENV)

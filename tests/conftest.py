@@ -20,7 +20,7 @@ from digiq.rollout import ExpertPolicy, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 AITW = ROOT.parent / "shared" / "aitw"
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ from digiq.stages.collect import run_collect
 from digiq.stages.critic import from_params as critic_stage
 from digiq.stages.launch import run_stage
 
+pytestmark = pytest.mark.slow  # accelerate launch with several processes
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "parallel_fits.py"
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

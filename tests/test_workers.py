@@ -29,6 +29,8 @@ from digiq.stages.critic import from_params as critic_stage
 from digiq.stages.launch import run_stage
 from digiq.workers import map_jobs, threads_per_worker
 
+pytestmark = pytest.mark.slow  # worker processes, each loading torch
+
 WIDTH = 108
 
 

@@ -12,6 +12,8 @@ from digiq.env.actions import ActionType
 from digiq.env.taskgen import generate_tasks
 from digiq.paths import ROOT, Paths
 
+pytestmark = pytest.mark.slow  # every notebook under papermill
+
 TINY = {
     # 8 demonstrated + 8 collected per task set = the 16 train tasks below
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},

@@ -19,6 +19,8 @@ from digiq.data.legacy import import_legacy
 from digiq.data.start import place_imported
 from digiq.paths import ROOT, Paths
 
+pytestmark = pytest.mark.slow  # stages 05-08 under DVC on imported data
+
 OFF = {
     "diagnostics": {"oracle_states": 0},
     "ablations": {"untuned_vlm": False, "perfect_critic": False},
