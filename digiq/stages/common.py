@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +20,7 @@ from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E4
 from digiq.io import StageError, atomic_path, atomic_write_text, require  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot"]
+__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves"]
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -53,8 +55,29 @@ def timed(metrics: dict[str, Any], key: str = "wall_time_s") -> Iterator[None]:
     metrics[key] = round(time.perf_counter() - t0, 2)
 
 
+def log_curves(folder: Path, curves: dict[str, list[float]]) -> None:
+    """Each curve step by step, as dvclive logs a training run: ``folder/plots/metrics/<name>.tsv``.
+
+    ``dvc plots diff`` then draws two commits' or experiments' curves over
+    each other. The folder is replaced whole, so no curve of an earlier run
+    with other rows is left in it.
+    """
+    from dvclive import Live  # imported here: dvclive loads DVC's machinery, which only the stages need
+
+    shutil.rmtree(folder, ignore_errors=True)
+    with Live(dir=str(folder), save_dvc_exp=False, dvcyaml=False, report=None) as live:
+        for step in range(max(map(len, curves.values()), default=0)):
+            live.step = step
+            for name, ys in curves.items():
+                if step < len(ys):
+                    live.log_metric(re.sub(r"\W+", "_", name).strip("_"), float(ys[step]))
+    (folder / "metrics.json").unlink(missing_ok=True)  # the last values only; stage metrics live in metrics/
+
+
 def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylabel: str = "loss") -> Path:
-    """Learning curves as a PNG: renders anywhere, no charting library from the network."""
+    """Learning curves as a PNG (renders anywhere, no charting library from the network), and logged by
+    :func:`log_curves` into the folder of the same name, for ``dvc plots diff``."""
+    log_curves(path.with_suffix(""), curves)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, ys in curves.items():
         ax.plot(range(len(ys)), ys, label=name)
