@@ -21,7 +21,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -102,6 +102,144 @@ def episode_seed(seed: int, index: int) -> int:
     return stable_int("episode", seed, index)
 
 
+@dataclass
+class Episode:
+    """An episode under way on one device: what each step saw, did and earned."""
+
+    index: int  # into the task list: the episode's id and its device seed
+    task: Task
+    shots: list[np.ndarray]  # one more than actions: the screen after the last action too
+    prompts: list[str]  # the policy's prompt at each screen
+    hierarchies: list[tuple[str, tuple[int, int]] | None]  # each screen's (view hierarchy, size), when stored
+    actions: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    valid: list[bool] = field(default_factory=list)
+
+
+class _Rollouts:
+    """Episodes scheduled on a pool of devices: which starts where, faults and restarts, and finished ones stored.
+
+    Episodes start in task order; one a device fault ends goes back to the
+    front of the queue and starts again from its start and seed, at most
+    ``max_faults`` times; a device that cannot start an episode is retired.
+    """
+
+    def __init__(self, tasks: Sequence[Task], envs: list[PhoneEnv], *, start: int, seed: int, gamma: float,
+                 store: TrajectoryStore | None, part_size: int, max_faults: int, screen_text: bool,
+                 hierarchies: bool, bar: tqdm) -> None:  # fmt: skip
+        self.tasks, self.envs, self.seed, self.gamma = tasks, envs, seed, gamma
+        self.store, self.part_size, self.max_faults, self.bar = store, part_size, max_faults, bar
+        self.screen_text, self.keep_xml = screen_text, hierarchies and store is not None
+        self.episodes: list[Episode | None] = [None] * len(envs)  # per device
+        self.retired: set[int] = set()
+        self.results: list[EpisodeResult] = []
+        self.pending: list[Step] = []  # finished steps not yet written as a part
+        self.next_index = start
+        self.again: deque[int] = deque()  # episodes to start again after a device fault
+        self.faults: Counter[int] = Counter()
+
+    def read(self, env: PhoneEnv, actions: list[str], task: Task) -> tuple[str, tuple[str, tuple[int, int]] | None]:
+        """The policy's prompt at the current screen, and the screen's (hierarchy, size) when it is stored."""
+        if not (self.screen_text or self.keep_xml):
+            return observation_text(actions, task.instruction), None
+        xml, size = env.view_hierarchy(), env.screen_size()
+        screen = describe(xml, size) if self.screen_text else None
+        return observation_text(actions, task.instruction, screen=screen), (xml, size) if self.keep_xml else None
+
+    def waiting(self) -> bool:
+        """Whether an episode is left to start (a new one, or one a fault put back)."""
+        return bool(self.again) or self.next_index < len(self.tasks)
+
+    def _take(self) -> int | None:
+        if self.again:
+            return self.again.popleft()
+        if self.next_index < len(self.tasks):
+            self.next_index += 1
+            return self.next_index - 1
+        return None
+
+    def fault(self, i: int, index: int, step: int, reason: str) -> None:
+        """Log device ``i``'s fault in episode ``index``; the episode starts again unless it failed too often."""
+        self.faults[index] += 1
+        then = "restarted" if self.faults[index] < self.max_faults else "abandoned"
+        if then == "restarted":
+            self.again.append(index)
+        device = getattr(self.envs[i], "serial", f"env {i}")
+        log.warning("episode %d on %s, step %d: %s; %s", index, device, step, reason, then)
+        if self.store is not None:
+            self.store.root.mkdir(parents=True, exist_ok=True)
+            record = {"episode": index, "task": self.tasks[index].instruction, "device": device, "step": step}
+            with open(self.store.root / FAULTS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps({**record, "fault": reason, "then": then}) + "\n")
+
+    def retire(self, i: int) -> None:
+        self.episodes[i] = None
+        self.retired.add(i)
+        self.envs[i].close()
+
+    def begin(self, i: int) -> None:
+        """Start the next waiting episode on device ``i`` (or leave it idle when none is left)."""
+        index = self._take()
+        if index is None:
+            self.episodes[i] = None
+            return
+        task = self.tasks[index]
+        try:
+            obs, _ = self.envs[i].reset(seed=episode_seed(self.seed, index), options={"task": task})
+            first, xml = self.read(self.envs[i], [], task)
+        except DeviceFault as e:
+            self.fault(i, index, 0, str(e))
+            self.retire(i)  # a device that cannot even start an episode is out of the pool
+            return
+        self.episodes[i] = Episode(index, task, [obs["screenshot"]], [first], [xml])
+
+    def record(self, i: int, action: str, stepped: tuple[Any, ...]) -> None:
+        """Device ``i``'s step: append it to its episode, or handle its fault; start the next episode at the end."""
+        episode = self.episodes[i]
+        assert episode is not None
+        obs, reward, term, trunc, info = stepped
+        if info.get("fault"):
+            self.fault(i, episode.index, len(episode.actions), info["fault"])
+            if info.get("gone"):
+                self.retire(i)
+            else:
+                self.begin(i)
+            return
+        try:
+            text, xml = self.read(self.envs[i], [*episode.actions, action], episode.task)
+        except DeviceFault as e:  # the step happened, but the screen cannot be read: start the episode again
+            self.fault(i, episode.index, len(episode.actions) + 1, str(e))
+            self.begin(i)
+            return
+        episode.actions.append(action)
+        episode.rewards.append(reward)
+        episode.valid.append(info["valid"])
+        episode.shots.append(obs["screenshot"])
+        episode.prompts.append(text)
+        episode.hierarchies.append(xml)
+        if term or trunc:
+            self.finish(episode, bool(reward))
+            self.begin(i)
+
+    def finish(self, episode: Episode, success: bool) -> None:
+        """Count a finished episode and store its steps, a part at a time."""
+        task = episode.task
+        self.results.append(EpisodeResult(episode.index, task.instruction, task.task_set, task.family, success,
+                                          len(episode.actions)))  # fmt: skip
+        if self.store is not None:
+            self.pending += _steps(self.store, episode, self.gamma)
+            if len({s.traj_id for s in self.pending}) >= self.part_size:
+                self.store.write_part(self.pending)
+                self.pending = []
+        self.bar.update(1)
+
+    def flush(self) -> None:
+        """Write the finished steps of a last, partial part."""
+        if self.store is not None and self.pending:
+            self.store.write_part(self.pending)
+            self.pending = []
+
+
 def rollout(
     policy: Policy,
     tasks: Sequence[Task],
@@ -141,106 +279,18 @@ def rollout(
     start = store.n_trajectories() if store is not None else 0
     make = env_factory if env_factory is not None else (lambda: AndroidSimEnv(dynamics=dynamics, width=width))
     envs = [make() for _ in range(min(n_envs, max(1, len(tasks) - start)))]
-    slots: list[dict | None] = [None] * len(envs)
-    retired: set[int] = set()
-    results: list[EpisodeResult] = []
-    pending: list[Step] = []
-    next_index = start
-    again: deque[int] = deque()  # episodes to start again after a device fault
-    faults: Counter[int] = Counter()
     bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
+    run = _Rollouts(tasks, envs, start=start, seed=seed, gamma=gamma, store=store, part_size=part_size,
+                    max_faults=max_faults, screen_text=screen_text, hierarchies=hierarchies, bar=bar)  # fmt: skip
     threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None
-
-    keep_xml = hierarchies and store is not None
-
-    def read(env: PhoneEnv, actions: list[str], task: Task) -> tuple[str, tuple[str, tuple[int, int]] | None]:
-        """The policy's prompt at the current screen, and the screen's (hierarchy, size) when it is stored."""
-        if not (screen_text or keep_xml):
-            return observation_text(actions, task.instruction), None
-        xml, size = env.view_hierarchy(), env.screen_size()
-        screen = describe(xml, size) if screen_text else None
-        return observation_text(actions, task.instruction, screen=screen), (xml, size) if keep_xml else None
-
-    def take() -> int | None:
-        nonlocal next_index
-        if again:
-            return again.popleft()
-        if next_index < len(tasks):
-            next_index += 1
-            return next_index - 1
-        return None
-
-    def fault(i: int, index: int, step: int, reason: str) -> None:
-        faults[index] += 1
-        then = "restarted" if faults[index] < max_faults else "abandoned"
-        if then == "restarted":
-            again.append(index)
-        device = getattr(envs[i], "serial", f"env {i}")
-        log.warning("episode %d on %s, step %d: %s; %s", index, device, step, reason, then)
-        if store is not None:
-            store.root.mkdir(parents=True, exist_ok=True)
-            record = {"episode": index, "task": tasks[index].instruction, "device": device, "step": step}
-            with open(store.root / FAULTS_FILE, "a", encoding="utf-8") as f:
-                f.write(json.dumps({**record, "fault": reason, "then": then}) + "\n")
-
-    def retire(i: int) -> None:
-        slots[i] = None
-        retired.add(i)
-        envs[i].close()
-
-    def begin(i: int) -> None:
-        index = take()
-        if index is None:
-            slots[i] = None
-            return
-        task = tasks[index]
-        try:
-            obs, _ = envs[i].reset(seed=episode_seed(seed, index), options={"task": task})
-            first, xml = read(envs[i], [], task)
-        except DeviceFault as e:
-            fault(i, index, 0, str(e))
-            retire(i)  # a device that cannot even start an episode is out of the pool
-            return
-        slots[i] = {
-            "index": index,
-            "task": task,
-            "shots": [obs["screenshot"]],
-            "actions": [],
-            "rewards": [],
-            "valid": [],
-            "prompts": [first],
-            "hierarchies": [xml],
-        }
-
-    def finish(slot: dict, success: bool) -> None:
-        nonlocal pending
-        results.append(
-            EpisodeResult(
-                slot["index"],
-                slot["task"].instruction,
-                slot["task"].task_set,
-                slot["task"].family,
-                success,
-                len(slot["actions"]),
-            )
-        )
-        if store is not None:
-            pending += _steps(store, slot, gamma)
-            if len({s.traj_id for s in pending}) >= part_size:
-                store.write_part(pending)
-                pending = []
-        bar.update(1)
-
     try:
         for i in range(len(envs)):
-            begin(i)
-        while any(s is not None for s in slots):
-            live = [i for i, s in enumerate(slots) if s is not None]
-            batch = RolloutBatch(
-                np.stack([slots[i]["shots"][-1] for i in live]),
-                [slots[i]["prompts"][-1] for i in live],
-                [envs[i] for i in live],
-            )
+            run.begin(i)
+        while any(e is not None for e in run.episodes):
+            live = [i for i, e in enumerate(run.episodes) if e is not None]
+            episodes = [run.episodes[i] for i in live]
+            batch = RolloutBatch(np.stack([e.shots[-1] for e in episodes]), [e.prompts[-1] for e in episodes],
+                                 [envs[i] for i in live])  # fmt: skip
             actions = policy.act(batch)
             if len(actions) != len(live):
                 raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")
@@ -249,59 +299,36 @@ def rollout(
                 if threads is not None
                 else (envs[i].step(a) for i, a in zip(live, actions))
             )
-            for i, action, (obs, reward, term, trunc, info) in zip(live, actions, stepped, strict=True):
-                slot = slots[i]
-                if info.get("fault"):
-                    fault(i, slot["index"], len(slot["actions"]), info["fault"])
-                    if info.get("gone"):
-                        retire(i)
-                    else:
-                        begin(i)
-                    continue
-                try:
-                    text, xml = read(envs[i], [*slot["actions"], action], slot["task"])
-                except DeviceFault as e:  # the step happened, but the screen cannot be read: start the episode again
-                    fault(i, slot["index"], len(slot["actions"]) + 1, str(e))
-                    begin(i)
-                    continue
-                slot["actions"].append(action)
-                slot["rewards"].append(reward)
-                slot["valid"].append(info["valid"])
-                slot["shots"].append(obs["screenshot"])
-                slot["prompts"].append(text)
-                slot["hierarchies"].append(xml)
-                if term or trunc:
-                    finish(slot, bool(reward))
-                    begin(i)
-            for i, slot in enumerate(slots):  # idle devices pick up episodes put back by a fault
-                if slot is None and i not in retired and (again or next_index < len(tasks)):
-                    begin(i)
+            for i, action, result in zip(live, actions, stepped, strict=True):
+                run.record(i, action, result)
+            for i, episode in enumerate(run.episodes):  # idle devices pick up episodes put back by a fault
+                if episode is None and i not in run.retired and run.waiting():
+                    run.begin(i)
     finally:
         if threads is not None:
             threads.shutdown()
-    if store is not None and pending:
-        store.write_part(pending)
+    run.flush()
     bar.close()
-    left = len(again) + len(tasks) - next_index
+    left = len(run.again) + len(tasks) - run.next_index
     if left:
         raise RuntimeError(
-            f"every device failed with {left} episode(s) left; {len(results)} finished"
+            f"every device failed with {left} episode(s) left; {len(run.results)} finished"
             + (f" and are stored in {store.root} (faults in {FAULTS_FILE})" if store is not None else "")
         )
-    return sorted(results, key=lambda r: r.index)
+    return sorted(run.results, key=lambda r: r.index)
 
 
-def _steps(store: TrajectoryStore, slot: dict, gamma: float) -> list[Step]:
+def _steps(store: TrajectoryStore, episode: Episode, gamma: float) -> list[Step]:
     """Save a finished trajectory's screenshots and turn it into step records."""
-    traj, task = slot["index"], slot["task"]
-    names = [store.image_name(traj, t) for t in range(len(slot["shots"]))]
-    for name, shot, hierarchy in zip(names, slot["shots"], slot["hierarchies"], strict=True):
+    traj, task = episode.index, episode.task
+    names = [store.image_name(traj, t) for t in range(len(episode.shots))]
+    for name, shot, hierarchy in zip(names, episode.shots, episode.hierarchies, strict=True):
         if hierarchy is not None:  # before the image: a stored screenshot always has its hierarchy beside it
             store.save_hierarchy(name, *hierarchy)
         store.save_image(name, shot)
-    rets = mc_returns(slot["rewards"], gamma)
-    total = float(sum(slot["rewards"]))
-    n = len(slot["actions"])
+    rets = mc_returns(episode.rewards, gamma)
+    total = float(sum(episode.rewards))
+    n = len(episode.actions)
     return [
         Step(
             traj_id=traj,
@@ -309,13 +336,13 @@ def _steps(store: TrajectoryStore, slot: dict, gamma: float) -> list[Step]:
             task=task.instruction,
             task_set=task.task_set,
             family=task.family,
-            observation=slot["prompts"][t],
-            next_observation=slot["prompts"][t + 1],
+            observation=episode.prompts[t],
+            next_observation=episode.prompts[t + 1],
             image_path=names[t],
             next_image_path=names[t + 1],
-            action=slot["actions"][t],
-            valid=slot["valid"][t],
-            reward=slot["rewards"][t],
+            action=episode.actions[t],
+            valid=episode.valid[t],
+            reward=episode.rewards[t],
             done=t == n - 1,
             mc_return=rets[t],
             trajectory_reward=total,
