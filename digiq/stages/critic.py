@@ -58,6 +58,7 @@ __all__ = [
     "transition_tensors",
     "build_critic",
     "td_step",
+    "batch_losses",
     "td_fit",
     "scored_candidates",
     "rewarded_fit",
@@ -155,6 +156,29 @@ def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
     return Critic(net)
 
 
+def batch_losses(cfg: CriticConfig, critic: Critic, target: Critic, data: dict[str, torch.Tensor],
+                 mine: list[tuple[int, bool]], penalised: int) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The losses of one process's share of a batch: ``mine`` is (row, whether the conservative term scores it).
+
+    TD on every row; with ``cfg.conservative``, the CQL term on the scored
+    rows, scaled so that every process's share sums to the batch's mean.
+    """
+    dev = next(critic.parameters()).device
+    idx = torch.as_tensor([i for i, _ in mine])
+    q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
+    out = {"q": q_loss, "v": v_loss}
+    if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
+        pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
+        rows = {k: t[pen].to(dev) for k, t in data.items()}
+        marked = rows["scored"]
+        if cfg.conservative_gate:
+            marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
+        term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor).sum()
+                if len(pen) else q_loss * 0)  # fmt: skip
+        out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
+    return out
+
+
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
                scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one critic by TD (seeded by ``seed``); the held-out V-vs-return correlation measures it.
@@ -185,27 +209,11 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     rng = np.random.default_rng(seed)
     for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
         for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
-
-            def losses(mine: list[tuple[int, bool]]) -> dict[str, torch.Tensor]:
-                idx = torch.as_tensor([i for i, _ in mine])
-                q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
-                out = {"q": q_loss, "v": v_loss}
-                if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
-                    pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
-                    rows = {k: t[pen].to(dev) for k, t in data.items()}
-                    marked = rows["scored"]
-                    if cfg.conservative_gate:
-                        marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
-                    term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked,
-                                                 cfg.conservative_floor).sum()
-                            if len(pen) else q_loss * 0)  # fmt: skip
-                    out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
-                return out
-
             opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
             batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
             rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
-            loss = parallel.backward_share(rows, losses, critic.parameters(), names=names)
+            loss = parallel.backward_share(rows, lambda mine: batch_losses(cfg, critic, target, data, mine, penalised),
+                                           critic.parameters(), names=names)  # fmt: skip
             opt.step()
             target.soft_update(critic, cfg.tau)
             for name in names:
