@@ -188,162 +188,220 @@ def _site_header(site: str, top: int) -> Widget:
     )
 
 
-def _chrome(s: DeviceState) -> Screen:
+def _shop_head(s: DeviceState) -> tuple[list[Widget], tuple[int, int, int, int]]:
+    """A shop's address bar and header, and where its search box sits."""
+    site, j = s.page.site, s.jitter
+    head = _chrome_bar(s, f"www.{site}.com") + [_site_header(site, CONTENT_TOP)]
+    return head, (40, 420 + j, 1040, 540 + j)
+
+
+def _chrome_incognito(s: DeviceState) -> Screen:
+    """A new incognito tab."""
+    return Screen(
+        tuple(
+            _chrome_bar(s, "", dark=True)
+            + [
+                Widget("incognito.bg", "rect", (0, CONTENT_TOP, SCREEN_W, NAV_TOP), fill=(32, 33, 36)),
+                Widget(
+                    "incognito.title",
+                    "rect",
+                    (0, 700, SCREEN_W, 900),
+                    "You've gone Incognito",
+                    fill=(32, 33, 36),
+                    fg=WHITE,
+                    size=56,
+                ),
+            ]
+        )
+    )
+
+
+def _chrome_menu(s: DeviceState) -> Screen:
+    """Chrome's overflow menu."""
+    items = [
+        ("menu.new_tab", "New tab", ("new_tab", False)),
+        ("menu.incognito", "New incognito tab", ("new_tab", True)),
+        ("menu.history", "History", NOOP),
+        ("menu.downloads", "Downloads", NOOP),
+        ("menu.bookmarks", "Bookmarks", NOOP),
+        ("menu.settings", "Settings", NOOP),
+    ]
+    ws = _chrome_bar(s, "") + [
+        Widget(
+            "menu.panel",
+            "rect",
+            (380, STATUS_H, SCREEN_W, STATUS_H + 40 + 150 * len(items)),
+            fill=WHITE,
+            intent=NOOP,
+        )
+    ]
+    ws += [
+        Widget(
+            wid,
+            "item",
+            (380, STATUS_H + 20 + 150 * i, SCREEN_W, STATUS_H + 170 + 150 * i),
+            label,
+            size=44,
+            intent=intent,
+        )
+        for i, (wid, label, intent) in enumerate(items)
+    ]
+    return Screen(tuple(ws))
+
+
+def _chrome_ntp(s: DeviceState) -> Screen:
+    """A new tab: Google's search box."""
+    j = s.jitter
+    return Screen(
+        tuple(
+            _chrome_bar(s, "")
+            + [
+                Widget("google.logo", "rect", (0, 480 + j, SCREEN_W, 680 + j), "Google", fill=WHITE, fg=BLUE, size=120),
+                _input("google.box", "web", s, (80, 760 + j, 1000, 900 + j), "", "Search Google"),
+            ]
+        )
+    )
+
+
+def _chrome_results(s: DeviceState) -> Screen:
+    """Google's results for the page's query, ads first where the device shows them."""
+    p = s.page
+    rows = _ad_rows(s) + [
+        (
+            f"result:{i}",
+            f"{title}  ·  {src}",
+            ("go", Page("chrome", "site", site=site))
+            if site
+            else ("go", Page("chrome", "page", query=p.query, index=i)),
+        )
+        for i, (title, src, site) in enumerate(catalog.search_results(p.query))
+    ]
+    head = _chrome_bar(s, f"google.com/search?q={p.query}") + [
+        _input("google.box", "web", s, (40, 260, 1040, 380), p.query, "Search Google")
+    ]
+    body, smax = _rows(s, rows, 420)
+    return Screen(tuple(head + body), smax)
+
+
+def _chrome_article(s: DeviceState) -> Screen:
+    """An article a result opened."""
     p = s.page
     j = s.jitter
-    if p.name == "incognito":
-        return Screen(
-            tuple(
-                _chrome_bar(s, "", dark=True)
-                + [
-                    Widget("incognito.bg", "rect", (0, CONTENT_TOP, SCREEN_W, NAV_TOP), fill=(32, 33, 36)),
-                    Widget(
-                        "incognito.title",
-                        "rect",
-                        (0, 700, SCREEN_W, 900),
-                        "You've gone Incognito",
-                        fill=(32, 33, 36),
-                        fg=WHITE,
-                        size=56,
-                    ),
-                ]
-            )
+    title = catalog.search_results(p.query)[p.index][0] if p.index >= 0 else p.query
+    return Screen(
+        tuple(
+            _chrome_bar(s, "article")
+            + [
+                Widget("article.title", "text", (20, 280 + j, 1060, 400 + j), title, size=48),
+                Widget("article.image", "image", (40, 440 + j, 1040, 1040 + j), fill=(170, 190, 210)),
+                Widget("article.text", "rect", (40, 1100 + j, 1040, 1500 + j), fill=LIGHT),
+            ]
         )
-    if p.name == "menu":
-        items = [
-            ("menu.new_tab", "New tab", ("new_tab", False)),
-            ("menu.incognito", "New incognito tab", ("new_tab", True)),
-            ("menu.history", "History", NOOP),
-            ("menu.downloads", "Downloads", NOOP),
-            ("menu.bookmarks", "Bookmarks", NOOP),
-            ("menu.settings", "Settings", NOOP),
-        ]
-        ws = _chrome_bar(s, "") + [
-            Widget(
-                "menu.panel",
-                "rect",
-                (380, STATUS_H, SCREEN_W, STATUS_H + 40 + 150 * len(items)),
-                fill=WHITE,
-                intent=NOOP,
-            )
-        ]
-        ws += [
-            Widget(
-                wid,
-                "item",
-                (380, STATUS_H + 20 + 150 * i, SCREEN_W, STATUS_H + 170 + 150 * i),
-                label,
-                size=44,
-                intent=intent,
-            )
-            for i, (wid, label, intent) in enumerate(items)
-        ]
-        return Screen(tuple(ws))
-    if p.name == "ntp":
-        return Screen(
-            tuple(
-                _chrome_bar(s, "")
-                + [
-                    Widget(
-                        "google.logo", "rect", (0, 480 + j, SCREEN_W, 680 + j), "Google", fill=WHITE, fg=BLUE, size=120
-                    ),
-                    _input("google.box", "web", s, (80, 760 + j, 1000, 900 + j), "", "Search Google"),
-                ]
-            )
+    )
+
+
+def _chrome_ad(s: DeviceState) -> Screen:
+    """The page behind a sponsored entry."""
+    return Screen(
+        tuple(
+            _chrome_bar(s, "ads.example.com")
+            + [
+                Widget(
+                    "ad.banner",
+                    "image",
+                    (0, CONTENT_TOP, SCREEN_W, 1200),
+                    "SALE",
+                    fill=(255, 193, 7),
+                    fg=BLACK,
+                    size=120,
+                ),
+                Widget(
+                    "ad.cta",
+                    "button",
+                    (200, 1300, 880, 1460),
+                    "Shop now",
+                    fill=(255, 87, 34),
+                    fg=WHITE,
+                    intent=NOOP,
+                ),
+            ]
         )
-    if p.name == "results":
-        rows = _ad_rows(s) + [
-            (
-                f"result:{i}",
-                f"{title}  ·  {src}",
-                ("go", Page("chrome", "site", site=site))
-                if site
-                else ("go", Page("chrome", "page", query=p.query, index=i)),
-            )
-            for i, (title, src, site) in enumerate(catalog.search_results(p.query))
-        ]
-        head = _chrome_bar(s, f"google.com/search?q={p.query}") + [
-            _input("google.box", "web", s, (40, 260, 1040, 380), p.query, "Search Google")
-        ]
-        body, smax = _rows(s, rows, 420)
-        return Screen(tuple(head + body), smax)
-    if p.name == "page":
-        title = catalog.search_results(p.query)[p.index][0] if p.index >= 0 else p.query
-        return Screen(
-            tuple(
-                _chrome_bar(s, "article")
-                + [
-                    Widget("article.title", "text", (20, 280 + j, 1060, 400 + j), title, size=48),
-                    Widget("article.image", "image", (40, 440 + j, 1040, 1040 + j), fill=(170, 190, 210)),
-                    Widget("article.text", "rect", (40, 1100 + j, 1040, 1500 + j), fill=LIGHT),
-                ]
-            )
-        )
-    if p.name == "ad":
-        return Screen(
-            tuple(
-                _chrome_bar(s, "ads.example.com")
-                + [
-                    Widget(
-                        "ad.banner",
-                        "image",
-                        (0, CONTENT_TOP, SCREEN_W, 1200),
-                        "SALE",
-                        fill=(255, 193, 7),
-                        fg=BLACK,
-                        size=120,
-                    ),
-                    Widget(
-                        "ad.cta",
-                        "button",
-                        (200, 1300, 880, 1460),
-                        "Shop now",
-                        fill=(255, 87, 34),
-                        fg=WHITE,
-                        intent=NOOP,
-                    ),
-                ]
-            )
-        )
+    )
+
+
+def _chrome_shop_home(s: DeviceState) -> Screen:
+    """A shop's home page: its search box and tiles."""
+    p = s.page
+    j = s.jitter
     site = p.site
-    head = _chrome_bar(s, f"www.{site}.com") + [_site_header(site, CONTENT_TOP)]
-    box = (40, 420 + j, 1040, 540 + j)
-    if p.name == "site":
-        ws = head + [_input("site.search", "site", s, box, "", f"Search {site.capitalize()}")]
-        for i in range(4):
-            x0, y0 = 40 + (i % 2) * 510, 600 + j + (i // 2) * 520
-            ws.append(
-                Widget(f"site.tile:{i}", "image", (x0, y0, x0 + 490, y0 + 490), fill=catalog.site_color(site + str(i)))
-            )
-        return Screen(tuple(ws))
-    if p.name == "site_results":
-        rows = _ad_rows(s) + [
-            (f"product:{i}", f"{t}   {price}", ("go", Page("chrome", "product", p.query, site, i)))
-            for i, (t, price) in enumerate(catalog.products(site, p.query))
-        ]
-        body, smax = _rows(s, rows, 580)
-        return Screen(tuple(head + [_input("site.search", "site", s, box, p.query, "Search")] + body), smax)
-    if p.name == "product":
-        title, price = catalog.products(site, p.query)[p.index]
-        return Screen(
-            tuple(
-                head
-                + [
-                    Widget("product.image", "image", (140, 440 + j, 940, 1240 + j), fill=catalog.site_color(title)),
-                    Widget("product.title", "text", (20, 1280 + j, 1060, 1380 + j), title, size=48),
-                    Widget("product.price", "text", (20, 1390 + j, 1060, 1480 + j), price, fg=(177, 39, 4), size=52),
-                    Widget(
-                        "product.cart",
-                        "button",
-                        (140, 1540 + j, 940, 1680 + j),
-                        "Add to cart",
-                        fill=(255, 216, 20),
-                        intent=NOOP,
-                    ),
-                ]
-            )
+    head, box = _shop_head(s)
+    ws = head + [_input("site.search", "site", s, box, "", f"Search {site.capitalize()}")]
+    for i in range(4):
+        x0, y0 = 40 + (i % 2) * 510, 600 + j + (i // 2) * 520
+        ws.append(
+            Widget(f"site.tile:{i}", "image", (x0, y0, x0 + 490, y0 + 490), fill=catalog.site_color(site + str(i)))
         )
-    raise ValueError(f"chrome has no page {p.name!r}")
+    return Screen(tuple(ws))
+
+
+def _chrome_shop_results(s: DeviceState) -> Screen:
+    """A shop's results for the query."""
+    p = s.page
+    site = p.site
+    head, box = _shop_head(s)
+    rows = _ad_rows(s) + [
+        (f"product:{i}", f"{t}   {price}", ("go", Page("chrome", "product", p.query, site, i)))
+        for i, (t, price) in enumerate(catalog.products(site, p.query))
+    ]
+    body, smax = _rows(s, rows, 580)
+    return Screen(tuple(head + [_input("site.search", "site", s, box, p.query, "Search")] + body), smax)
+
+
+def _chrome_shop_product(s: DeviceState) -> Screen:
+    """A product's page."""
+    p = s.page
+    j = s.jitter
+    site = p.site
+    head, _ = _shop_head(s)
+    title, price = catalog.products(site, p.query)[p.index]
+    return Screen(
+        tuple(
+            head
+            + [
+                Widget("product.image", "image", (140, 440 + j, 940, 1240 + j), fill=catalog.site_color(title)),
+                Widget("product.title", "text", (20, 1280 + j, 1060, 1380 + j), title, size=48),
+                Widget("product.price", "text", (20, 1390 + j, 1060, 1480 + j), price, fg=(177, 39, 4), size=52),
+                Widget(
+                    "product.cart",
+                    "button",
+                    (140, 1540 + j, 940, 1680 + j),
+                    "Add to cart",
+                    fill=(255, 216, 20),
+                    intent=NOOP,
+                ),
+            ]
+        )
+    )
+
+
+_CHROME_PAGES = {
+    "incognito": _chrome_incognito,
+    "menu": _chrome_menu,
+    "ntp": _chrome_ntp,
+    "results": _chrome_results,
+    "page": _chrome_article,
+    "ad": _chrome_ad,
+    "site": _chrome_shop_home,
+    "site_results": _chrome_shop_results,
+    "product": _chrome_shop_product,
+}
+
+
+def _chrome(s: DeviceState) -> Screen:
+    page = _CHROME_PAGES.get(s.page.name)
+    if page is None:
+        raise ValueError(f"chrome has no page {s.page.name!r}")
+    return page(s)
 
 
 # ---------------------------------------------------------------- settings
