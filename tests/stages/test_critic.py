@@ -1,0 +1,120 @@
+"""Stage 05's TD critic: the update, the conservative term and its gate, the fit diagnostics."""
+
+import numpy as np
+import pytest
+import torch
+
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
+
+
+def test_td_learning_recovers_values_of_a_two_step_chain():
+    # s0 -a-> s1 -a-> end (reward 1): V(s1) = 1, V(s0) = gamma.
+    torch.manual_seed(0)
+    s = torch.eye(3)
+    batch = {
+        "state": s[[0, 1]],
+        "next_state": s[[1, 2]],
+        "action": s[[0, 1]],
+        "reward": torch.tensor([0.0, 1.0]),
+        "done": torch.tensor([0.0, 1.0]),
+    }
+    critic = Critic(CriticNetConfig(feature_dim=3, hidden=32))
+    untrained = td_fit(critic, batch, gamma=0.9)
+    target = critic.target()
+    opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
+    for _ in range(1500):
+        q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+        opt.zero_grad()
+        (q_loss + v_loss).backward()
+        opt.step()
+        target.soft_update(critic, 0.1)
+    v = torch.minimum(*critic.v(s[[0, 1]])).detach()
+    assert torch.allclose(v, torch.tensor([0.9, 1.0]), atol=0.05)
+    # The stage's fit diagnostic: Q of the taken actions on its TD target, and level with V.
+    fit = td_fit(critic, batch, gamma=0.9)
+    assert fit["q_td_rmse"] < 0.05 and abs(fit["q_taken_minus_v"]) < 0.05
+    assert untrained["q_td_rmse"] > 0.3
+
+
+def test_rewarded_fit_reads_q_at_the_rewarded_steps_each_critic_trained_on_per_family():
+    import pandas as pd
+
+    torch.manual_seed(0)
+    critic = Critic(CriticNetConfig(feature_dim=2, hidden=8))
+    state = torch.randn(5, 2)
+    feats = {"state": state.numpy(), "candidates": state[:, None].numpy()}
+    q = torch.minimum(*critic.q(state, state)).detach().numpy()
+    steps = pd.DataFrame({"reward": [1.0, 0.0, 1.0, 1.0, 1.0], "task_set": ["webshop"] * 4 + ["general"],
+                          "family": ["select_first", "select_first", "select_first", "site_search", "search"]})  # fmt: skip
+    # seed A trained on rows 0-3, seed B on 0 and 4: the unrewarded row 1 and untrained rows never count
+    report = rewarded_fit([(critic, np.array([0, 1, 2, 3])), (critic, np.array([0, 4]))], feats, steps)
+    assert set(report) == {"general", "webshop"} and set(report["webshop"]) == {"select_first", "site_search"}
+    assert report["webshop"]["select_first"]["steps"] == 1.5  # 2 rows for seed A, 1 for seed B
+    expected = ((q[0] + q[2]) / 2 + q[0]) / 2
+    assert report["webshop"]["select_first"]["q_taken"] == pytest.approx(expected, abs=1e-4)
+    assert report["general"]["search"] == {"steps": 1.0, "q_taken": pytest.approx(q[4], abs=1e-4)}
+
+
+def test_moved_forward_keeps_steps_that_raised_the_value_or_whose_episode_succeeded():
+    target = Critic(CriticNetConfig(feature_dim=1, hidden=4))
+    target.v = lambda state: (state[:, 0], state[:, 0] + 1.0)  # V(s) = the feature (the lower head)
+    batch = {"state": torch.tensor([[0.5], [0.5], [0.5], [0.5]]), "next_state": torch.tensor([[0.9], [0.1], [0.1], [0.9]]),
+             "reward": torch.tensor([0.0, 0.0, 0.0, 1.0]), "done": torch.tensor([0.0, 0.0, 0.0, 1.0]),
+             "mc_return": torch.tensor([0.0, 0.0, 0.3, 0.0])}  # fmt: skip
+    # 0.95 * 0.9 > 0.5; 0.95 * 0.1 < 0.5 (a slip); the same, but its episode went on to succeed; a final success
+    assert moved_forward(target, batch, gamma=0.95).tolist() == [True, False, True, True]
+
+
+def test_conservative_term_keeps_untried_candidates_below_the_taken_action():
+    # Every state took action 0 (reward 0.5, end); candidate 1 was never tried, candidate 2 does not parse.
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    state, cands = torch.randn(64, 4, generator=gen), torch.randn(64, 3, 4, generator=gen)
+    valid = torch.tensor([[True, True, False]]).expand(64, -1)
+    batch = {"state": state, "next_state": state, "action": cands[:, 0], "reward": torch.full((64,), 0.5),
+             "done": torch.ones(64)}  # fmt: skip
+
+    def fit(conservative: float) -> torch.Tensor:
+        torch.manual_seed(0)
+        critic = Critic(CriticNetConfig(feature_dim=4, hidden=32))
+        target, opt = critic.target(), torch.optim.Adam(critic.parameters(), lr=3e-3)
+        for _ in range(400):
+            q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+            loss = q_loss + v_loss + conservative * conservative_penalty(critic, state, cands, valid).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            target.soft_update(critic, 0.1)
+        return critic.advantage(state, cands)[0]
+
+    plain, conservative = fit(0.0), fit(1.0)
+    assert (plain[:, 1] > plain[:, 0]).float().mean() > 0.2  # TD alone leaves untried actions anywhere
+    assert (conservative[:, 1] < conservative[:, 0]).all()
+    assert torch.allclose(conservative[:, 0], torch.tensor(0.5), atol=0.1)  # the taken action's value stays
+    # The invalid candidate is left out of the log-sum-exp: changing its features changes nothing.
+    critic = Critic(CriticNetConfig(feature_dim=4, hidden=8))
+    moved = cands.clone()
+    moved[:, 2] += 100
+    assert torch.equal(
+        conservative_penalty(critic, state, cands, valid), conservative_penalty(critic, state, moved, valid)
+    )
+
+
+def test_conservative_floor_stops_pushing_an_untried_candidate_below_it():
+    # Untried candidates already below the floor get no gradient from the term; without a floor they still do,
+    # and the taken action's side is the same either way.
+    torch.manual_seed(0)
+    critic = Critic(CriticNetConfig(feature_dim=4, hidden=16))
+    state, cands = torch.randn(8, 4), torch.randn(8, 3, 4, requires_grad=True)
+    scored = torch.ones(8, 3, dtype=torch.bool)
+    q = torch.minimum(*critic.q(state[:, None].expand(-1, 3, -1), cands)).detach()
+    floor = float(q[:, 1:].max()) + 1.0  # every untried candidate is below it
+    (grad_floor,) = torch.autograd.grad(conservative_penalty(critic, state, cands, scored, floor).sum(), cands)
+    (grad_plain,) = torch.autograd.grad(conservative_penalty(critic, state, cands, scored).sum(), cands)
+    assert torch.count_nonzero(grad_floor[:, 1:]) == 0 and torch.count_nonzero(grad_plain[:, 1:]) > 0
+    assert torch.count_nonzero(grad_floor[:, 0]) > 0
+    # A floor under every Q changes nothing.
+    low = float(q.min()) - 10.0
+    torch.testing.assert_close(conservative_penalty(critic, state, cands, scored, low),
+                               conservative_penalty(critic, state, cands, scored))  # fmt: skip

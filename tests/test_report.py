@@ -1,0 +1,124 @@
+"""digiq.report: the README's and docs' generated tables and the results chart."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from digiq.paths import Paths
+from digiq.report import (
+    DIAGNOSTICS,
+    END,
+    START,
+    VALIDATION,
+    diagnostics_markdown,
+    expert_pick_table,
+    results_markdown,
+    rewarded_table,
+    save_results_chart,
+    update_readme,
+    validation_markdown,
+    wrong_pick_table,
+)
+from digiq.stages.common import write_metrics
+from digiq.stats import sample_std
+
+
+def _result(rates: list[float], family: str) -> dict:
+    return {"success_rate": float(np.mean(rates)), "success_rate_std": sample_std(rates), "per_seed": rates,
+            "n_episodes": 96, "by_family": {family: rates[0]}, "tasks_by_family": {family: 96}}  # fmt: skip
+
+
+def _base_and_digiq() -> dict:
+    """eval.json of two policies over two seeds."""
+    return {"base": {"general": _result([0.2, 0.3], "search"), "webshop": _result([0.1, 0.1], "go_to_site")},
+            "digiq": {"general": _result([0.5, 0.6], "search"), "webshop": _result([0.3, 0.5], "go_to_site")}}  # fmt: skip
+
+
+def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", _base_and_digiq())
+    write_metrics(paths, "ablations", {
+        "digiq": _base_and_digiq()["digiq"],
+        "digiq_perfect_critic": {"general": _result([0.7, 0.7], "search"), "webshop": _result([0.6, 0.6], "go_to_site")},
+    })  # fmt: skip
+    write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
+                                                      "taken_action_is_expert": 0.395},
+                                   "kept_rows": {"digiq": 120.5, "filtered_bc": 80}})  # fmt: skip
+    write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7,
+                                    "rewarded_steps": {"webshop": {"select_first": {"steps": 4.0, "q_taken": 0.0888}}}})  # fmt: skip
+    write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
+    write_metrics(paths, "diagnostics", {"states": 10, "informative_states": 4,
+                                    "expert_support": {"webshop": {"select_first": {"states": 40, "taken_is_expert": 0.3,
+                                                                                    "expert_candidate": 0.65}}},
+                                    "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
+                                                          "filtered_bc": {"general": None, "webshop": 0.7}},
+                                    "expert_support_by_kind": {"webshop": {"PRESS_BACK": {
+                                        "states": 12, "taken_is_expert": 0.1, "expert_candidate": 0.6}}},
+                                    "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}},
+                                    "top1_hit_rate": {"random": 0.25, "critic": 0.5},
+                                    "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8},
+                                    "expert_pick": {"states": 50, "informative_states": 30,
+                                                    "hit_rate": {"random": 0.4, "critic_finetuned": 0.55},
+                                                    "hit_rate_general": {"random": 0.3, "critic_finetuned": 0.35},
+                                                    "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}},
+                                    "critic_wrong_picks": {"general": {"wrong_picks": 610.3, "kinds": {
+                                        "PRESS_BACK": {"critic": 0.373, "data": 0.2228, "expert": 0.0}}}}})  # fmt: skip
+    write_metrics(paths, "skills", {"policy": "base", "seed": 0,
+                                    "none": {"general": {"success_rate": 0.2}, "webshop": {"success_rate": 0.4}},
+                                    "type": {"general": {"success_rate": 0.45}, "webshop": {"success_rate": 0.85}}})  # fmt: skip
+    md = results_markdown(paths)
+    assert "| base | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "over 2 seed(s); 96 General and 96 Web Shopping" in md
+    assert "No `metrics/comparisons.json`" in md  # no margin is stated without its interval
+    assert "| digiq | 55.0 ± 7.1 | 40.0 ± 14.1 |" in md and "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
+    assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
+    md = diagnostics_markdown(paths)
+    assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
+    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
+    assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
+    assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
+    assert "over the 30 of 50 stored states" in md
+    assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
+    assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
+    assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
+    assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
+    assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
+    assert expert_pick_table({}) == [
+        "Expert picks off (`diagnostics.oracle_states: 0`)."
+    ]  # notebook 07 with the stage off
+    assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
+    readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
+    readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
+    experiments.write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
+    update_readme(readme, paths, experiments)
+    assert "run `make val` after `make repro`" in experiments.read_text()  # no metrics/val/ yet
+    text = readme.read_text()
+    assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
+    assert "old" not in experiments.read_text() and "| alone | 20.0 | 40.0 |" in experiments.read_text()
+    with pytest.raises(ValueError, match="no <!-- validation:start -->"):
+        update_readme(readme, paths, readme)
+    for row, rate in (("base", 0.2), ("digiq", 0.35)):  # what `make val` writes, one python -m digiq.evaluate per row
+        run = {ts: {"success_rate": rate, "success_rate_std": 0.01, "n_episodes": 320} for ts in ("general", "webshop")}
+        write_metrics(paths, f"val/{row}", {**run, "seeds": 3})
+    assert "| digiq | 35.0 ± 1.0 | 35.0 ± 1.0 |" in validation_markdown(paths)
+
+
+def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
+    results = {p: {"general": _result([r, r], "search"), "webshop": _result([r, r + 0.2], "go_to_site")}
+               for p, r in (("base", 0.2), ("digiq", 0.6))}  # fmt: skip
+    path = save_results_chart(results, tmp_path / "results.png", "test")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size[0] > 300
+
+
+def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", _base_and_digiq())
+    write_metrics(paths, "eval_train", {"off": "eval.train_tasks is 0"})
+    assert "| policy | General test | Web Shopping test |" in results_markdown(paths)
+    train = {"base": {"general": {**_result([0.4, 0.4], "search"), "n_episodes": 50}},
+             "digiq": {"general": {**_result([0.7, 0.9], "search"), "n_episodes": 50}}}  # fmt: skip
+    write_metrics(paths, "eval_train", train)  # imported data with General trajectories only: no Web Shopping train
+    md = results_markdown(paths)
+    assert "| policy | General train | General test | Web Shopping test |" in md
+    assert "| base | 40.0 ± 0.0 | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "| digiq | 80.0 ± 14.1 | 55.0 ± 7.1 |" in md
+    assert "train: the tasks of the first 50 trajectories per task set in the offline data" in md
