@@ -1,4 +1,4 @@
-"""Files with the released Digi-Q / DigiRL schema (REFERENCE.md), built here: the importer's and start-at's tests read them."""
+"""Files with the released Digi-Q / DigiRL schema, built here: the importer's and start-at's tests read them."""
 
 import numpy as np
 import torch

@@ -84,7 +84,7 @@ def test_stage_params_are_declared():
 
 
 def test_the_digiq_row_is_the_papers_critic_and_the_variants_go_beyond_it():
-    """PROTOCOL.md: the digiq row is plain TD on VLM and text features; anything more is a named variant."""
+    """The digiq row is plain TD on VLM and text features; anything more is a named variant."""
     paper = config.load_section(config.CriticConfig, "critic", PARAMS)
     assert paper.conservative == 0 and paper.text_features and (paper.gamma, paper.tau) == (0.95, 0.1)
     assert not (paper.tap_targets or paper.typed_match or paper.list_entries)
