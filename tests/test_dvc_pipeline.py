@@ -83,6 +83,14 @@ def test_stage_params_are_declared():
                 assert all(g in declared for g in groups), (file, groups)
 
 
+def test_every_value_dvc_yaml_interpolates_is_in_params_yaml():
+    """DVC fills ${group.key} from params.yaml alone: a knob a command reads must be written there."""
+    used = set(re.findall(r"\$\{(\w+)\.(\w+)\}", (ROOT / "dvc.yaml").read_text()))
+    assert used, "dvc.yaml interpolates nothing"
+    missing = sorted(f"{group}.{key}" for group, key in used if key not in METHOD.get(group, {}))
+    assert not missing, f"dvc.yaml reads {missing}, which params.yaml does not set"
+
+
 def test_the_digiq_row_is_the_papers_critic_and_the_variants_go_beyond_it():
     """The digiq row is plain TD on VLM and text features; anything more is a named variant."""
     paper = config.load_section(config.CriticConfig, "critic", PARAMS)
