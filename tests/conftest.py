@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
+from digiq.config import load_params, with_defaults
 from digiq.data import TrajectoryStore
 from digiq.env import parse_task
 from digiq.env.actions import format_action, press_back, tap
@@ -43,7 +43,7 @@ def values_root(tmp_path_factory) -> Path:
     on the features alone, and an untrained tiny base policy (the critic's text encoder)."""
     root = tmp_path_factory.mktemp("values")
     shutil.copy(ROOT / "params.yaml", root / "params.yaml")
-    params = yaml.safe_load((root / "params.yaml").read_text())
+    params = with_defaults(load_params(root / "params.yaml"))
     paths = Paths(root)
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
     store = TrajectoryStore(paths.offline)

@@ -63,9 +63,14 @@ def log_curves(folder: Path, curves: dict[str, list[float]]) -> None:
     with other rows is left in it.
     """
     from dvclive import Live  # imported here: dvclive loads DVC's machinery, which only the stages need
+    from scmrepo.exceptions import SCMError
 
     shutil.rmtree(folder, ignore_errors=True)
-    with Live(dir=str(folder), save_dvc_exp=False, dvcyaml=False, report=None) as live:
+    try:
+        live = Live(dir=str(folder), save_dvc_exp=False, dvcyaml=False, report=None)
+    except SCMError as e:  # dvclive reads the commit it logs against
+        raise StageError(f"cannot log curves to {folder}: {e}; commit once (git commit) before running a stage") from e
+    with live:
         for step in range(max(map(len, curves.values()), default=0)):
             live.step = step
             for name, ys in curves.items():

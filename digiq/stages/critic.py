@@ -321,6 +321,7 @@ def _inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
 def transitions(paths: Paths) -> pd.DataFrame:
     """The stored steps' columns the critics train and are judged on, in the features' row order."""
     columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
+    require("critic", paths.offline)
     return TrajectoryStore(paths.offline).read().select(columns).to_pandas()
 
 

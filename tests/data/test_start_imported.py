@@ -122,7 +122,7 @@ TINY = {
 def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     """`start-at critic`, then `dvc repro base_policy` and `dvc repro --downstream critic`, in a copy of the repo."""
     repo = tmp_path / "repo"
-    for folder in ("digiq", "notebooks"):
+    for folder in ("digiq", "notebooks", "params"):
         shutil.copytree(
             ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
         )
@@ -144,6 +144,8 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
         return done.stdout
 
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "copy"],
+                   cwd=repo, check=True)  # as a clone has: dvclive logs curves against a commit  # fmt: skip
     placed = json.loads(run(sys.executable, "-m", "digiq.data", "start-at", "critic", str(general)))
     assert placed["next"] == ["dvc repro base_policy", "dvc repro --downstream critic"]
     run(sys.executable, "-m", "dvc", "repro", "base_policy")

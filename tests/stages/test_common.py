@@ -1,7 +1,11 @@
 """The stages' shared plumbing: learning curves as a PNG and, per step, as dvclive logs them."""
 
 import csv
+import subprocess
 
+import pytest
+
+from digiq.io import StageError
 from digiq.stages.common import save_curve_plot
 
 
@@ -20,3 +24,10 @@ def test_curves_are_logged_per_step_beside_their_png_and_replace_an_earlier_run(
     assert _read(metrics / "q_loss_digiq.tsv") == [(0, 1.0), (1, 0.5), (2, 0.25)]
     assert _read(metrics / "v_loss_digiq.tsv") == [(0, 2.0), (1, 1.0)]
     assert not (tmp_path / "critic_td_loss" / "metrics.json").exists()
+
+
+def test_curves_in_a_repository_without_a_commit_name_the_fix(tmp_path, monkeypatch):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)  # dvclive finds the repository from the working directory
+    with pytest.raises(StageError, match="cannot log curves to .*loss: .*commit once"):
+        save_curve_plot(tmp_path / "loss.png", {"loss": [1.0, 0.5]}, "fit")

@@ -175,7 +175,7 @@ def test_the_values_notebook_draws_both_viewers_headless(workspace):
 def test_a_stage_without_its_input_names_what_is_missing(tmp_path):
     nb = ROOT / "notebooks" / "05_critic.ipynb"
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
-    with pytest.raises(pm.PapermillExecutionError, match="stage critic: missing input .*features"):
+    with pytest.raises(pm.PapermillExecutionError, match="stage critic: missing input .*offline"):
         pm.execute_notebook(
             str(nb),
             str(tmp_path / "out.ipynb"),
