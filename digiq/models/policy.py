@@ -182,8 +182,8 @@ class CopyHead(nn.Module):
         # Where a span starts: the token just written (e.g. the piece ending in
         # '"typed_text": "') against the token before each prompt position (e.g.
         # the quote opening the query in the goal). Content attention alone
-        # finds the start poorly for unseen words: a tiny base put 17% on the
-        # first token of unseen test queries, 72% on the later ones.
+        # finds the start poorly for words unseen in training: it attends far
+        # less to the first token of an unseen query than to the ones after it.
         self.start_query = nn.Linear(d_model, d_model, bias=False)
         self.start_key = nn.Linear(d_model, d_model, bias=False)
 
