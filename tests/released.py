@@ -13,7 +13,13 @@ TASKS = ("Search for hotels in Paris", "Open the settings", "Play some jazz on t
 
 
 def released(tmp_path, digiq: bool, mc: bool = True) -> tuple[list, object]:
-    """Trajectories with the released keys, their images under ``imgs/`` referenced through the prefix."""
+    """Trajectories with the released keys, their images under ``imgs/`` referenced through the prefix.
+
+    Episode ``t``'s screens are ``ep<t>_<k>.png``, k = 0 .. its length. As
+    DigiRL writes them, a step's ``image_path`` is the screen after its action
+    (k = step + 1); Digi-Q's files name the screen before it and add
+    ``next_image_path``.
+    """
     imgs = tmp_path / "imgs"
     imgs.mkdir()
     rng = np.random.default_rng(0)
@@ -28,7 +34,7 @@ def released(tmp_path, digiq: bool, mc: bool = True) -> tuple[list, object]:
         for s in range(n):
             step = {"observation": f"Previous Actions: Goal: {task}", "next_observation": f"Previous Actions: x Goal: {task}",
                     "image_features": torch.randn(1408), "next_image_features": torch.randn(1408),
-                    "image_path": f"{IMAGE_PREFIX}/{names[s]}", "task": task, "reward": rewards[s],
+                    "image_path": f"{IMAGE_PREFIX}/{names[s if digiq else s + 1]}", "task": task, "reward": rewards[s],
                     "done": s == n - 1, "action": actions[s % 4], "trajectory_reward": max(rewards)}  # fmt: skip
             if mc:
                 step["mc_return"] = mc_returns(rewards, 0.95)[s]

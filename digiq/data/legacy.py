@@ -2,7 +2,8 @@
 
 A released file is a ``torch.save``d list of trajectories, each a list of
 step dicts (docs/real-models.md). DigiRL steps carry the transition and BLIP-2
-image features; Digi-Q steps add ``traj_id``/``step_id``, the next image,
+image features, with as ``image_path`` the screen after the step's action
+(the screen before it is the previous step's); Digi-Q steps add ``traj_id``/``step_id``, the next image,
 the candidate actions (``action_list``, ``<split>``-joined, index 0 = taken)
 and the VLM representations (``q_rep_out_list``). Images are referenced by
 paths starting with ``<path_to_images>``, replaced here by a local folder.
@@ -23,7 +24,7 @@ Unpickling runs whatever code the file names, so loading needs an explicit
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,25 @@ def _resolve(image_path: str, images: Path, where: str) -> Path:
     return local
 
 
+def _digirl_screens(traj: list[dict[str, Any]], images: Path, wheres: list[str]) -> tuple[list[Path], list[Path]]:
+    """The screens before and after each step of a DigiRL trajectory.
+
+    DigiRL stores as a step's ``image_path`` the screenshot taken after its
+    action, named ``<episode>_<k>.png`` for the k-th screen of the episode.
+    So the screen a step acts on is the previous step's ``image_path``, and
+    the first step's is the episode's screen 0, which no step names: it is
+    ``<episode>_0`` beside step 0's ``<episode>_1``.
+    """
+    after = [_resolve(step["image_path"], images, w) for step, w in zip(traj, wheres, strict=True)]
+    first = Path(traj[0]["image_path"])
+    stem, _, k = first.stem.rpartition("_")
+    if not stem or k != "1":
+        raise DataError(f"{wheres[0]}: a DigiRL image_path ends in _1 on the first step (the screen after its action, "
+                        f"<episode>_1{first.suffix}), got {traj[0]['image_path']!r}")  # fmt: skip
+    start = _resolve(str(first.with_name(f"{stem}_0{first.suffix}")), images, wheres[0] + " (the episode's first screen)")
+    return [start, *after[:-1]], after
+
+
 def _family(task: str, task_set: str) -> str:
     try:
         return parse_task(task, task_set).family
@@ -136,7 +156,7 @@ def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_
         raise DataError(f"{out} already holds a dataset; import into an empty folder")
     digiq = all(k in data[0][0] for k in _DIGIQ)
     steps: list[Step] = []
-    copies: list[tuple[Path, str]] = []
+    copied: dict[Path, str] = {}  # each screenshot once, however many steps show it
     candidates: list[list[str]] = []
     arrays: dict[str, list[np.ndarray]] = {name: [] for name in _ARRAYS}
     for t, traj in enumerate(data):
@@ -148,17 +168,16 @@ def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_
                 candidates.append(cands)
         returns = mc_returns(rewards, gamma)
         ids = [(int(step.get("traj_id", t)), int(step.get("step_id", s))) for s, step in enumerate(traj)]
-        local = [_resolve(step["image_path"], images, f"{src} trajectory {t} step {s}") for s, step in enumerate(traj)]
-        names = [f"images/{i:06d}_{j:02d}{p.suffix}" for (i, j), p in zip(ids, local, strict=True)]
+        wheres = [f"{src} trajectory {t} step {s}" for s in range(len(traj))]
+        if digiq:
+            before = [_resolve(step["image_path"], images, w) for step, w in zip(traj, wheres, strict=True)]
+            after = [_resolve(step["next_image_path"], images, w) for step, w in zip(traj, wheres, strict=True)]
+        else:
+            before, after = _digirl_screens(traj, images, wheres)
         for s, step in enumerate(traj):
-            (traj_id, step_id), rel = ids[s], names[s]
-            copies.append((local[s], rel))
-            if digiq:
-                next_local = _resolve(step["next_image_path"], images, f"{src} trajectory {t} step {s}")
-                next_rel = f"{Path(rel).with_suffix('')}_next{next_local.suffix}"
-                copies.append((next_local, next_rel))
-            else:  # DigiRL: the next screen is the next step's; the last one's is never read (done)
-                next_rel = names[min(s + 1, len(traj) - 1)]
+            (traj_id, step_id) = ids[s]
+            rel = copied.setdefault(before[s], f"images/{traj_id:06d}_{step_id:02d}{before[s].suffix}")
+            next_rel = copied.setdefault(after[s], f"images/{traj_id:06d}_{step_id:02d}_next{after[s].suffix}")
             steps.append(Step(traj_id=traj_id, step_id=step_id, task=step["task"], task_set=task_set,
                               family=_family(step["task"], task_set), observation=step["observation"],
                               next_observation=step["next_observation"], image_path=rel, next_image_path=next_rel,
@@ -169,13 +188,13 @@ def import_legacy(src: Path | str, out: Path | str, images: Path | str, *, task_
     for name, rows in arrays.items():
         if rows and len(rows) != len(steps):
             raise DataError(f"{src}: {name} is on {len(rows)} of {len(steps)} steps; it must be on all or none")
-    _write(store, steps, copies, candidates, {k: v for k, v in arrays.items() if v})
+    _write(store, steps, copied.items(), candidates, {k: v for k, v in arrays.items() if v})
     return {"trajectories": len(data), "steps": len(steps), "format": "digiq" if digiq else "digirl",
             "candidates": len(candidates[0]) if candidates else 0,
             "arrays": sorted(k for k, v in arrays.items() if v)}  # fmt: skip
 
 
-def _write(store: TrajectoryStore, steps: Sequence[Step], copies: Sequence[tuple[Path, str]],
+def _write(store: TrajectoryStore, steps: Sequence[Step], copies: Iterable[tuple[Path, str]],
            candidates: Sequence[list[str]], arrays: dict[str, list[np.ndarray]]) -> None:  # fmt: skip
     """Images first, then the side files, the step table last: a run cut short leaves no table to trust."""
     for local, rel in copies:

@@ -47,10 +47,25 @@ def test_digirl_file_gets_next_images_and_returns_from_its_steps(tmp_path):
                             gamma=0.9)  # fmt: skip
     assert summary["format"] == "digirl" and summary["candidates"] == 0
     table = TrajectoryStore(tmp_path / "out").read().to_pandas()
+    for row in table.itertuples():  # DigiRL's image_path is the screen after the action: shifted back by one
+        assert (tmp_path / "out" / row.image_path).read_bytes() == (imgs / f"ep{row.traj_id}_{row.step_id}.png").read_bytes()
+        nxt = imgs / f"ep{row.traj_id}_{row.step_id + 1}.png"
+        assert (tmp_path / "out" / row.next_image_path).read_bytes() == nxt.read_bytes()
     first = table[table.traj_id == 0]
-    assert list(first.next_image_path[:-1]) == list(first.image_path[1:])  # s' is the next step's screen
+    assert list(first.next_image_path[:-1]) == list(first.image_path[1:])  # one copy of each screen
+    assert len(list((tmp_path / "out" / "images").iterdir())) == 4 + 3 + 5  # each episode's screens
     assert np.allclose(first.mc_return, mc_returns([0.0, 0.0, 1.0], 0.9))
     assert not (tmp_path / "out" / "candidates.parquet").exists()
+
+
+def test_digirl_file_needs_each_episodes_first_screen(tmp_path):
+    data, imgs = released(tmp_path, digiq=False)
+    (imgs / "ep1_0.png").unlink()
+    with pytest.raises(DataError, match=r"trajectory 1 step 0 \(the episode's first screen\): image .*ep1_0.png"):
+        import_legacy(save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True)
+    data[1][0]["image_path"] = f"{IMAGE_PREFIX}/ep1_2.png"
+    with pytest.raises(DataError, match=r"trajectory 1 step 0: a DigiRL image_path ends in _1"):
+        import_legacy(save_released(tmp_path, data), tmp_path / "out", imgs, task_set="general", trust_pickle=True)
 
 
 def test_refuses_to_unpickle_without_trust(tmp_path):
