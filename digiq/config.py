@@ -127,17 +127,36 @@ class JudgeConfig:
     api_key_env: str = _help("environment variable holding the key; empty: send none (a local server)",
                              "OPENAI_API_KEY")  # fmt: skip
     timeout_s: float = _help("time-out of one request, seconds", 60.0)
-    retries: int = _help("retries on rate limits (429), server errors and dropped connections", 5)
-    backoff_s: float = _help("first wait before a retry, doubled each time (or the server's Retry-After)", 1.0)
+    retries: int = _help(
+        "retries on rate limits (429), server errors and dropped connections (the openai client's backoff)", 5
+    )
     max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024)
+    max_completion_tokens: int = _help(
+        "reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)", 2048
+    )
+    temperature: float | None = _help(
+        "sampling temperature; null: not sent (reasoning models accept only their default)", 0.0
+    )
+    few_shot: str = _help(
+        "JSONL of worked examples (image, task, reasoned answer) shown before each question; '' = zero-shot", ""
+    )
+    bad_reply: str = _help(
+        "a reply that is no verdict: retry (the episode starts again) | fail (the episode ends, failed)", "retry"
+    )
+    max_bad_in_a_row: int = _help(
+        "this many bad replies in a row end the stage: the endpoint or its settings are wrong", 10
+    )
     on_adb_sim: bool = _help("judge adb-sim phones too, instead of the simulator's ground truth", False)
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0 or self.max_image_side < 1:
+        if self.retries < 0 or self.timeout_s <= 0 or self.max_image_side < 1 or self.max_completion_tokens < 0:
             raise ValueError(
-                "need retries >= 0, timeout_s > 0, backoff_s >= 0 and max_image_side >= 1; got "
-                f"{self.retries}, {self.timeout_s}, {self.backoff_s}, {self.max_image_side}"
+                "need retries >= 0, timeout_s > 0, max_image_side >= 1 and max_completion_tokens >= 0; got "
+                f"{self.retries}, {self.timeout_s}, {self.max_image_side}, {self.max_completion_tokens}"
             )
+        if self.bad_reply not in ("retry", "fail") or self.max_bad_in_a_row < 1:
+            raise ValueError(f"judge: bad_reply must be retry or fail and max_bad_in_a_row >= 1; "
+                             f"got {self.bad_reply!r}, {self.max_bad_in_a_row}")  # fmt: skip
 
 
 @dataclass(frozen=True)

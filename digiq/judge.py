@@ -2,10 +2,27 @@
 
 The simulator knows when a task is done; a real emulator does not. As in the
 papers (a VLM judge that sees only the newest screenshot), the judge sends
-the task and the current screenshot to a chat model and reads "success" or
-"failure". Any server speaking the OpenAI chat-completions protocol works:
-a model served locally by ``vllm serve`` or a remote API. The key, if the
-endpoint needs one, comes from an environment variable, never from params.
+the task and the current screenshot to a chat model and reads its verdict
+from a reasoned reply that ends in ``Status: success`` or ``Status: failure``.
+With ``judge.few_shot`` it first shows worked examples (screenshot, task,
+reasoned answer), as the papers' judge did; without, it asks zero-shot.
+
+Requests go through the ``openai`` client, so any server speaking the
+chat-completions protocol works (``vllm serve`` locally, or a remote API) and
+rate limits, server errors, dropped connections and time-outs are retried
+with the client's exponential backoff (honouring ``Retry-After``). The key,
+if the endpoint needs one, comes from an environment variable, never from
+params.
+
+What goes wrong is told apart by what it means for the run:
+
+- the endpoint refuses the key (:class:`JudgeAuthError`), or gives nothing
+  after its retries (:class:`JudgeError`): the stage stops, naming why;
+- one reply that is no verdict (an HTTP 400 for a setting the model rejects,
+  an empty or unparsable answer: :class:`JudgeReplyError`) is a fault of that
+  episode only: it is started again or counted failed (``judge.bad_reply``)
+  and logged in ``faults.jsonl``. Only ``judge.max_bad_in_a_row`` bad replies
+  in a row, which no retry will mend, stop the stage.
 
 A :class:`VLMJudge` is an :class:`~digiq.env.adb_env.Evaluator`: pass it to
 :class:`~digiq.env.backends.EnvFactory` for the ``emulator`` backend.
@@ -17,118 +34,212 @@ import base64
 import io
 import json
 import os
-import time
-import urllib.error
-import urllib.request
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 from PIL import Image
 
 from digiq.config import DeviceConfig, JudgeConfig
+from digiq.env.adb_env import VerdictError
 from digiq.env.tasks import Task
 
-__all__ = ["JudgeError", "JudgeAuthError", "VLMJudge", "SYSTEM_PROMPT", "evaluator_for"]
+__all__ = [
+    "JudgeError", "JudgeAuthError", "JudgeReplyError", "VLMJudge", "Example", "read_examples", "verdict",
+    "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "evaluator_for",
+]  # fmt: skip
 
 SYSTEM_PROMPT = (
-    "You check whether a phone agent finished its task. You see the task and the phone's current screen only. "
-    "The task is finished when the screen shows its result (for a search: the results of that search; for an "
-    "app or setting: that app or setting open). Reply with one word: success or failure."
+    "You check whether a phone agent finished its task. You see the task and the phone's screen after the "
+    "agent's last action, nothing else. The task is finished when the screen shows its result (for a search: "
+    "the results of that search; for an app or a setting: that app or setting open)."
 )
-_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+REPLY_FORMAT = (
+    "Answer in three lines:\n"
+    "Expected: what the screen would show if the task were finished\n"
+    "Seen: what this screen shows, and whether that is it\n"
+    "Status: success or failure"
+)
+NO_KEY = "EMPTY"
+_STATUS = re.compile(r"status\W*(success|failure)\b", re.IGNORECASE)
 
 
 class JudgeError(RuntimeError):
-    """The endpoint could not give a verdict (after retries), or gave a reply that is not one."""
+    """The endpoint gave no verdict after its retries, or only bad replies: the stage cannot go on."""
 
 
 class JudgeAuthError(JudgeError):
     """The endpoint refused the credentials: retrying cannot help."""
 
 
+class JudgeReplyError(JudgeError, VerdictError):
+    """One reply that is no verdict: a fault of the episode being judged, not of the stage."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A worked example for the few-shot prompt: a screen, a task, and the reasoned answer for them."""
+
+    image: Path
+    task: str
+    answer: str
+
+
+def read_examples(path: Path | str) -> list[Example]:
+    """The examples of a JSONL file, one ``{"image", "task", "answer"}`` object per line.
+
+    ``image`` is relative to the file; ``answer`` is written as the judge
+    should reply (:data:`REPLY_FORMAT`) and must end in a Status line.
+
+    Raises:
+        ValueError: naming the file and line of a missing key, image or Status line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"judge.few_shot: no file {path}")
+    examples = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e})") from None
+        missing = [k for k in ("image", "task", "answer") if not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(f"{where}: needs string keys image, task and answer; missing or not text: {missing}")
+        image = path.parent / row["image"]
+        if not image.is_file():
+            raise ValueError(f"{where}: image {row['image']!r} not found as {image}")
+        if verdict(row["answer"]) is None:
+            raise ValueError(f"{where}: the answer must end in 'Status: success' or 'Status: failure'")
+        examples.append(Example(image, row["task"], row["answer"]))
+    if not examples:
+        raise ValueError(f"{path}: no examples")
+    return examples
+
+
+def verdict(reply: str) -> bool | None:
+    """The verdict a reply gives: its last Status line, else a reply naming one outcome only; None if neither."""
+    statuses = _STATUS.findall(reply)
+    if statuses:
+        return statuses[-1].lower() == "success"
+    words = reply.lower()
+    if ("success" in words) != ("failure" in words):
+        return "success" in words
+    return None
+
+
 class VLMJudge:
-    """Success/failure verdicts from a chat VLM for (task, screenshot)."""
+    """Success/failure verdicts from a chat VLM for (task, screenshot); safe to share between device threads."""
 
     def __init__(self, cfg: JudgeConfig | None = None) -> None:
         self.cfg = cfg or JudgeConfig()
-        self.key: str | None = None
+        key = None
         if self.cfg.api_key_env:
-            self.key = os.environ.get(self.cfg.api_key_env)
-            if not self.key:
+            key = os.environ.get(self.cfg.api_key_env)
+            if not key:
                 raise JudgeAuthError(f"the judge's endpoint key is read from ${self.cfg.api_key_env}, which is not set "
                                      "(set it, or api_key_env: '' for a local server without keys)")  # fmt: skip
+        # A server without keys gets vLLM's placeholder key, never $OPENAI_API_KEY (the client's own default).
+        self.client = openai.OpenAI(base_url=self.cfg.base_url, api_key=key or NO_KEY, timeout=self.cfg.timeout_s,
+                                    max_retries=self.cfg.retries)  # fmt: skip
+        self.examples = read_examples(self.cfg.few_shot) if self.cfg.few_shot else []
+        self._example_content = [part for ex in self.examples for part in self._shown(ex)]
+        self._lock = threading.Lock()
+        self._bad_in_a_row = 0
 
     def __call__(self, link: object, task: Task, screenshot: np.ndarray) -> bool:
         """The :class:`~digiq.env.adb_env.Evaluator` call: only the screen and the task are used."""
         return self.judge(task.instruction, screenshot)
 
     def judge(self, task: str, screenshot: np.ndarray) -> bool:
-        reply = self._post(self._request(task, screenshot))
+        """The verdict for ``task`` on ``screenshot``.
+
+        Raises:
+            JudgeReplyError: this reply is no verdict (the episode's fault).
+            JudgeError: no reply after the retries, or too many bad ones in a row (the stage's end).
+        """
         try:
-            text = reply["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise JudgeError(f"{self.cfg.base_url} sent no chat answer: {str(reply)[:200]}") from None
-        words = str(text).strip().lower()
-        if "success" in words and "failure" not in words:
-            return True
-        if "failure" in words and "success" not in words:
-            return False
-        raise JudgeError(f"the judge's answer is neither success nor failure: {str(text)[:200]!r}")
+            reply = self._ask(task, screenshot)
+        except JudgeReplyError as e:
+            with self._lock:
+                self._bad_in_a_row += 1
+                if self._bad_in_a_row >= self.cfg.max_bad_in_a_row:
+                    raise JudgeError(f"the judge's last {self._bad_in_a_row} replies were no verdicts, the last: {e} "
+                                     "(check judge.model, max_completion_tokens and temperature)") from None  # fmt: skip
+            raise
+        with self._lock:
+            self._bad_in_a_row = 0
+        return reply
 
-    def _request(self, task: str, screenshot: np.ndarray) -> dict[str, Any]:
-        image = Image.fromarray(np.asarray(screenshot, np.uint8))
-        image.thumbnail((self.cfg.max_image_side, self.cfg.max_image_side))
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-        return {
-            "model": self.cfg.model,
-            "temperature": 0,
-            "max_tokens": 8,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": f"Task: {task}\nIs the task finished?"},
-                        {"type": "image_url", "image_url": {"url": url}},
-                    ],
-                },  # fmt: skip
-            ],
-        }
+    def messages(self, task: str, screenshot: np.ndarray) -> list[dict[str, Any]]:
+        """The chat: the instructions, then any worked examples, then this screen and task."""
+        question = [{"type": "text", "text": f"Task: {task}\n{REPLY_FORMAT}"}]
+        if self.examples:
+            content = [{"type": "text", "text": "Worked examples:"}, *self._example_content,
+                       {"type": "text", "text": "Your turn. Screen:"}, _image_part(screenshot, self.cfg.max_image_side),
+                       *question]  # fmt: skip
+        else:
+            content = [_image_part(screenshot, self.cfg.max_image_side), *question]
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with retries and exponential backoff on transient failures; auth failures raise at once."""
+    def _shown(self, example: Example) -> list[dict[str, Any]]:
+        with Image.open(example.image) as im:
+            image = np.asarray(im.convert("RGB"))
+        return [{"type": "text", "text": "Screen:"}, _image_part(image, self.cfg.max_image_side),
+                {"type": "text", "text": f"Task: {example.task}\n{example.answer}"}]  # fmt: skip
+
+    def _ask(self, task: str, screenshot: np.ndarray) -> bool:
+        limits: dict[str, Any] = {}
+        if self.cfg.max_completion_tokens:
+            limits["max_completion_tokens"] = self.cfg.max_completion_tokens
+        if self.cfg.temperature is not None:
+            limits["temperature"] = self.cfg.temperature
         url = self.cfg.base_url.rstrip("/") + "/chat/completions"
-        headers = {"Content-Type": "application/json"}
-        if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
-        data = json.dumps(body).encode()
-        last = ""
-        for attempt in range(self.cfg.retries + 1):
-            wait = self.cfg.backoff_s * 2**attempt
-            try:
-                req = urllib.request.Request(url, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:200].decode(errors="replace")
-                if e.code in (401, 403):
-                    raise JudgeAuthError(f"{url} refused the key (HTTP {e.code}: {detail}); check "
-                                         f"${self.cfg.api_key_env or '(no key sent)'}") from None  # fmt: skip
-                if e.code not in _RETRY_STATUS:
-                    raise JudgeError(f"{url} answered HTTP {e.code}: {detail}") from None
-                last = f"HTTP {e.code}: {detail}"
-                retry_after = e.headers.get("Retry-After")
-                if retry_after and retry_after.replace(".", "", 1).isdigit():
-                    wait = float(retry_after)
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            except json.JSONDecodeError as e:
-                raise JudgeError(f"{url} did not answer JSON: {e}") from None
-            if attempt < self.cfg.retries:
-                time.sleep(wait)
-        raise JudgeError(f"{url} gave no verdict after {self.cfg.retries + 1} tries; last: {last}")
+        try:
+            reply = self.client.chat.completions.create(
+                model=self.cfg.model, messages=self.messages(task, screenshot), **limits
+            )
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+            raise JudgeAuthError(f"{url} refused the key (HTTP {e.status_code}: {_detail(e)}); check "
+                                 f"${self.cfg.api_key_env or '(no key sent)'}") from None  # fmt: skip
+        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
+            last = f"HTTP {e.status_code}: {_detail(e)}" if isinstance(e, openai.APIStatusError) else type(e).__name__
+            raise JudgeError(f"{url} gave no verdict after {self.cfg.retries + 1} tries; last: {last}") from None
+        except openai.APIStatusError as e:  # the request was refused as it is: 400, 404, 422, ...
+            raise JudgeReplyError(f"{url} answered HTTP {e.status_code}: {_detail(e)}",
+                                  count_failed=self.cfg.bad_reply == "fail") from None  # fmt: skip
+        except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
+            raise JudgeReplyError(
+                f"{url} sent no chat answer: {e}", count_failed=self.cfg.bad_reply == "fail"
+            ) from None
+        text = reply.choices[0].message.content if reply.choices else None
+        found = verdict(text) if text else None
+        if found is None:
+            raise JudgeReplyError(f"the judge's answer gives no Status: success or failure: {str(text)[:200]!r}",
+                                  count_failed=self.cfg.bad_reply == "fail")  # fmt: skip
+        return found
+
+
+def _image_part(screenshot: np.ndarray, max_side: int) -> dict[str, Any]:
+    image = Image.fromarray(np.asarray(screenshot, np.uint8))
+    image.thumbnail((max_side, max_side))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()},
+    }
+
+
+def _detail(e: openai.APIStatusError) -> str:
+    return str(e.body if e.body is not None else e.message)[:200]
 
 
 def evaluator_for(devices: DeviceConfig, judge: JudgeConfig) -> VLMJudge | None:

@@ -10,7 +10,9 @@ Envs come from ``env_factory`` (default: in-process simulated phones); envs
 on devices over adb are stepped from threads, so a pool of devices works in
 parallel. A device fault ends the episode without writing it and the episode
 is started again, from its start and seed, on the next free device; a device
-that cannot start an episode is retired and the others go on. Faults are
+that cannot start an episode is retired and the others go on. A step the
+success judge could not judge is a fault of its episode alone: started again
+the same way, or (``judge.bad_reply: fail``) ended there as failed. Faults are
 logged and, with a store, appended to ``faults.jsonl`` beside the data.
 """
 
@@ -164,6 +166,10 @@ class _Rollouts:
         then = "restarted" if self.faults[index] < self.max_faults else "abandoned"
         if then == "restarted":
             self.again.append(index)
+        self.log_fault(i, index, step, reason, then)
+
+    def log_fault(self, i: int, index: int, step: int, reason: str, then: str) -> None:
+        """Write a fault and what became of its episode to the log and to ``faults.jsonl``."""
         device = getattr(self.envs[i], "serial", f"env {i}")
         log.warning("episode %d on %s, step %d: %s; %s", index, device, step, reason, then)
         if self.store is not None:
@@ -211,6 +217,8 @@ class _Rollouts:
             self.fault(i, episode.index, len(episode.actions) + 1, str(e))
             self.begin(i)
             return
+        if info.get("verdict_fault"):  # no verdict for this step, counted as the episode's failure
+            self.log_fault(i, episode.index, len(episode.actions) + 1, info["verdict_fault"], "counted failed")
         episode.actions.append(action)
         episode.rewards.append(reward)
         episode.valid.append(info["valid"])

@@ -12,11 +12,22 @@ import torch
 from PIL import Image
 
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
-from digiq.env import generate_tasks, parse_task
-from digiq.judge import JudgeAuthError, JudgeError, VLMJudge, evaluator_for
+from digiq.env import AndroidSimEnv, generate_tasks, parse_task
+from digiq.judge import (
+    NO_KEY,
+    REPLY_FORMAT,
+    JudgeAuthError,
+    JudgeError,
+    JudgeReplyError,
+    VLMJudge,
+    evaluator_for,
+    read_examples,
+    verdict,
+)
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
+from digiq.rollout import FAULTS_FILE
 from digiq.stages.collect import run_collect
 
 
@@ -30,7 +41,11 @@ class ChatServer:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 owner.requests.append(
-                    (self.path, dict(self.headers), json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                    (
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
+                    )
                 )
                 status, answer, headers = owner.script.pop(0)
                 body = json.dumps(
@@ -74,29 +89,110 @@ SCREEN = np.zeros((2280, 1080, 3), np.uint8)
 
 
 def _judge(server, **kw) -> VLMJudge:
-    return VLMJudge(
-        JudgeConfig(base_url=server.url, model="served-vlm", api_key_env="DIGIQ_TEST_KEY", backoff_s=0.01, **kw)
-    )
+    return VLMJudge(JudgeConfig(base_url=server.url, model="served-vlm", api_key_env="DIGIQ_TEST_KEY", **kw))
+
+
+def _png(data_url: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(data_url.removeprefix("data:image/png;base64,"))))
 
 
 def test_verdicts_and_what_the_request_carries(serve, monkeypatch):
     monkeypatch.setenv("DIGIQ_TEST_KEY", "sk-test")
-    server = serve((200, "Success", {}), (200, " failure.", {}))
+    reasoned = "Expected: the settings app open\nSeen: the home screen, so not yet\nStatus: **failure**"
+    server = serve((200, "Success", {}), (200, reasoned, {}))
     judge = _judge(server)
     assert judge(None, parse_task("Open the settings"), SCREEN) is True
     assert judge.judge("Open the settings", SCREEN) is False
     path, headers, body = server.requests[0]
-    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer sk-test"
-    assert body["model"] == "served-vlm" and body["temperature"] == 0
-    text, image = body["messages"][1]["content"]
-    assert "Open the settings" in text["text"]
-    png = base64.b64decode(image["image_url"]["url"].removeprefix("data:image/png;base64,"))
-    assert Image.open(io.BytesIO(png)).size == (485, 1024)  # downscaled, aspect kept
+    assert path == "/v1/chat/completions" and headers["authorization"] == "Bearer sk-test"
+    assert body["model"] == "served-vlm" and body["temperature"] == 0 and body["max_completion_tokens"] == 2048
+    assert "max_tokens" not in body  # reasoning models refuse it
+    image, text = body["messages"][1]["content"]
+    assert text["text"] == f"Task: Open the settings\n{REPLY_FORMAT}"
+    assert _png(image["image_url"]["url"]).size == (485, 1024)  # downscaled, aspect kept
+
+
+def test_a_reply_gives_its_last_status_line_or_one_outcome():
+    assert verdict("Expected: results\nSeen: results for x\nStatus: success") is True
+    assert verdict("Status: success? No.\nStatus: Failure") is False  # the last Status line counts
+    assert verdict("failure.") is False and verdict("Success") is True
+    assert verdict("not a success, not a failure") is None and verdict("maybe") is None
+
+
+def test_limits_a_reasoning_model_refuses_are_not_sent(serve):
+    server = serve((200, "Status: success", {}))
+    VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", max_completion_tokens=0, temperature=None)).judge(
+        "Open the settings", SCREEN
+    )
+    body = server.requests[0][2]
+    assert not {"temperature", "max_tokens", "max_completion_tokens"} & set(body)
+    assert server.requests[0][1]["authorization"] == f"Bearer {NO_KEY}"  # never $OPENAI_API_KEY
+
+
+def _examples(tmp_path, lines=None):
+    folder = tmp_path / "judge_examples"
+    folder.mkdir()
+    env = AndroidSimEnv(width=108)
+    for name, task in (("home.png", "Open the settings"), ("settings.png", "Open the settings")):
+        env.reset(seed=0, options={"task": parse_task(task)})
+        if name == "settings.png":
+            env.step('Action Decision: "action_type": "PRESS_HOME", "touch_point": "[-1.0, -1.0]", '
+                     '"lift_point": "[-1.0, -1.0]", "typed_text": ""')  # fmt: skip
+        Image.fromarray(env.render()).save(folder / name)
+    lines = lines or [
+        {
+            "image": "home.png",
+            "task": "Open the settings",
+            "answer": "Expected: Settings open\nSeen: home\nStatus: failure",
+        },
+        {
+            "image": "settings.png",
+            "task": "Open the settings",
+            "answer": "Expected: Settings\nSeen: it\nStatus: success",
+        },
+    ]
+    (folder / "examples.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return folder / "examples.jsonl"
+
+
+def test_few_shot_shows_the_worked_examples_before_the_question(serve, tmp_path):
+    server = serve((200, "Expected: x\nSeen: y\nStatus: success", {}))
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", few_shot=str(_examples(tmp_path))))
+    assert judge.judge("Search for jazz", SCREEN) is True
+    content = server.requests[0][2]["messages"][1]["content"]
+    kinds = [c["type"] for c in content]
+    assert kinds == ["text", "text", "image_url", "text", "text", "image_url", "text", "text", "image_url", "text"]
+    assert content[3]["text"].endswith("Status: failure") and content[6]["text"].endswith("Status: success")
+    assert content[-1]["text"] == f"Task: Search for jazz\n{REPLY_FORMAT}"
+    assert _png(content[2]["image_url"]["url"]).size == (108, 228) and _png(content[-2]["image_url"]["url"]).size == (
+        485,
+        1024,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"image": "home.png", "task": "t"}, r"examples.jsonl:1: needs string keys .* \['answer'\]"),
+        (
+            {"image": "gone.png", "task": "t", "answer": "Status: success"},
+            r"examples.jsonl:1: image 'gone.png' not found",
+        ),
+        (
+            {"image": "home.png", "task": "t", "answer": "it worked"},
+            r"examples.jsonl:1: the answer must end in 'Status",
+        ),
+    ],
+)
+def test_few_shot_file_errors_name_the_line(tmp_path, line, message):
+    with pytest.raises(ValueError, match=message):
+        read_examples(_examples(tmp_path, [line]))
 
 
 def test_rate_limits_are_retried_with_backoff(serve, monkeypatch):
     monkeypatch.setenv("DIGIQ_TEST_KEY", "sk-test")
-    server = serve((429, "slow down", {"Retry-After": "0"}), (503, "busy", {}), (200, "success", {}))
+    server = serve((429, "slow down", {"Retry-After": "0.01"}), (503, "busy", {"Retry-After": "0.01"}),
+                   (200, "Status: success", {}))  # fmt: skip
     assert _judge(server).judge("Open the settings", SCREEN) is True
     assert len(server.requests) == 3
 
@@ -115,25 +211,53 @@ def test_missing_key_fails_before_any_request(monkeypatch):
         VLMJudge(JudgeConfig(api_key_env="DIGIQ_TEST_KEY"))
 
 
-def test_gives_up_after_its_retries_and_rejects_non_answers(serve):
-    server = serve(*[(503, "down", {})] * 3, (200, "maybe", {}))
-    no_key = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", retries=2, backoff_s=0.01))
-    with pytest.raises(JudgeError, match=r"after 3 tries; last: HTTP 503"):
-        no_key.judge("Open the settings", SCREEN)
-    assert "Authorization" not in server.requests[0][1]
-    with pytest.raises(JudgeError, match="neither success nor failure"):
-        no_key.judge("Open the settings", SCREEN)
+def test_gives_up_after_its_retries(serve):
+    server = serve(*[(503, "down", {"Retry-After": "0.01"})] * 3)
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", retries=2))
+    with pytest.raises(JudgeError, match=r"after 3 tries; last: HTTP 503") as caught:
+        judge.judge("Open the settings", SCREEN)
+    assert not isinstance(caught.value, JudgeReplyError) and len(server.requests) == 3
+
+
+@pytest.mark.parametrize("bad_reply", ["retry", "fail"])
+def test_a_bad_reply_is_the_episodes_fault_until_too_many_come_in_a_row(serve, bad_reply):
+    """HTTP 400 (a setting the model refuses) or an answer with no verdict: the episode's fault, not the stage's."""
+    server = serve((400, "max_tokens is not supported", {}), (200, "maybe", {}), (200, "Status: success", {}),
+                   *[(200, "", {})] * 3)  # fmt: skip
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", max_bad_in_a_row=3, bad_reply=bad_reply))
+    with pytest.raises(JudgeReplyError, match="HTTP 400: .*max_tokens is not supported") as caught:
+        judge.judge("Open the settings", SCREEN)
+    assert caught.value.count_failed is (bad_reply == "fail")
+    with pytest.raises(JudgeReplyError, match="gives no Status"):
+        judge.judge("Open the settings", SCREEN)
+    assert judge.judge("Open the settings", SCREEN) is True  # a verdict resets the count
+    for _ in range(2):
+        with pytest.raises(JudgeReplyError):
+            judge.judge("Open the settings", SCREEN)
+    with pytest.raises(JudgeError, match="last 3 replies were no verdicts") as caught:
+        judge.judge("Open the settings", SCREEN)
+    assert not isinstance(caught.value, JudgeReplyError) and len(server.requests) == 6
 
 
 def test_unreachable_endpoint_is_named():
-    judge = VLMJudge(JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", retries=1, backoff_s=0.01))
+    judge = VLMJudge(JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", retries=1))
     with pytest.raises(JudgeError, match=r"127.0.0.1:9/v1/chat/completions gave no verdict after 2 tries"):
         judge.judge("Open the settings", SCREEN)
 
 
-@pytest.mark.parametrize("bad", [{"retries": -1}, {"timeout_s": 0.0}, {"backoff_s": -1.0}, {"max_image_side": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"retries": -1},
+        {"timeout_s": 0.0},
+        {"max_image_side": 0},
+        {"max_completion_tokens": -1},
+        {"bad_reply": "ignore"},
+        {"max_bad_in_a_row": 0},
+    ],  # fmt: skip
+)
 def test_config_rejects_impossible_settings(bad):
-    with pytest.raises(ValueError, match="need retries >= 0"):
+    with pytest.raises(ValueError, match="need retries >= 0|bad_reply must be"):
         JudgeConfig(**bad)
 
 
@@ -168,3 +292,28 @@ def test_collect_stage_asks_the_judge_from_params(serve, tmp_path):
     assert metrics["transitions"] == metrics["trajectories"] == 4
     assert metrics["success_rate_by_task_set"] == {"general": 1.0, "webshop": 1.0}
     assert len(server.requests) == 4 and all(r[2]["model"] == "served-vlm" for r in server.requests)
+
+
+@pytest.mark.parametrize("bad_reply", ["retry", "fail"])
+def test_collect_stage_takes_a_bad_reply_as_one_episodes_fault(serve, tmp_path, bad_reply):
+    """One HTTP 400 during stage 01: that episode starts again or ends failed; the stage goes on and logs it."""
+    paths = Paths(tmp_path)
+    for ts in ("general", "webshop"):
+        paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
+        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 2, seed=3)) + "\n")
+    tok = train_tokenizer(default_corpus(n_tasks=50), vocab_size=400)
+    torch.manual_seed(0)
+    AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
+    server = serve((400, "unsupported parameter", {}), *[(200, "Status: success", {})] * 4)
+    devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
+    judge = JudgeConfig(base_url=server.url, api_key_env="", on_adb_sim=True, bad_reply=bad_reply)
+    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=1), EnvConfig(width=108), paths, devices, judge)
+    faults = [json.loads(line) for line in (paths.offline / FAULTS_FILE).read_text().splitlines()]
+    assert len(faults) == 1 and "judge: " in faults[0]["fault"] and "HTTP 400" in faults[0]["fault"]
+    assert metrics["trajectories"] == 4
+    if bad_reply == "retry":  # the first episode ran again and was judged a success like the others
+        assert faults[0]["then"] == "restarted" and len(server.requests) == 5
+        assert metrics["success_rate_by_task_set"] == {"general": 1.0, "webshop": 1.0}
+    else:  # the first episode ended failed at its first step
+        assert faults[0]["then"] == "counted failed" and len(server.requests) == 4
+        assert metrics["success_rate_by_task_set"] == {"general": 0.5, "webshop": 1.0}

@@ -111,7 +111,9 @@ def _digirl_screens(traj: list[dict[str, Any]], images: Path, wheres: list[str])
     if not stem or k != "1":
         raise DataError(f"{wheres[0]}: a DigiRL image_path ends in _1 on the first step (the screen after its action, "
                         f"<episode>_1{first.suffix}), got {traj[0]['image_path']!r}")  # fmt: skip
-    start = _resolve(str(first.with_name(f"{stem}_0{first.suffix}")), images, wheres[0] + " (the episode's first screen)")
+    start = _resolve(
+        str(first.with_name(f"{stem}_0{first.suffix}")), images, wheres[0] + " (the episode's first screen)"
+    )
     return [start, *after[:-1]], after
 
 

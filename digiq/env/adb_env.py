@@ -409,8 +409,20 @@ def console_command(host: str, port: int, command: str, token_file: str, timeout
 # ---------------------------------------------------------------- success
 
 
+class VerdictError(RuntimeError):
+    """An evaluator could not judge this step (a reply that is no verdict): a fault of the episode alone.
+
+    ``count_failed``: the episode ends there and counts as failed; otherwise it
+    is started again, as after a device fault.
+    """
+
+    def __init__(self, message: str, count_failed: bool) -> None:
+        super().__init__(message)
+        self.count_failed = count_failed
+
+
 class Evaluator(Protocol):
-    """Judges whether ``task`` is done, from the device and its current screen."""
+    """Judges whether ``task`` is done, from the device and its current screen (or raises :class:`VerdictError`)."""
 
     def __call__(self, link: AdbLink, task: Task, screenshot: np.ndarray) -> bool: ...
 
@@ -472,6 +484,7 @@ class AdbEnv(PhoneEnv):
         self._sim_device, self.on_close = sim_device, on_close
         self._frame = np.zeros((self.height, self.width, 3), np.uint8)
         self._untyped = ""
+        self._verdict_fault = ""  # why this step's evaluator gave no verdict, when that counts as failure
 
     @property
     def serial(self) -> str:
@@ -539,7 +552,13 @@ class AdbEnv(PhoneEnv):
 
     def _succeeded(self) -> bool:
         assert self.task is not None
-        return self.evaluator(self.link, self.task, self._frame)
+        try:
+            return self.evaluator(self.link, self.task, self._frame)
+        except VerdictError as e:
+            if not e.count_failed:
+                raise DeviceFault(f"judge: {e}", self.serial) from e
+            self._verdict_fault = f"judge: {e}"
+            return False
 
     def render(self) -> np.ndarray:
         return self._frame
@@ -554,9 +573,17 @@ class AdbEnv(PhoneEnv):
         return {**super()._info(action, success, changed), "fault": "", "untyped": self._untyped}
 
     def step(self, action: str | Action) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """As :meth:`PhoneEnv.step`; a device fault truncates the episode with ``info["fault"]`` set."""
+        """As :meth:`PhoneEnv.step`; a device fault truncates the episode with ``info["fault"]`` set.
+
+        A step the evaluator could not judge, with ``count_failed``, ends the
+        episode as failed with ``info["verdict_fault"]`` saying why.
+        """
+        self._verdict_fault = ""
         try:
-            return super().step(action)
+            obs, reward, terminated, truncated, info = super().step(action)
+            if self._verdict_fault:
+                return obs, 0.0, False, True, {**info, "verdict_fault": self._verdict_fault}
+            return obs, reward, terminated, truncated, info
         except DeviceFault as e:
             parsed = action if isinstance(action, Action) else parse_action(action)
             info = {**self._info(parsed, False, False), "fault": str(e), "gone": e.gone}

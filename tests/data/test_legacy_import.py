@@ -48,7 +48,9 @@ def test_digirl_file_gets_next_images_and_returns_from_its_steps(tmp_path):
     assert summary["format"] == "digirl" and summary["candidates"] == 0
     table = TrajectoryStore(tmp_path / "out").read().to_pandas()
     for row in table.itertuples():  # DigiRL's image_path is the screen after the action: shifted back by one
-        assert (tmp_path / "out" / row.image_path).read_bytes() == (imgs / f"ep{row.traj_id}_{row.step_id}.png").read_bytes()
+        assert (tmp_path / "out" / row.image_path).read_bytes() == (
+            imgs / f"ep{row.traj_id}_{row.step_id}.png"
+        ).read_bytes()
         nxt = imgs / f"ep{row.traj_id}_{row.step_id + 1}.png"
         assert (tmp_path / "out" / row.next_image_path).read_bytes() == nxt.read_bytes()
     first = table[table.traj_id == 0]
