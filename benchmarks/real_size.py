@@ -39,7 +39,8 @@ from digiq.env.actions import tap
 from digiq.env.taskgen import generate_tasks
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, llava_style_tokenizer, train_tokenizer
-from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, VLMConfig, llava_processor, question
+from digiq.models.vlm import ScreenVLM, VLMConfig, llava_processor
+from digiq.models.vlm_recipes import LLAVA_TEMPLATE, TinyRecipe
 from digiq.stages.vlm_finetune import add_lora, checkpoint_layers, trainable
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -134,7 +135,9 @@ def timed_forward(name: str, batch: int, repeats: int = 5) -> tuple[float, float
 def screen_vlm_7b() -> ScreenVLM:
     """Stage 03/04's ``ScreenVLM`` around a random LLaVA-1.5-7B, with an offline LLaVA-style tokenizer and processor."""
     tasks = generate_tasks("general", "train", 300, 0) + generate_tasks("webshop", "train", 150, 0)
-    corpus = [LLAVA_TEMPLATE.format(question(tap(0.5, 0.5), t)) + a for t in tasks for a in (" Yes", " No")]
+    corpus = [
+        LLAVA_TEMPLATE.format(TinyRecipe(336).question(tap(0.5, 0.5), t)) + a for t in tasks for a in (" Yes", " No")
+    ]
     tok = llava_style_tokenizer(corpus, vocab_size=4000)
     model = on_gpu(lambda: llava_7b(tok.convert_tokens_to_ids("<image>")))
     cfg = VLMConfig(image_size=336, patch_size=14, vision_hidden=1024, vision_layers=24, hidden=4096, layers=32,
@@ -205,7 +208,7 @@ def stage_timings(batch: int, train_batch: int) -> list[tuple[str, str, float, f
     rng = np.random.default_rng(0)
     tasks = generate_tasks("general", "test", batch, 1)
     images = [rng.integers(0, 256, (336, 336, 3), np.uint8) for _ in range(batch)]
-    rows = _llava_rows(images, [question(tap(0.3, 0.6), t) for t in tasks], train_batch)
+    rows = _llava_rows(images, [TinyRecipe(336).question(tap(0.3, 0.6), t) for t in tasks], train_batch)
     torch.cuda.empty_cache()
     return rows + _autoui_rows([f"Previous Actions: Goal: {t}" for t in tasks])
 

@@ -36,7 +36,8 @@ from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.models.tokenizer import llava_style_tokenizer
-from digiq.models.vlm import LLAVA_TEMPLATE, llava_processor, question
+from digiq.models.vlm import llava_processor
+from digiq.models.vlm_recipes import LLAVA_TEMPLATE, TinyRecipe
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.embed import run_embed
@@ -66,7 +67,7 @@ def offline_root(root: Path) -> tuple[Paths, dict]:
 def llava_folder(folder: Path, tiny: bool) -> None:
     """A llava-hf folder (config, weights, processor, LLaVA-style tokenizer) of LLaVA-1.5-7B's size, or tiny."""
     tasks = generate_tasks("general", "train", 100, 0)
-    tok = llava_style_tokenizer([LLAVA_TEMPLATE.format(question(tap(0.5, 0.5), t)) + a
+    tok = llava_style_tokenizer([LLAVA_TEMPLATE.format(TinyRecipe(336).question(tap(0.5, 0.5), t)) + a
                                  for t in tasks for a in (" Yes", " No")], vocab_size=600)  # fmt: skip
     image = tok.convert_tokens_to_ids("<image>")
     if tiny:

@@ -364,11 +364,18 @@ class VLMFinetuneConfig:
 
     threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0)
     holdout: float = _help("fraction of trajectories held out for accuracy", 0.2)
-    epochs: int = _help("passes over the labelled transitions", 3)
+    recipe: str = _help(
+        "how a pair is shown, asked and represented: tiny (red marker, answer slot + pooled states) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
+        "tiny",
+    )
+    epochs: float = _help("passes over the labelled transitions (a fraction stops part-way through the first)", 3)
     batch_size: int = _help("pairs per optimizer step", 32)
     lr: float = _help("learning rate", 0.001)
+    weight_decay: float = _help("AdamW weight decay", 0.01)
+    warmup: float = _help("fraction of the steps over which the learning rate rises linearly from 0", 0.0)
+    schedule: str = _help("learning rate after warm-up: constant | cosine (decays to 0 at the last step)", "constant")
     image_size: int = _help("square input of the VLM's vision tower", 96)
-    hidden: int = _help("language-model width (representation: twice this, answer slot + pooled states)", 128)
+    hidden: int = _help("language-model width (tiny recipe's representation: twice this; original's: this)", 128)
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
     train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 1)
@@ -381,6 +388,11 @@ class VLMFinetuneConfig:
         if self.dtype not in ("float32", "bfloat16", "float16") or self.train_last_layers < 0 or self.lora_rank < 0:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, train_last_layers >= 0 and lora_rank >= 0; "
                              f"got {self.dtype!r}, {self.train_last_layers}, {self.lora_rank}")  # fmt: skip
+        if self.recipe not in ("tiny", "original") or self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"vlm_finetune: recipe must be tiny or original and schedule constant or cosine; "
+                             f"got {self.recipe!r}, {self.schedule!r}")  # fmt: skip
+        if self.epochs <= 0 or not 0 <= self.warmup < 1:
+            raise ValueError(f"vlm_finetune: need epochs > 0 and 0 <= warmup < 1; got {self.epochs}, {self.warmup}")
         if self.lora_rank and self.train_last_layers:
             raise ValueError(f"vlm_finetune: lora_rank ({self.lora_rank}) and train_last_layers "
                              f"({self.train_last_layers}) are two ways to cut the trained weights; set one to 0")  # fmt: skip

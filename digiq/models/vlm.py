@@ -6,6 +6,9 @@ hidden state of the fine-tuned model as the action's representation. Here the
 same ``transformers`` classes (``LlavaForConditionalGeneration`` with a
 ``LlavaProcessor``) run at a tiny size built from configs, with the offline
 tokenizer; a real llava-hf checkpoint slots in through the same wrapper.
+How a pair is shown and asked, and which hidden state represents it, is the
+VLM's recipe (:mod:`digiq.models.vlm_recipes`): ``tiny`` for the CPU model,
+``original`` for Digi-Q's own.
 """
 
 from __future__ import annotations
@@ -28,27 +31,24 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from digiq.env.actions import Action, ActionType
 from digiq.io import atomic_path
 from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
+from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, Recipe, recipe
 
 __all__ = [
     "VLMConfig",
     "ScreenVLM",
-    "question",
-    "state_question",
-    "draw_marker",
     "effect_label",
+    "recipe_for",
+    "saved_recipe",
     "ANSWERS",
     "REPRESENTATION_PARTS",
-    "LLAVA_TEMPLATE",
     "llava_processor",
 ]
 
 ANSWERS = ("No", "Yes")
-# The equal parts of a representation (ScreenVLM.answer_logits), in order; the oracle reports on each.
+# The equal parts of a tiny-recipe representation (ScreenVLM.answer_logits), in order; the oracle reports on each.
 REPRESENTATION_PARTS = ("answer_slot", "pooled")
-_RED = np.array([230, 30, 60], np.uint8)
 
 
 @dataclass(frozen=True)
@@ -57,61 +57,25 @@ class VLMConfig:
     patch_size: int = 16
     vision_hidden: int = 64
     vision_layers: int = 2
-    hidden: int = 128  # language model width = representation size (LLaVA-1.5-7B: 4096)
+    hidden: int = 128  # language model width (LLaVA-1.5-7B: 4096)
     layers: int = 2
     heads: int = 4
     max_text_tokens: int = 96
-    # How a question is wrapped for the model: "{}" for the tiny VLM, LLaVA-1.5's chat turn for a released one.
+    # How the tiny recipe wraps a question: "{}" for the tiny VLM, LLaVA-1.5's chat turn for a released one.
     prompt_template: str = "{}"
     # The llava-hf folder the weights started from ("" = the tiny VLM built from this config).
     source: str = ""
+    # How pairs are shown, asked and represented (digiq.models.vlm_recipes): tiny | original.
+    recipe: str = "tiny"
 
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"unknown VLM recipe {self.recipe!r}; one of {RECIPES}")
 
-# LLaVA-1.5's conversation format (llava-hf model cards): the answer slot is the position after "ASSISTANT:".
-LLAVA_TEMPLATE = "USER: {} ASSISTANT:"
-
-
-def question(action: Action, task: str) -> str:
-    """The Yes/No question Digi-Q asks about an action, worded per action type."""
-    if action.type is ActionType.DUAL_POINT:
-        what = "tapping at the red circle" if action.is_tap else "swiping along the red line"
-    elif action.type is ActionType.TYPE:
-        what = f'typing "{action.text}"'
-    elif action.type is ActionType.INVALID:
-        what = "an invalid action"
-    else:
-        what = {ActionType.PRESS_BACK: "pressing Back", ActionType.PRESS_HOME: "pressing Home",
-                ActionType.PRESS_ENTER: "pressing Enter"}.get(action.type, "declaring the task done")  # fmt: skip
-    return f"<image>\nTask: {task}\nDoes {what} change the screen? Answer:"
-
-
-def state_question(task: str) -> str:
-    """The prompt whose representation stands for the state alone (for V(s))."""
-    return f"<image>\nTask: {task}\nWhat is on the screen? Answer:"
-
-
-def draw_marker(image: np.ndarray, action: Action) -> np.ndarray:
-    """``image`` (any size) with the action marked in red: a ring for a tap, a line for a swipe.
-
-    Drawn at the VLM's input resolution with numpy, which is what keeps
-    embedding N candidates per state cheap.
-    """
-    out = image.copy()
-    h, w = out.shape[:2]
-    if action.type is not ActionType.DUAL_POINT:
-        out[-max(2, h // 24) :, :] = _RED  # a bar: "something other than a touch"
-        return out
-    yy, xx = np.mgrid[0:h, 0:w]
-    (ty, tx), (ly, lx) = action.touch, action.lift
-    r = max(2.0, w / 16)
-    if action.is_tap:
-        d = np.hypot(yy - ty * (h - 1), xx - tx * (w - 1))
-        out[(d > r - 1.5) & (d < r + 0.5)] = _RED
-    else:
-        for s in np.linspace(0, 1, 2 * max(h, w)):
-            out[round((ty + s * (ly - ty)) * (h - 1)), round((tx + s * (lx - tx)) * (w - 1))] = _RED
-        out[np.hypot(yy - ly * (h - 1), xx - lx * (w - 1)) < r / 2] = _RED
-    return out
+    @property
+    def representation_size(self) -> int:
+        """The tiny recipe's answer slot and pooled states side by side; the original's answer token alone."""
+        return 2 * self.hidden if self.recipe == "tiny" else self.hidden
 
 
 def effect_label(before: np.ndarray, after: np.ndarray, threshold: float = 30.0) -> bool:
@@ -130,6 +94,12 @@ class ScreenVLM:
     def __init__(self, model: LlavaForConditionalGeneration, processor: LlavaProcessor, cfg: VLMConfig) -> None:
         self.model, self.processor, self.cfg = model, processor, cfg
         self.answer_ids = _answer_ids(processor.tokenizer)
+        self.recipe: Recipe = recipe(cfg.recipe, cfg.image_size, processor.image_processor.image_mean,
+                                     cfg.prompt_template)  # fmt: skip
+        if self.recipe.bos and processor.tokenizer.bos_token_id is None:
+            raise ValueError(f"the {cfg.recipe} recipe starts each prompt with the tokenizer's BOS token, and this "
+                             "tokenizer has none (the tiny VLM's is the policy's T5-style one); use recipe tiny, or "
+                             "a llava-hf checkpoint")  # fmt: skip
 
     @classmethod
     def tiny(cls, tokenizer: PreTrainedTokenizerFast, cfg: VLMConfig | None = None, seed: int = 0) -> "ScreenVLM":
@@ -153,13 +123,14 @@ class ScreenVLM:
         )
 
     @classmethod
-    def from_pretrained(cls, folder: Path | str, dtype: str = "auto") -> "ScreenVLM":
+    def from_pretrained(cls, folder: Path | str, dtype: str = "auto", recipe: str = "tiny") -> "ScreenVLM":
         """A released LLaVA-1.5 in the llava-hf layout (``llava-hf/llava-1.5-7b-hf`` as saved by ``transformers``).
 
-        Its processor's tokenizer and image statistics are used; screenshots
-        are resized whole to the tower's square input (no centre crop, which
-        would cut off a phone screen's top and bottom) and questions are asked
-        in LLaVA-1.5's chat turn.
+        Its processor's tokenizer and image statistics are used. With the
+        ``tiny`` recipe, screenshots are resized whole to the tower's square
+        input (no centre crop, which would cut off a phone screen's top and
+        bottom) and questions are asked in LLaVA-1.5's chat turn; with
+        ``original``, as Digi-Q asked it (:mod:`digiq.models.vlm_recipes`).
         """
         folder = Path(folder)
         if not (folder / "config.json").exists():
@@ -168,81 +139,98 @@ class ScreenVLM:
             folder, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
         )
         processor = LlavaProcessor.from_pretrained(folder)
-        ip, vision, text = processor.image_processor, model.config.vision_config, model.config.text_config
-        crop = getattr(ip, "crop_size", None) or {}
-        size = crop.get("height") or ip.size.get("height") or ip.size["shortest_edge"]
-        cfg = VLMConfig(image_size=int(size), patch_size=vision.patch_size, vision_hidden=vision.hidden_size,
+        vision, text = model.config.vision_config, model.config.text_config
+        cfg = VLMConfig(image_size=_tower_size(processor.image_processor), patch_size=vision.patch_size, vision_hidden=vision.hidden_size,
                         vision_layers=vision.num_hidden_layers, hidden=text.hidden_size, layers=text.num_hidden_layers,
-                        heads=text.num_attention_heads, prompt_template=LLAVA_TEMPLATE, source=str(folder))  # fmt: skip
+                        heads=text.num_attention_heads, prompt_template=LLAVA_TEMPLATE, source=str(folder),
+                        recipe=recipe)  # fmt: skip
         return cls(model.eval(), processor, cfg)
 
     def fresh(self) -> "ScreenVLM":
         """The same VLM before any fine-tune: the released weights, or the tiny one's initialisation (seed 0)."""
         if self.cfg.source:
-            return ScreenVLM.from_pretrained(self.cfg.source, dtype=str(self.model.dtype).removeprefix("torch."))
+            dtype = str(self.model.dtype).removeprefix("torch.")
+            return ScreenVLM.from_pretrained(self.cfg.source, dtype=dtype, recipe=self.cfg.recipe)
         raw = ScreenVLM.tiny(self.processor.tokenizer, self.cfg, seed=0)
         raw.model.eval()
         return raw
 
-    def small_image(self, screenshot: np.ndarray) -> np.ndarray:
-        """The screenshot at the vision tower's square input size (uint8)."""
-        return self.small_images([screenshot])[0]
-
-    def small_images(self, screenshots: list[np.ndarray], chunk: int = 64) -> list[np.ndarray]:
-        """Many screenshots resized in chunks, each result its own small array.
-
-        Resizing one at a time leaves the allocator fragmented by the
-        full-size float temporaries (about 0.75 MB kept per image: gigabytes
-        for a dataset); chunked, the temporaries are few and large.
-        """
-        s, out = self.cfg.image_size, []
-        for i in range(0, len(screenshots), chunk):
-            t = torch.as_tensor(np.stack(screenshots[i : i + chunk])).permute(0, 3, 1, 2).float()
-            small = F.interpolate(t, size=(s, s), mode="area").round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
-            out += [np.array(x) for x in small]  # copies: no view keeps the chunk alive
-        return out
-
     def _inputs(self, images: list[np.ndarray], prompts: list[str]) -> dict[str, torch.Tensor]:
-        """What ``LlavaProcessor`` makes, for images already at the tower's size, without its slow PIL path."""
+        """What ``LlavaProcessor`` makes, for images already at the tower's size, without its slow PIL path.
+
+        Rows are padded on the left, so the last position is every row's
+        answer slot; a recipe with ``bos`` starts each row with the tokenizer's
+        BOS token, after the padding, as the model saw it in training.
+        """
         ip, tok = self.processor.image_processor, self.processor.tokenizer
         x = torch.as_tensor(np.stack(images)).permute(0, 3, 1, 2).float() / 255.0
         mean, std = torch.tensor(ip.image_mean)[:, None, None], torch.tensor(ip.image_std)[:, None, None]
         n = self.model.config.image_seq_length
-        tok.padding_side = "left"  # so the last position is every row's answer slot
+        tok.padding_side = "left"
         image = self.processor.image_token
-        texts = [self.cfg.prompt_template.replace("{}", p, 1).replace(image, image * n) for p in prompts]
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        texts = [self.recipe.template(p).replace(image, image * n) for p in prompts]
+        if self.recipe.bos:
+            ids = [[tok.bos_token_id, *row] for row in tok(texts, add_special_tokens=False).input_ids]
+            enc = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+        else:
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         pixels = ((x - mean) / std).to(self.model.dtype)
-        return {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask, "pixel_values": pixels}
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "pixel_values": pixels}
 
     def answer_logits(self, images: list[np.ndarray], prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(No, Yes) logits at the answer slot, and the representation (B, 2 * hidden).
+        """(No, Yes) logits at the answer slot, and the representation (B, ``cfg.representation_size``).
 
-        The representation is the last layer's hidden state at the answer slot
-        (what the Yes/No fine-tune shapes, Digi-Q's representation) next to the
-        hidden states averaged over every layer and every non-padding position.
-        The tiny VLM has no pretraining, so a fine-tune on one Yes/No question
-        reduces its answer slot to little more than that answer: a TD critic on
-        it alone tracked held-out returns with correlation 0.05 (0.48 on the
-        untuned model's). The pooled states keep what the model read of the
-        screen and the task (a ridge fit of returns from state features: 0.47
-        with them, 0.29 without). A pretrained LLaVA keeps that in its answer
-        slot; there the pooled half is redundant but harmless.
+        The ``original`` recipe's representation is Digi-Q's: the last layer's
+        hidden state over the positions of the answer the model gives, read
+        while it generates. Each answer is one token here ("▁Yes" / "▁No";
+        the end token that follows is never fed back, so it has no state),
+        so that is the state at the greedy answer's position, computed in one
+        more step on the prompt's cache.
+
+        The ``tiny`` recipe's is the last layer's hidden state at the answer
+        slot next to the hidden states averaged over every layer and every
+        non-padding position. The tiny VLM has no pretraining, so a fine-tune
+        on one Yes/No question reduces its answer slot to little more than
+        that answer: a TD critic on it alone tracked held-out returns with
+        correlation 0.05 (0.48 on the untuned model's). The pooled states keep
+        what the model read of the screen and the task (a ridge fit of returns
+        from state features: 0.47 with them, 0.29 without).
         """
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
+        if self.recipe.name == "original":
+            out = self.model(**inputs, use_cache=True)
+            slot = out.logits[:, -1, self.answer_ids]
+            answer = torch.tensor(self.answer_ids, device=slot.device)[slot.argmax(-1)]
+            mask = torch.cat([inputs["attention_mask"], torch.ones_like(answer)[:, None]], 1)
+            step = self.model(input_ids=answer[:, None], attention_mask=mask, cache=out.cache, output_hidden_states=True)
+            return slot, step.hidden_states[-1][:, -1]
         out = self.model(**inputs, output_hidden_states=True)
         mask = inputs["attention_mask"][:, :, None].to(out.hidden_states[-1].dtype)
         pooled = torch.stack([(h * mask).sum(1) / mask.sum(1) for h in out.hidden_states]).mean(0)
         return out.logits[:, -1, self.answer_ids], torch.cat([out.hidden_states[-1][:, -1], pooled], -1)
 
     def loss(self, images: list[np.ndarray], prompts: list[str], labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of the Yes/No answer (labels: 1 = Yes)."""
-        logits, _ = self.answer_logits(images, prompts)
-        return F.cross_entropy(logits, labels.to(logits.device))
+        """The fine-tune's loss for Yes/No ``labels`` (1 = Yes).
+
+        ``tiny``: cross-entropy of the two answers at the answer slot.
+        ``original``: LLaVA's training loss on the reply "Yes</s>" or "No</s>":
+        next-token cross-entropy over the whole vocabulary, for the answer
+        token and for the end token after it, averaged over those tokens.
+        """
+        if self.recipe.name == "tiny":
+            logits, _ = self.answer_logits(images, prompts)
+            return F.cross_entropy(logits, labels.to(logits.device))
+        inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
+        answer = torch.tensor(self.answer_ids, device=self.model.device)[labels.to(self.model.device)]
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], answer[:, None]], 1)
+        inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(answer)[:, None]], 1)
+        logits = self.model(**inputs).logits[:, -2:]  # predicting the answer, then the end token
+        targets = torch.stack([answer, torch.full_like(answer, self.processor.tokenizer.eos_token_id)], 1)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
     @torch.no_grad()
     def embed(self, images: list[np.ndarray], prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Representations (B, 2 * hidden) float32 and P(Yes) (B,)."""
+        """Representations (B, ``cfg.representation_size``) float32 and P(Yes) (B,)."""
         logits, rep = self.answer_logits(images, prompts)
         return rep.float().cpu().numpy(), torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
 
@@ -263,12 +251,32 @@ class ScreenVLM:
         folder = Path(folder)
         cfg = VLMConfig(**read_config(folder, "vlm"))
         if cfg.source:
-            released = cls.from_pretrained(folder / "hf", dtype="auto")  # as fine-tuned
+            released = cls.from_pretrained(folder / "hf", dtype="auto", recipe=cfg.recipe)  # as fine-tuned
             return cls(released.model, released.processor, cfg)
         vlm = cls.tiny(PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer"), cfg)
         load_weights(folder, vlm.model)
         vlm.model.eval()
         return vlm
+
+
+def recipe_for(name: str, checkpoint: str = "", image_size: int = VLMConfig.image_size) -> Recipe:
+    """The recipe a VLM with these settings asks with, without building the VLM (to show its pairs first)."""
+    if checkpoint:
+        ip = LlavaProcessor.from_pretrained(checkpoint).image_processor
+        return recipe(name, _tower_size(ip), ip.image_mean, LLAVA_TEMPLATE)
+    return recipe(name, image_size, CLIPImageProcessor().image_mean, VLMConfig.prompt_template)
+
+
+def saved_recipe(folder: Path | str) -> Recipe:
+    """The recipe of the VLM saved in ``folder`` (by :meth:`ScreenVLM.save`), read without loading its weights."""
+    cfg = VLMConfig(**read_config(Path(folder), "vlm"))
+    return recipe_for(cfg.recipe, str(Path(folder) / "hf") if cfg.source else "", cfg.image_size)
+
+
+def _tower_size(ip: CLIPImageProcessor) -> int:
+    """The square input of a released processor: its crop size, else its resize target."""
+    crop = getattr(ip, "crop_size", None) or {}
+    return int(crop.get("height") or ip.size.get("height") or ip.size["shortest_edge"])
 
 
 def llava_processor(tokenizer: PreTrainedTokenizerBase, image_size: int, patch_size: int) -> LlavaProcessor:

@@ -24,7 +24,7 @@ from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.io import atomic_path, require
-from digiq.models.vlm import ScreenVLM, draw_marker, question, state_question
+from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
 from digiq.stages.common import timed, write_metrics
 from digiq.workers import map_jobs
@@ -38,38 +38,48 @@ def _save(path: Path, array: np.ndarray) -> None:
             np.save(f, array)
 
 
-def _embed_all(
-    vlm: ScreenVLM, images: list[np.ndarray], prompts: list[str], batch: int, desc: str
-) -> tuple[np.ndarray, np.ndarray]:
-    reps, yes = [], []
-    for i in tqdm(range(0, len(prompts), batch), desc=desc, leave=False):
-        r, y = vlm.embed(images[i : i + batch], prompts[i : i + batch])
-        reps.append(r)
-        yes.append(y)
-    return np.concatenate(reps), np.concatenate(yes)
-
-
 def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], cands: list[dict], batch: int,
                     out: Path) -> float:  # fmt: skip
     """Write the four arrays for one VLM into ``out``; returns pairs embedded per second."""
     n = len(cands[0]["action_list"]) if cands else 0
+    recipe = vlm.recipe
     names = sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps})
-    small: dict[str, np.ndarray] = {}
-    for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
-        chunk = names[i : i + 64]
-        small.update(zip(chunk, vlm.small_images([store.load_image(p) for p in chunk]), strict=True))
+    # Each screenshot prepared once. The tiny recipe's are small enough to keep them all; the original's are
+    # full-size screenshots (its icon goes on before scaling), so it keeps only the states being embedded.
+    keep_all = recipe.name == "tiny"
+    base: dict[str, np.ndarray] = {}
+
+    def prepared(paths: list[str]) -> list[np.ndarray]:
+        wanted = dict.fromkeys(paths)
+        if not keep_all:
+            for p in [p for p in base if p not in wanted]:
+                del base[p]
+        missing = [p for p in wanted if p not in base]
+        for i in range(0, len(missing), 64):
+            chunk = missing[i : i + 64]
+            base.update(zip(chunk, recipe.base([store.load_image(p) for p in chunk]), strict=True))
+        return [base[p] for p in paths]
+
+    if keep_all:
+        for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
+            prepared(names[i : i + 64])
     t0 = time.perf_counter()
     state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
     state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
-    s_rep, _ = _embed_all(vlm, [small[p] for p in state_paths], [state_question(t) for t in state_tasks],
-                          batch, "embed states")  # fmt: skip
+    s_rep_parts = []
+    for i in tqdm(range(0, len(state_paths), batch), desc="embed states", leave=False):
+        r, _ = vlm.embed([recipe.state(b) for b in prepared(state_paths[i : i + batch])],
+                         [recipe.state_question(t) for t in state_tasks[i : i + batch]])  # fmt: skip
+        s_rep_parts.append(r)
+    s_rep = np.concatenate(s_rep_parts)
     # Candidate images are drawn batch by batch: all of them at once would take gigabytes.
     pairs = [(s, a) for s, c in zip(steps, cands, strict=True) for a in c["action_list"]]
     c_rep_parts, c_yes_parts = [], []
     for i in tqdm(range(0, len(pairs), batch), desc="embed candidates", leave=False):
         chunk = [(s, parse_action(a)) for s, a in pairs[i : i + batch]]
-        r, y = vlm.embed([draw_marker(small[s["image_path"]], a) for s, a in chunk],
-                         [question(a, s["task"]) for s, a in chunk])  # fmt: skip
+        shown = prepared([s["image_path"] for s, _ in chunk])
+        r, y = vlm.embed([recipe.mark(b, a) for b, (_, a) in zip(shown, chunk, strict=True)],
+                         [recipe.question(a, s["task"]) for s, a in chunk])  # fmt: skip
         c_rep_parts.append(r)
         c_yes_parts.append(y)
     c_rep, c_yes = np.concatenate(c_rep_parts), np.concatenate(c_yes_parts)

@@ -9,6 +9,7 @@ they do anything; stage 04 uses that hidden state as the action's features.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -21,11 +22,11 @@ from digiq.config import VLMFinetuneConfig, load_section
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.io import require
-from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
+from digiq.models.vlm import ScreenVLM, VLMConfig, effect_label
 from digiq.paths import Paths
 from digiq.stages.common import save_curve_plot, timed, write_metrics
 
-__all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "trainable", "add_lora", "merge_lora"]
+__all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
 
 # The language model's linear layers (Llama names); the vision tower's q/k/v/out projections stay frozen.
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
@@ -38,12 +39,12 @@ def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> 
     for i in tqdm(range(0, len(rows), 64), desc="label transitions", leave=False):
         batch = rows[i : i + 64]
         befores = [store.load_image(r["image_path"]) for r in batch]
-        smalls = vlm.small_images(befores)
-        for r, before, small in zip(batch, befores, smalls, strict=True):
+        bases = vlm.recipe.base(befores)
+        for r, before, base in zip(batch, befores, bases, strict=True):
             action = parse_action(r["action"])
             label = int(effect_label(before, store.load_image(r["next_image_path"]), threshold))
-            out.append({"traj_id": r["traj_id"], "image": draw_marker(small, action),
-                        "prompt": question(action, r["task"]), "label": label})  # fmt: skip
+            out.append({"traj_id": r["traj_id"], "image": vlm.recipe.mark(base, action),
+                        "prompt": vlm.recipe.question(action, r["task"]), "label": label})  # fmt: skip
     return out
 
 
@@ -125,6 +126,23 @@ def merge_lora(vlm: ScreenVLM) -> None:
     vlm.model = vlm.model.merge_and_unload()
 
 
+def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
+    """The learning rate at optimizer step ``step`` of ``total``, as a fraction of ``lr``.
+
+    Linear warm-up from 0 over the first ``warmup`` of the steps (rounded
+    up), then constant or a cosine decay towards 0 at the last step: the
+    ``transformers`` Trainer's schedule, which LLaVA's fine-tune scripts use
+    (warm-up 0.03, cosine).
+    """
+    ramp = math.ceil(warmup * total)
+    if step < ramp:
+        return step / ramp
+    if schedule == "constant":
+        return 1.0
+    progress = (step - ramp) / max(1, total - ramp)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
     """Fine-tune the tiny VLM (on the policy's offline tokenizer) or, with ``cfg.checkpoint``, a released LLaVA."""
     require("vlm_finetune", paths.offline, *(() if cfg.checkpoint else (paths.base_policy / "tokenizer",)))
@@ -133,10 +151,11 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         from transformers import PreTrainedTokenizerFast
 
         if cfg.checkpoint:
-            vlm = ScreenVLM.from_pretrained(cfg.checkpoint, cfg.dtype)
+            vlm = ScreenVLM.from_pretrained(cfg.checkpoint, cfg.dtype, recipe=cfg.recipe)
         else:
             tok = PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer")
-            vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden), seed=cfg.seed)
+            vlm_cfg = VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden, recipe=cfg.recipe)
+            vlm = ScreenVLM.tiny(tok, vlm_cfg, seed=cfg.seed)
         pairs = labelled_pairs(TrajectoryStore(paths.offline), vlm, cfg.threshold)
         held = split_trajectories([p["traj_id"] for p in pairs], cfg.holdout, cfg.seed)
         train = [p for p in pairs if p["traj_id"] not in held]
@@ -152,18 +171,25 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         else:
             params = trainable(vlm, cfg.train_last_layers)
         metrics["trained_weights"] = sum(p.numel() for p in params)
-        opt = torch.optim.AdamW(params, lr=cfg.lr)
+        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        total = math.ceil(cfg.epochs * math.ceil(len(train) / cfg.batch_size))
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg.warmup, cfg.schedule))
         curve: list[float] = []
-        for _ in range(cfg.epochs):
+        bar = tqdm(total=total, desc="fine-tune VLM", leave=False, disable=not parallel.is_main())
+        while len(curve) < total:  # whole epochs, then the fraction of one that is left
             vlm.model.train()
             rng.shuffle(train)
-            steps = range(0, len(train), cfg.batch_size)
-            for i in tqdm(steps, desc="fine-tune VLM", leave=False, disable=not parallel.is_main()):
+            for i in range(0, len(train), cfg.batch_size):
+                if len(curve) == total:
+                    break
                 opt.zero_grad()
                 loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
                                                params)["loss"]  # fmt: skip
                 opt.step()
+                schedule.step()
                 curve.append(loss)
+                bar.update()
+        bar.close()
         if cfg.lora_rank:
             merge_lora(vlm)
         vlm.model.eval()

@@ -6,6 +6,7 @@ is SentencePiece-style, as llava-hf's is: answers are "▁Yes" / "▁No").
 """
 
 import json
+import math
 import shutil
 from dataclasses import replace
 
@@ -24,12 +25,13 @@ from transformers import (
 
 from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
 from digiq.data.features import load_features
-from digiq.env.actions import tap
+from digiq.env.actions import press_home, tap, type_text
 from digiq.models.tokenizer import llava_style_tokenizer
-from digiq.models.vlm import LLAVA_TEMPLATE, ScreenVLM, question
+from digiq.models.vlm import ScreenVLM
+from digiq.models.vlm_recipes import LLAVA_TEMPLATE, OriginalRecipe, TinyRecipe
 from digiq.paths import Paths
 from digiq.stages.embed import run_embed
-from digiq.stages.vlm_finetune import checkpoint_layers, run_vlm_finetune, trainable
+from digiq.stages.vlm_finetune import checkpoint_layers, lr_factor, run_vlm_finetune, trainable
 
 SIZE, PATCH = 32, 8
 
@@ -37,8 +39,10 @@ SIZE, PATCH = 32, 8
 @pytest.fixture(scope="module")
 def llava_hf(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llava-1.5-7b-hf")
+    original = OriginalRecipe(SIZE, (0.5, 0.5, 0.5))
     corpus = ["USER: <image> Task: search Does tapping at the red circle change the screen? Answer: Yes ASSISTANT:",
-              "Answer: No", "Answer: Yes", "What is on the screen? Answer:"] * 50  # fmt: skip
+              "Answer: No", "Answer: Yes", "What is on the screen? Answer:",
+              original.template(original.question(tap(0.5, 0.5), "")), original.state_question("search")] * 50  # fmt: skip
     tok = llava_style_tokenizer(corpus)
     n = (SIZE // PATCH) ** 2
     torch.manual_seed(0)
@@ -63,7 +67,7 @@ def test_released_llava_is_asked_in_its_chat_format(llava_hf):
     assert tok.convert_ids_to_tokens(vlm.answer_ids) == ["▁No", "▁Yes"]
     assert vlm.cfg.image_size == SIZE and vlm.cfg.prompt_template == LLAVA_TEMPLATE and vlm.cfg.source == str(llava_hf)
     image = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), np.uint8)
-    prompt = question(tap(0.5, 0.5), "search")
+    prompt = vlm.recipe.question(tap(0.5, 0.5), "search")
     logits, rep = vlm.answer_logits([image], [prompt])
     # The same question through transformers' own processor and forward pass.
     ref = vlm.processor(text=[LLAVA_TEMPLATE.format(prompt)], images=[image], return_tensors="pt",
@@ -79,7 +83,7 @@ def _stage_03(llava_hf, values_root, tmp_path, **changes) -> tuple[Paths, VLMFin
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
     cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
-                  checkpoint=str(llava_hf), epochs=1, batch_size=8, **changes)  # fmt: skip
+                  **{"checkpoint": str(llava_hf), "epochs": 1, "batch_size": 8, **changes})  # fmt: skip
     return Paths(root), cfg
 
 
@@ -134,7 +138,7 @@ def test_llava_lora_trains_adapters_and_projector_and_saves_a_plain_checkpoint(l
 def test_gradient_checkpointing_keeps_fewer_activations_and_the_same_gradients(llava_hf):
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (SIZE, SIZE, 3), np.uint8) for _ in range(3)]
-    prompts, labels = [question(tap(0.5, 0.5), "search")] * 3, torch.tensor([1, 0, 1])
+    prompts, labels = [TinyRecipe(SIZE).question(tap(0.5, 0.5), "search")] * 3, torch.tensor([1, 0, 1])
     grads, kept = [], []
     for on in (False, True):
         vlm = ScreenVLM.from_pretrained(llava_hf)
@@ -177,3 +181,83 @@ def test_lora_and_last_layers_are_exclusive():
         VLMFinetuneConfig(lora_rank=4, train_last_layers=2)
     with pytest.raises(ValueError, match="lora_rank >= 0"):
         VLMFinetuneConfig(lora_rank=-1)
+
+
+def test_original_recipe_starts_with_bos_after_the_left_padding(llava_hf):
+    vlm = ScreenVLM.from_pretrained(llava_hf, recipe="original")
+    tok, n = vlm.processor.tokenizer, vlm.model.config.image_seq_length
+    prompts = [vlm.recipe.question(tap(0.5, 0.5), ""), vlm.recipe.question(press_home(), "")]
+    image = np.zeros((SIZE, SIZE, 3), np.uint8)
+    ids, mask = (vlm._inputs([image, image], prompts)[k] for k in ("input_ids", "attention_mask"))
+    system = ("A chat between a curious human and an artificial intelligence assistant. The assistant gives helpful, "
+              "detailed, and polite answers to the human's questions.")  # fmt: skip
+    for row, m, prompt in zip(ids, mask, prompts, strict=True):
+        text = f"{system} USER: {'<image>' * n}{prompt.removeprefix('<image>')} ASSISTANT:"
+        want = [tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids]
+        assert row[m.bool()].tolist() == want and not m[-len(want) :].eq(0).any()  # left-padded: BOS after padding
+    assert mask[0].eq(0).any() or mask[1].eq(0).any()  # the two prompts differ in length
+
+
+def test_original_representation_is_the_last_layer_at_the_greedy_answer_token(llava_hf):
+    vlm = ScreenVLM.from_pretrained(llava_hf, recipe="original")
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (SIZE, SIZE, 3), np.uint8) for _ in range(2)]
+    prompts = [vlm.recipe.question(tap(0.3, 0.6), ""), vlm.recipe.question(type_text("jazz"), "")]
+    rep, p_yes = vlm.embed(images, prompts)
+    assert rep.shape == (2, 32)  # the LM width, not the tiny recipe's twice that
+    for i in range(2):  # each pair alone, the answer appended and run as one sequence (no cache, no padding)
+        inputs = vlm._inputs(images[i : i + 1], prompts[i : i + 1])
+        with torch.no_grad():
+            slot = vlm.model(**inputs).logits[0, -1, vlm.answer_ids]
+            answer = vlm.answer_ids[int(slot.argmax())]
+            ids = torch.cat([inputs["input_ids"], torch.tensor([[answer]])], 1)
+            full = vlm.model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"],
+                             output_hidden_states=True)  # fmt: skip
+        np.testing.assert_allclose(rep[i], full.hidden_states[-1][0, -1].numpy(), atol=1e-5)
+        assert p_yes[i] == pytest.approx(float(torch.softmax(slot, -1)[1]), abs=1e-5)
+
+
+def test_original_loss_is_llavas_next_token_loss_on_the_answer_and_end_token(llava_hf):
+    vlm = ScreenVLM.from_pretrained(llava_hf, recipe="original")
+    images = [np.zeros((SIZE, SIZE, 3), np.uint8)] * 2
+    prompts = [vlm.recipe.question(tap(0.5, 0.5), "")] * 2
+    labels = torch.tensor([1, 0])
+    got = vlm.loss(images, prompts, labels)
+    tok, losses = vlm.processor.tokenizer, []
+    for label in labels.tolist():
+        reply = tok.convert_tokens_to_ids("▁Yes" if label else "▁No")
+        inputs = vlm._inputs(images[:1], prompts[:1])
+        ids = torch.cat([inputs["input_ids"], torch.tensor([[reply, tok.eos_token_id]])], 1)
+        logits = vlm.model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"]).logits
+        targets = ids[0, -2:]  # "▁Yes</s>" predicted from the answer slot and from the answer
+        losses.append(torch.nn.functional.cross_entropy(logits[0, -3:-1], targets, reduction="none"))
+    torch.testing.assert_close(got, torch.cat(losses).mean(), atol=1e-5, rtol=1e-5)
+
+
+def test_stage_03_and_04_with_the_original_recipe_and_schedule(llava_hf, values_root, tmp_path):
+    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, recipe="original", train_last_layers=0, lr=2e-5,
+                           epochs=0.3, warmup=0.03, schedule="cosine", weight_decay=0.0)  # fmt: skip
+    metrics = run_vlm_finetune(cfg, paths)
+    steps_per_epoch = -(-metrics["pairs_train"] // cfg.batch_size)
+    saved = json.loads((paths.vlm / "config.json").read_text())
+    assert saved["vlm"]["recipe"] == "original" and saved["meta"]["steps"] == -(-3 * steps_per_epoch // 10)
+    run_embed(EmbedConfig(batch_size=16), paths)
+    feats = load_features(paths)
+    assert feats["state"].shape[1] == feats["candidates"].shape[2] == 32
+
+
+def test_lr_schedule_is_the_transformers_trainers():
+    from transformers import get_constant_schedule, get_cosine_schedule_with_warmup
+
+    for total, warmup in ((100, 0.03), (7, 0.0), (3, 0.5)):
+        ref = get_cosine_schedule_with_warmup(torch.optim.SGD([torch.zeros(1)], lr=1.0), math.ceil(warmup * total),
+                                              total)  # fmt: skip
+        ours = [lr_factor(step, total, warmup, "cosine") for step in range(total)]
+        want = []
+        for _ in range(total):
+            want.append(ref.get_last_lr()[0])
+            ref.optimizer.step()
+            ref.step()
+        np.testing.assert_allclose(ours, want, atol=1e-12)
+    const = get_constant_schedule(torch.optim.SGD([torch.zeros(1)], lr=1.0))
+    assert [lr_factor(s, 10, 0.0, "constant") for s in range(10)] == [const.get_last_lr()[0]] * 10

@@ -11,7 +11,8 @@ from digiq.env.actions import format_action, parse_action, press_home, swipe, ta
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy import AutoUIPolicy, PolicyConfig, StepDecoder
 from digiq.models.tokenizer import default_corpus, train_tokenizer
-from digiq.models.vlm import ScreenVLM, VLMConfig, draw_marker, effect_label, question
+from digiq.models.vlm import ScreenVLM, VLMConfig, effect_label
+from digiq.models.vlm_recipes import draw_marker
 
 
 @pytest.fixture(scope="module")
@@ -173,15 +174,19 @@ def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
 def test_vlm_yes_no_and_representation(tok, tmp_path):
     vlm = ScreenVLM.tiny(tok, VLMConfig(image_size=32, hidden=32))
     vlm.model.eval()
-    img = vlm.small_image(np.full((456, 216, 3), 128, np.uint8))
+    (img,) = vlm.recipe.base([np.full((456, 216, 3), 128, np.uint8)])
     assert img.shape == (32, 32, 3)
-    rep, p_yes = vlm.embed([draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")])
+    shown, asked = vlm.recipe.mark(img, tap(0.5, 0.5)), vlm.recipe.question(tap(0.5, 0.5), "Open the clock")
+    rep, p_yes = vlm.embed([shown], [asked])
     assert rep.shape == (1, 64) and 0 < p_yes[0] < 1  # answer slot + pooled states
     vlm.save(tmp_path / "vlm")
-    rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed(
-        [draw_marker(img, tap(0.5, 0.5))], [question(tap(0.5, 0.5), "Open the clock")]
-    )
+    rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed([shown], [asked])
     assert np.allclose(rep, rep2, atol=1e-5)
+
+
+def test_original_recipe_needs_a_tokenizer_with_bos(tok):
+    with pytest.raises(ValueError, match="original recipe starts each prompt with the tokenizer's BOS token"):
+        ScreenVLM.tiny(tok, VLMConfig(image_size=32, hidden=32, recipe="original"))
 
 
 def test_marker_and_effect_label():
