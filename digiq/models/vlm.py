@@ -202,7 +202,9 @@ class ScreenVLM:
             slot = out.logits[:, -1, self.answer_ids]
             answer = torch.tensor(self.answer_ids, device=slot.device)[slot.argmax(-1)]
             mask = torch.cat([inputs["attention_mask"], torch.ones_like(answer)[:, None]], 1)
-            step = self.model(input_ids=answer[:, None], attention_mask=mask, cache=out.cache, output_hidden_states=True)
+            step = self.model(
+                input_ids=answer[:, None], attention_mask=mask, cache=out.cache, output_hidden_states=True
+            )
             return slot, step.hidden_states[-1][:, -1]
         out = self.model(**inputs, output_hidden_states=True)
         mask = inputs["attention_mask"][:, :, None].to(out.hidden_states[-1].dtype)

@@ -228,7 +228,9 @@ def test_original_loss_is_llavas_next_token_loss_on_the_answer_and_end_token(lla
         reply = tok.convert_tokens_to_ids("▁Yes" if label else "▁No")
         inputs = vlm._inputs(images[:1], prompts[:1])
         ids = torch.cat([inputs["input_ids"], torch.tensor([[reply, tok.eos_token_id]])], 1)
-        logits = vlm.model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"]).logits
+        logits = vlm.model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=inputs["pixel_values"]
+        ).logits
         targets = ids[0, -2:]  # "▁Yes</s>" predicted from the answer slot and from the answer
         losses.append(torch.nn.functional.cross_entropy(logits[0, -3:-1], targets, reduction="none"))
     torch.testing.assert_close(got, torch.cat(losses).mean(), atol=1e-5, rtol=1e-5)
