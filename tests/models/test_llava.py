@@ -29,7 +29,8 @@ from digiq.env.actions import press_home, tap, type_text
 from digiq.models.tokenizer import llava_style_tokenizer
 from digiq.models.vlm import ScreenVLM
 from digiq.models.vlm_recipes import LLAVA_TEMPLATE, OriginalRecipe, TinyRecipe
-from digiq.paths import Paths
+from digiq.paths import ROOT, Paths
+from digiq.preset import read_preset
 from digiq.stages.embed import run_embed
 from digiq.stages.vlm_finetune import checkpoint_layers, lr_factor, run_vlm_finetune, trainable
 
@@ -236,13 +237,18 @@ def test_original_loss_is_llavas_next_token_loss_on_the_answer_and_end_token(lla
     torch.testing.assert_close(got, torch.cat(losses).mean(), atol=1e-5, rtol=1e-5)
 
 
-def test_stage_03_and_04_with_the_original_recipe_and_schedule(llava_hf, values_root, tmp_path):
-    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, recipe="original", train_last_layers=0, lr=2e-5,
-                           epochs=0.3, warmup=0.03, schedule="cosine", weight_decay=0.0)  # fmt: skip
+def test_stage_03_and_04_with_the_real_preset(llava_hf, values_root, tmp_path):
+    """Stages 03 and 04 on the tiny llava-hf folder with every setting the real preset makes (a third of an epoch)."""
+    real = {}
+    for groups in read_preset(ROOT / "params" / "presets" / "real.yaml").values():
+        real |= groups.get("vlm_finetune", {})
+    assert real["recipe"] == "original" and real["dtype"] == "bfloat16"
+    paths, cfg = _stage_03(llava_hf, values_root, tmp_path, **{**real, "epochs": 0.3})
     metrics = run_vlm_finetune(cfg, paths)
     steps_per_epoch = -(-metrics["pairs_train"] // cfg.batch_size)
     saved = json.loads((paths.vlm / "config.json").read_text())
     assert saved["vlm"]["recipe"] == "original" and saved["meta"]["steps"] == -(-3 * steps_per_epoch // 10)
+    assert metrics["trained_weights"] == sum(p.numel() for p in ScreenVLM.from_pretrained(llava_hf).model.parameters())
     run_embed(EmbedConfig(batch_size=16), paths)
     feats = load_features(paths)
     assert feats["state"].shape[1] == feats["candidates"].shape[2] == 32
