@@ -382,6 +382,10 @@ class VLMFinetuneConfig:
     lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
     lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
     gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
+    shard: bool = _help(
+        "with compute.processes N > 1: each process keeps 1/N of the weights, gradients and optimizer state (FSDP2, ZeRO-3's layout)",
+        False,
+    )
     seed: int = _help("seed", 3)
 
     def __post_init__(self) -> None:
@@ -393,6 +397,9 @@ class VLMFinetuneConfig:
                              f"got {self.recipe!r}, {self.schedule!r}")  # fmt: skip
         if self.epochs <= 0 or not 0 <= self.warmup < 1:
             raise ValueError(f"vlm_finetune: need epochs > 0 and 0 <= warmup < 1; got {self.epochs}, {self.warmup}")
+        if self.shard and self.lora_rank:
+            raise ValueError("vlm_finetune: shard and lora_rank exclude each other: shard a full or last-layers "
+                             "fine-tune over several GPUs, or train LoRA adapters on one")  # fmt: skip
         if self.lora_rank and self.train_last_layers:
             raise ValueError(f"vlm_finetune: lora_rank ({self.lora_rank}) and train_last_layers "
                              f"({self.train_last_layers}) are two ways to cut the trained weights; set one to 0")  # fmt: skip

@@ -24,7 +24,18 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 
-__all__ = ["state", "device", "is_main", "barrier", "shard", "average_gradients", "global_mean", "backward_share"]
+__all__ = [
+    "state",
+    "device",
+    "is_main",
+    "barrier",
+    "shard",
+    "average_gradients",
+    "global_mean",
+    "backward_share",
+    "shard_model",
+    "full_weights",
+]
 
 T = TypeVar("T")
 
@@ -107,19 +118,65 @@ def global_mean(value: float) -> float:
 
 def backward_share(rows: Sequence[T], losses: Callable[[list[T]], dict[str, torch.Tensor]],
                    params: Iterable[torch.nn.Parameter], names: Sequence[str] = ("loss",),
-                   weights: Sequence[float] | None = None) -> dict[str, float]:  # fmt: skip
+                   weights: Sequence[float] | None = None, sharded: bool = False) -> dict[str, float]:  # fmt: skip
     """One batch's backward pass: this process's share of ``rows``, then gradients averaged over processes.
 
     ``losses`` maps rows to their named mean losses (``names``), whose sum is
     minimised; returns each loss over the whole batch. A process can get no
     rows of a last, short batch; it still joins the average. With one
     process this is ``sum(losses(rows).values()).backward()``.
+
+    ``sharded``: the model's weights are sharded (:func:`shard_model`), so its
+    backward averages the gradients itself, and every process must run the
+    forward and backward passes (they gather the weights): a process without
+    rows runs one row with weight 0.
     """
     mine, share = shard(rows, weights)
     values = dict.fromkeys(names, 0.0)
+    if sharded and not mine:
+        mine, share = list(rows[:1]), 0.0
     if mine:
         parts = losses(mine)
         (sum(parts.values()) * share).backward()
         values = {k: float(v.detach()) * share for k, v in parts.items()}
-    average_gradients(params)
+    if not sharded:
+        average_gradients(params)
     return {k: global_mean(values[k]) for k in names}
+
+
+def shard_model(model: torch.nn.Module, blocks: Iterable[torch.nn.Module]) -> None:
+    """Shard ``model``'s weights, and so its gradients and optimizer state, over the processes (ZeRO-3's layout).
+
+    PyTorch's FSDP2 (``fully_shard``): each process keeps 1/N of every
+    weight; each of ``blocks`` (a transformer layer, say) gathers its whole
+    weights just before its forward and backward pass and frees them after,
+    and the backward pass reduce-scatters the gradients, averaged over the
+    processes, so each keeps only its shard's. An optimizer built on the
+    parameters afterwards holds only its shard's state. What one process
+    needs is then about 1/N of the weights, gradients and optimizer state,
+    plus one block's whole weights and the activations. With one process
+    this does nothing.
+    """
+    s = state()
+    if s.num_processes == 1:
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(s.device.type, (s.num_processes,))
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights of a model sharded by :func:`shard_model`, on the CPU of the main process.
+
+    Every process must call it (the shards are gathered); the others get an
+    empty dict. Unsharded, the model's own state dict.
+    """
+    if state().num_processes == 1:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -14,8 +14,10 @@ from digiq import parallel
 from digiq.models.critic import Critic
 from digiq.paths import Paths
 from digiq.stages.collect import run_collect
+from digiq.models.vlm import ScreenVLM
 from digiq.stages.critic import from_params as critic_stage
 from digiq.stages.launch import run_stage
+from digiq.stages.vlm_finetune import from_params as vlm_stage
 
 pytestmark = pytest.mark.slow  # accelerate launch with several processes
 
@@ -75,6 +77,35 @@ def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, mo
     c1, c2 = Critic.load(one.critic(0)), Critic.load(two.critic(0))
     for (name, w1), w2 in zip(c1.state_dict().items(), c2.state_dict().values(), strict=True):
         torch.testing.assert_close(w2, w1, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _vlm_root(values_root: Path, dest: Path, processes: int) -> Path:
+    shutil.copytree(values_root, dest)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    params["compute"] = {"processes": processes, "cpu": True, "workers": 1}
+    params["vlm_finetune"].update({"epochs": 1, "batch_size": 5, "train_last_layers": 0, "image_size": 32,
+                                   "hidden": 32, "shard": processes > 1})  # fmt: skip
+    (dest / "params.yaml").write_text(yaml.safe_dump(params))
+    return dest
+
+
+def test_stage_03_sharded_over_two_processes_trains_as_one_process(values_root, tmp_path, monkeypatch):
+    """FSDP2 on two CPU processes: each keeps half of the weights, and the fine-tuned VLM is the one-process one."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    one = Paths(_vlm_root(values_root, tmp_path / "one", 1))
+    two = Paths(_vlm_root(values_root, tmp_path / "two", 2))
+    m1 = run_stage(vlm_stage, one, one.root / "params.yaml")
+    m2 = run_stage(vlm_stage, two, two.root / "params.yaml")  # accelerate launch, two CPU processes, sharded
+    assert m1["trained_weights_per_process"] == m1["trained_weights"] == m2["trained_weights"]
+    assert m2["trained_weights"] / 2 <= m2["trained_weights_per_process"] < 0.52 * m2["trained_weights"]
+    assert m2["pairs_train"] % 5 and m2["accuracy_heldout"] == m1["accuracy_heldout"]  # a last, short batch
+    w1, w2 = ScreenVLM.load(one.vlm).model.state_dict(), ScreenVLM.load(two.vlm).model.state_dict()
+    assert w1.keys() == w2.keys()
+    for name, w in w1.items():
+        torch.testing.assert_close(w2[name], w, atol=1e-5, rtol=1e-4, msg=name)
+    assert any(not torch.equal(w, ScreenVLM.tiny(ScreenVLM.load(one.vlm).processor.tokenizer,
+               ScreenVLM.load(one.vlm).cfg, seed=3).model.state_dict()[n]) for n, w in w1.items())  # fmt: skip
 
 
 def test_a_failing_launched_stage_reports_its_error(tmp_path):

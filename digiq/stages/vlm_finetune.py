@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from digiq import parallel
@@ -84,6 +86,11 @@ def trainable(vlm: ScreenVLM, last_layers: int) -> list[torch.nn.Parameter]:
         if p.requires_grad:
             chosen.append(p)
     return chosen
+
+
+def blocks(vlm: ScreenVLM) -> list[torch.nn.Module]:
+    """The layers sharded each on its own (gathered whole one at a time): every transformer layer, LM and vision."""
+    return [m for name, m in vlm.model.named_modules() if re.fullmatch(r".*\.layers\.\d+", name)]
 
 
 def add_lora(vlm: ScreenVLM, rank: int, alpha: float) -> list[torch.nn.Parameter]:
@@ -165,12 +172,18 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         vlm.model.to(parallel.device())
         if cfg.gradient_checkpointing:
             checkpoint_layers(vlm)
+        if cfg.shard:
+            parallel.shard_model(vlm.model, blocks(vlm))
         if cfg.lora_rank:
             torch.manual_seed(cfg.seed)  # the adapters' initialisation: the same run gives the same weights
             params = add_lora(vlm, cfg.lora_rank, cfg.lora_alpha)
         else:
             params = trainable(vlm, cfg.train_last_layers)
         metrics["trained_weights"] = sum(p.numel() for p in params)
+        # What this process keeps of them (a sharded weight's local part): all, or about 1/N when sharded.
+        metrics["trained_weights_per_process"] = sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in params
+        )
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total = math.ceil(cfg.epochs * math.ceil(len(train) / cfg.batch_size))
         schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg.warmup, cfg.schedule))
@@ -184,7 +197,7 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
                     break
                 opt.zero_grad()
                 loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
-                                               params)["loss"]  # fmt: skip
+                                               params, sharded=cfg.shard)["loss"]  # fmt: skip
                 opt.step()
                 schedule.step()
                 curve.append(loss)
@@ -194,6 +207,11 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
             merge_lora(vlm)
         vlm.model.eval()
         acc_after = _accuracy(vlm, test)
+        if cfg.shard:  # the shards gathered into a plain copy of the model, on the main process
+            weights = parallel.full_weights(vlm.model)
+            if parallel.is_main():
+                vlm = vlm.fresh()
+                vlm.model.load_state_dict(weights)
         if parallel.is_main():
             vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
     yes = np.mean([p["label"] for p in test]) if test else 0.0
