@@ -12,9 +12,9 @@ import yaml
 
 from digiq import parallel
 from digiq.models.critic import Critic
+from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
 from digiq.stages.collect import run_collect
-from digiq.models.vlm import ScreenVLM
 from digiq.stages.critic import from_params as critic_stage
 from digiq.stages.launch import run_stage
 from digiq.stages.vlm_finetune import from_params as vlm_stage
