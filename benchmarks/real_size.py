@@ -6,7 +6,8 @@ ViT-L/14-336 + Llama-7B), each through the same classes the pipeline uses.
 On any machine the models are built on the meta device (no memory) and their
 parameters counted; the memory table follows from the counts (weights in
 bf16 for inference; bf16 weights + fp32 master copy + AdamW moments for full
-fine-tuning, 16 bytes per parameter; activations come on top). With
+fine-tuning, 16 bytes per parameter, and 1/N of that per process when stage
+03 shards them over N processes; activations come on top). With
 ``--forward`` and a CUDA GPU, each model is materialised with random weights
 in bf16 and timed on a batch of real-shaped inputs; the peak memory of that
 forward pass is measured too. With ``--stages`` and a CUDA GPU, the pipeline's
@@ -220,11 +221,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="items per forward pass")
     ap.add_argument("--train-batch", type=int, default=8, help="pairs per stage-03 step (--stages)")
     args = ap.parse_args()
-    print("| model | parameters | bf16 weights (GB) | full fine-tune, AdamW (GB) |")
-    print("|---|---|---|---|")
+    print("| model | parameters | bf16 weights (GB) | full fine-tune, AdamW (GB) | per process, sharded over 2 / 4 / 8 |")
+    print("|---|---|---|---|---|")
     for name, build in MODELS.items():
         n = count(build)
-        print(f"| {name} | {n / 1e6:,.0f} M | {2 * n / GB:.1f} | {16 * n / GB:.1f} |")
+        shards = " / ".join(f"{16 * n / GB / k:.1f}" for k in (2, 4, 8))  # vlm_finetune.shard: 1/N of all 16 bytes
+        print(f"| {name} | {n / 1e6:,.0f} M | {2 * n / GB:.1f} | {16 * n / GB:.1f} | {shards} |")
     if (args.forward or args.stages) and not torch.cuda.is_available():
         raise SystemExit("--forward and --stages need a CUDA GPU")
     if args.forward:

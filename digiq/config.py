@@ -382,6 +382,10 @@ class VLMFinetuneConfig:
     lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
     lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
     gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
+    autocast: bool = _help(
+        "compute in bfloat16 while weights, gradients and AdamW state stay in dtype (float32: mixed precision); the result is saved in bfloat16",
+        False,
+    )
     shard: bool = _help(
         "with compute.processes N > 1: each process keeps 1/N of the weights, gradients and optimizer state (FSDP2, ZeRO-3's layout)",
         False,

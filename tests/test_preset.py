@@ -29,14 +29,14 @@ def _lines(root: Path) -> dict[str, list[str]]:
 
 def test_real_preset_sets_each_value_and_leaves_every_other_line(params):
     before = _lines(params.parent)
-    assert len(apply_preset(REAL, params)) == 11
+    assert len(apply_preset(REAL, params)) == 12
     merged = load_params(params)
     for file, groups in read_preset(REAL, params).items():
         for group, keys in groups.items():
             for key, value in keys.items():
                 assert merged[group][key] == value and merged.source[group, key] == file, (group, key)
     cfg = load_section(VLMFinetuneConfig, "vlm_finetune", merged)
-    assert (cfg.recipe, cfg.lr, cfg.epochs, cfg.dtype, cfg.train_last_layers) == ("original", 2e-5, 0.01, "bfloat16", 0)
+    assert (cfg.recipe, cfg.lr, cfg.epochs, cfg.autocast, cfg.train_last_layers) == ("original", 2e-5, 0.01, True, 0)
     after = _lines(params.parent)
     preset_keys = {key for groups in read_preset(REAL, params).values() for keys in groups.values() for key in keys}
     for name, lines in before.items():

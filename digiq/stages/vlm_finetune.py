@@ -9,6 +9,7 @@ they do anything; stage 04 uses that hidden state as the action's features.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -187,6 +188,8 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         total = math.ceil(cfg.epochs * math.ceil(len(train) / cfg.batch_size))
         schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg.warmup, cfg.schedule))
+        compute = (torch.autocast(parallel.device().type, dtype=torch.bfloat16) if cfg.autocast
+                   else contextlib.nullcontext())  # fmt: skip
         curve: list[float] = []
         bar = tqdm(total=total, desc="fine-tune VLM", leave=False, disable=not parallel.is_main())
         while len(curve) < total:  # whole epochs, then the fraction of one that is left
@@ -196,8 +199,9 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
                 if len(curve) == total:
                     break
                 opt.zero_grad()
-                loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
-                                               params, sharded=cfg.shard)["loss"]  # fmt: skip
+                with compute:
+                    loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
+                                                   params, sharded=cfg.shard)["loss"]  # fmt: skip
                 opt.step()
                 schedule.step()
                 curve.append(loss)
@@ -213,6 +217,8 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
                 vlm = vlm.fresh()
                 vlm.model.load_state_dict(weights)
         if parallel.is_main():
+            if cfg.autocast:  # what was computed in: the 16-bit weights a mixed-precision run publishes
+                vlm.model.to(torch.bfloat16)
             vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
     yes = np.mean([p["label"] for p in test]) if test else 0.0
     metrics.update(

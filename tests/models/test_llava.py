@@ -242,13 +242,14 @@ def test_stage_03_and_04_with_the_real_preset(llava_hf, values_root, tmp_path):
     real = {}
     for groups in read_preset(ROOT / "params" / "presets" / "real.yaml").values():
         real |= groups.get("vlm_finetune", {})
-    assert real["recipe"] == "original" and real["dtype"] == "bfloat16"
+    assert real["recipe"] == "original" and real["autocast"] and real["shard"]
     paths, cfg = _stage_03(llava_hf, values_root, tmp_path, **{**real, "epochs": 0.3})
     metrics = run_vlm_finetune(cfg, paths)
     steps_per_epoch = -(-metrics["pairs_train"] // cfg.batch_size)
     saved = json.loads((paths.vlm / "config.json").read_text())
     assert saved["vlm"]["recipe"] == "original" and saved["meta"]["steps"] == -(-3 * steps_per_epoch // 10)
     assert metrics["trained_weights"] == sum(p.numel() for p in ScreenVLM.from_pretrained(llava_hf).model.parameters())
+    assert ScreenVLM.load(paths.vlm).model.dtype == torch.bfloat16  # trained in float32, computed and saved in bf16
     run_embed(EmbedConfig(batch_size=16), paths)
     feats = load_features(paths)
     assert feats["state"].shape[1] == feats["candidates"].shape[2] == 32
