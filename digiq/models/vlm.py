@@ -42,13 +42,10 @@ __all__ = [
     "recipe_for",
     "saved_recipe",
     "ANSWERS",
-    "REPRESENTATION_PARTS",
     "llava_processor",
 ]
 
 ANSWERS = ("No", "Yes")
-# The equal parts of a tiny-recipe representation (ScreenVLM.answer_logits), in order; the oracle reports on each.
-REPRESENTATION_PARTS = ("answer_slot", "pooled")
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ SCALE = 0.25  # Digi-Q's screenshots are shown to the VLM at 1/4 size
 class Recipe(Protocol):
     name: str
     bos: bool  # whether the prompt starts with the tokenizer's BOS token
+    parts: tuple[str, ...]  # the equal slices of a representation, in order (the diagnostics report on each)
 
     def template(self, prompt: str) -> str:
         """The whole text given to the model for ``prompt`` (its image tag still single)."""
@@ -87,6 +88,7 @@ class TinyRecipe:
     prompt_template: str = "{}"
     name: str = "tiny"
     bos: bool = False
+    parts: tuple[str, ...] = ("answer_slot", "pooled")
 
     def template(self, prompt: str) -> str:
         return self.prompt_template.replace("{}", prompt, 1)
@@ -135,6 +137,7 @@ class OriginalRecipe:
     image_mean: tuple[float, float, float]
     name: str = "original"
     bos: bool = True
+    parts: tuple[str, ...] = ("answer_token",)
 
     def template(self, prompt: str) -> str:
         return f"{VICUNA_SYSTEM} USER: {prompt} ASSISTANT:"

@@ -68,7 +68,7 @@ from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic
 from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
-from digiq.models.vlm import REPRESENTATION_PARTS
+from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stages.actor import policy_names
@@ -235,12 +235,14 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
 
         with timed(parts, "oracle_values"):
             sample = oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers)
+        # The representation's slices as the VLM's recipe made them; features from elsewhere count as one.
+        parts = saved_recipe(paths.vlm).parts if (paths.vlm / "config.json").exists() else ("representation",)
         probes: dict[str, np.ndarray] = {}
         for vlm, f in by_vlm.items():  # what the critic's inputs allow, whatever the critic: once per VLM
             s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
             probes[f"feature_probe_{vlm}"] = feature_probe(s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed)
             metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
-                load_features(paths, vlm)["candidates"][sample["idx"]], REPRESENTATION_PARTS
+                load_features(paths, vlm)["candidates"][sample["idx"]], parts
             )
         behaviour: dict[str, np.ndarray] = {}
         if "behaviour" in sample:  # a perfect Digi-Q critic ranks by these; its ties (mostly all 0) broken at random
