@@ -236,13 +236,13 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         with timed(parts, "oracle_values"):
             sample = oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers)
         # The representation's slices as the VLM's recipe made them; features from elsewhere count as one.
-        parts = saved_recipe(paths.vlm).parts if (paths.vlm / "config.json").exists() else ("representation",)
+        slices = saved_recipe(paths.vlm).parts if (paths.vlm / "config.json").exists() else ("representation",)
         probes: dict[str, np.ndarray] = {}
         for vlm, f in by_vlm.items():  # what the critic's inputs allow, whatever the critic: once per VLM
             s_f, c_f = f["state"][sample["idx"]], f["candidates"][sample["idx"]]
             probes[f"feature_probe_{vlm}"] = feature_probe(s_f, c_f, sample["oracle"], sample["valid"], seed=cfg.seed)
             metrics.setdefault("candidate_variance_within_state", {})[vlm] = within_state_share(
-                load_features(paths, vlm)["candidates"][sample["idx"]], parts
+                load_features(paths, vlm)["candidates"][sample["idx"]], slices
             )
         behaviour: dict[str, np.ndarray] = {}
         if "behaviour" in sample:  # a perfect Digi-Q critic ranks by these; its ties (mostly all 0) broken at random
