@@ -59,33 +59,59 @@ class ConfigError(ValueError):
     """A params file or key is missing or has the wrong type."""
 
 
-def _help(text: str, default: Any) -> Any:
+def _help(text: str, default: Any, *, at_least: float | None = None, above: float | None = None,
+          at_most: float | None = None, below: float | None = None) -> Any:  # fmt: skip
+    """A knob: its help text, its default and the range it must lie in (checked whenever its group is built)."""
+    meta = {"help": text, "range": (at_least, above, at_most, below)}
     if isinstance(default, list):  # a mutable default needs a factory
-        return field(default_factory=lambda: list(default), metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True)
+def _out_of_range(f: dataclasses.Field, value: Any) -> str | None:
+    """Why ``value`` is outside ``f``'s range, or None (None values, the "off" of an optional knob, pass)."""
+    at_least, above, at_most, below = f.metadata.get("range", (None,) * 4)
+    if value is None or isinstance(value, (bool, str, list)):
+        return None
+    for bound, ok, word in ((at_least, value >= (at_least or 0), ">="), (above, value > (above or 0), ">"),
+                            (at_most, value <= (at_most or 0), "<="), (below, value < (below or 0), "<")):  # fmt: skip
+        if bound is not None and not ok:
+            return f"{f.name} must be {word} {bound}, got {value}"
+    return None
+
+
+def knobs(cls: type[T]) -> type[T]:
+    """A frozen dataclass of knobs whose every value is checked against its field's range before its own checks."""
+    own = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self: Any) -> None:
+        for f in dataclasses.fields(self):
+            why = _out_of_range(f, getattr(self, f.name))
+            if why:
+                raise ValueError(why)
+        if own is not None:
+            own(self)
+
+    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+    return dataclass(frozen=True)(cls)
+
+
+@knobs
 class EnvConfig:
     """The simulated device: its screenshot size and its in-the-wild disturbances (docs/simulator.md)."""
 
-    width: int = _help("screenshot width in pixels; the height keeps 1080x2280's aspect", 216)
-    popup_rate: float = _help("P(dialog) when an app launches or a web site loads", 0.25)
-    delay_rate: float = _help("P(a web page load shows only one step later)", 0.15)
-    jitter_px: int = _help("content moves down by up to this many logical pixels per screen load", 48)
-    ad_rate: float = _help("P(a sponsored entry heads a result list)", 0.3)
-
-    def __post_init__(self) -> None:
-        if not 32 <= self.width <= 1080:
-            raise ValueError(f"width must be in [32, 1080], got {self.width}")
-        for name in ("popup_rate", "delay_rate", "ad_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} is a probability in [0, 1], got {getattr(self, name)}")
-        if not 0 <= self.jitter_px <= 200:
-            raise ValueError(f"jitter_px must be in [0, 200], got {self.jitter_px}")
+    width: int = _help(
+        "screenshot width in pixels; the height keeps 1080x2280's aspect", 216, at_least=32, at_most=1080
+    )
+    popup_rate: float = _help("P(dialog) when an app launches or a web site loads", 0.25, at_least=0, at_most=1)
+    delay_rate: float = _help("P(a web page load shows only one step later)", 0.15, at_least=0, at_most=1)
+    jitter_px: int = _help(
+        "content moves down by up to this many logical pixels per screen load", 48, at_least=0, at_most=200
+    )
+    ad_rate: float = _help("P(a sponsored entry heads a result list)", 0.3, at_least=0, at_most=1)
 
 
-@dataclass(frozen=True)
+@knobs
 class DeviceConfig:
     """The device backend of stages that step devices (collect, eval)."""
 
@@ -93,32 +119,22 @@ class DeviceConfig:
     adb_host: str = _help("adb server host", "127.0.0.1")
     adb_port: int = _help("adb server port; adb-sim: 0 starts an in-process simulator server", 5037)
     serials: list[str] = _help("devices to use, in order; empty: every device the server lists", [])
-    sim_devices: int = _help("adb-sim with adb_port 0: how many simulated phones the server has", 48)
+    sim_devices: int = _help("adb-sim with adb_port 0: how many simulated phones the server has", 48, at_least=1)
     snapshot: str = _help("emulator: the snapshot each episode starts from (make_snapshot.sh saves it)", "digiq_aitw")
     console_token_file: str = _help("emulator: the console auth token file", "~/.emulator_console_auth_token")
-    timeout_s: float = _help("time-out of one adb call, seconds", 10.0)
-    reset_timeout_s: float = _help("emulator: time-out of a snapshot load and boot wait, seconds", 120.0)
-    retries: int = _help("retries of a failed adb call, each on a new connection", 2)
-    settle_s: float = _help("emulator: pause after each input before the screenshot, seconds", 1.0)
+    timeout_s: float = _help("time-out of one adb call, seconds", 10.0, above=0)
+    reset_timeout_s: float = _help("emulator: time-out of a snapshot load and boot wait, seconds", 120.0, above=0)
+    retries: int = _help("retries of a failed adb call, each on a new connection", 2, at_least=0)
+    settle_s: float = _help("emulator: pause after each input before the screenshot, seconds", 1.0, at_least=0)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if not 0 <= self.adb_port <= 65535 or (self.adb_port == 0 and self.backend == "emulator"):
             raise ValueError(f"adb_port must be in [1, 65535] (0 only for adb-sim), got {self.adb_port}")
-        if (
-            self.sim_devices < 1
-            or self.retries < 0
-            or min(self.timeout_s, self.reset_timeout_s) <= 0
-            or self.settle_s < 0
-        ):
-            raise ValueError(
-                "need sim_devices >= 1, retries >= 0, time-outs > 0 and settle_s >= 0; got "
-                f"{self.sim_devices}, {self.retries}, {self.timeout_s}/{self.reset_timeout_s}, {self.settle_s}"
-            )
 
 
-@dataclass(frozen=True)
+@knobs
 class JudgeConfig:
     """The VLM success judge for real screens (digiq.judge), over an OpenAI-compatible chat endpoint."""
 
@@ -126,16 +142,20 @@ class JudgeConfig:
     model: str = _help("the served chat VLM", "Qwen/Qwen2-VL-7B-Instruct")
     api_key_env: str = _help("environment variable holding the key; empty: send none (a local server)",
                              "OPENAI_API_KEY")  # fmt: skip
-    timeout_s: float = _help("time-out of one request, seconds", 60.0)
+    timeout_s: float = _help("time-out of one request, seconds", 60.0, above=0)
     retries: int = _help(
-        "retries on rate limits (429), server errors and dropped connections (the openai client's backoff)", 5
+        "retries on rate limits (429), server errors and dropped connections (the openai client's backoff)",
+        5,
+        at_least=0,
     )
-    max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024)
+    max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024, at_least=1)
     max_completion_tokens: int = _help(
-        "reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)", 2048
+        "reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)",
+        2048,
+        at_least=0,
     )
     temperature: float | None = _help(
-        "sampling temperature; null: not sent (reasoning models accept only their default)", 0.0
+        "sampling temperature; null: not sent (reasoning models accept only their default)", 0.0, at_least=0
     )
     few_shot: str = _help(
         "JSONL of worked examples (image, task, reasoned answer) shown before each question; '' = zero-shot", ""
@@ -144,37 +164,26 @@ class JudgeConfig:
         "a reply that is no verdict: retry (the episode starts again) | fail (the episode ends, failed)", "retry"
     )
     max_bad_in_a_row: int = _help(
-        "this many bad replies in a row end the stage: the endpoint or its settings are wrong", 10
+        "this many bad replies in a row end the stage: the endpoint or its settings are wrong", 10, at_least=1
     )
     on_adb_sim: bool = _help("judge adb-sim phones too, instead of the simulator's ground truth", False)
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or self.timeout_s <= 0 or self.max_image_side < 1 or self.max_completion_tokens < 0:
-            raise ValueError(
-                "need retries >= 0, timeout_s > 0, max_image_side >= 1 and max_completion_tokens >= 0; got "
-                f"{self.retries}, {self.timeout_s}, {self.max_image_side}, {self.max_completion_tokens}"
-            )
-        if self.bad_reply not in ("retry", "fail") or self.max_bad_in_a_row < 1:
-            raise ValueError(f"judge: bad_reply must be retry or fail and max_bad_in_a_row >= 1; "
-                             f"got {self.bad_reply!r}, {self.max_bad_in_a_row}")  # fmt: skip
+        if self.bad_reply not in ("retry", "fail"):
+            raise ValueError(f"bad_reply must be retry or fail, got {self.bad_reply!r}")
 
 
-@dataclass(frozen=True)
+@knobs
 class TasksConfig:
     """Train, validation and test task lists from disjoint entities."""
 
-    n_train: int = _help("tasks per task set in the train lists", 400)
-    n_val: int = _help("tasks per task set in the validation lists (every choice is made on these)", 320)
-    n_test: int = _help("tasks in General's test list (the paper's protocol reads the first 96)", 320)
+    n_train: int = _help("tasks per task set in the train lists", 400, at_least=1)
+    n_val: int = _help("tasks per task set in the validation lists (every choice is made on these)", 320, at_least=1)
+    n_test: int = _help("tasks in General's test list (the paper's protocol reads the first 96)", 320, at_least=1)
     n_test_webshop: int = _help("tasks in Web Shopping's test list: a third of its lines are the five go-to-site "
-                                "instructions, so it needs more lines than General's for as many distinct tasks", 450)  # fmt: skip
+                                "instructions, so it needs more lines than General's for as many distinct tasks", 450, at_least=1)  # fmt: skip
     seed: int = _help("which tasks are drawn", 0)
     split_seed: int = _help("which entities are in which split", 1)
-
-    def __post_init__(self) -> None:
-        for name in ("n_train", "n_val", "n_test", "n_test_webshop"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def help_text(cls: type) -> str:
@@ -239,7 +248,17 @@ def load_params(path: Path | str = PARAMS) -> Params:
                 if key in earlier:
                     raise ConfigError(f"{f.name}: {group}.{key} is also set in {merged.source[group, key].name}")
                 earlier[key], merged.source[group, key] = value, f
+    unknown = sorted(set(merged) - set(SECTIONS) - {"variants"})
+    if unknown:  # a misspelt group would otherwise leave its stage on the defaults without a word
+        names = ", ".join(f"{g!r} in {merged.source[g, ''].name if (g, '') in merged.source else _first(merged, g)}"
+                          for g in unknown)  # fmt: skip
+        raise ConfigError(f"unknown params group(s) {names}; the groups are {sorted([*SECTIONS, 'variants'])}")
     return merged
+
+
+def _first(merged: Params, group: str) -> str:
+    """The file that set a key of ``group``."""
+    return next(f.name for (g, _), f in merged.source.items() if g == group)
 
 
 def _check(value: Any, tp: Any) -> bool:
@@ -291,22 +310,24 @@ def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, 
         raise ConfigError(f"{where()}: {e}") from None
 
 
-@dataclass(frozen=True)
+@knobs
 class BasePolicyConfig:
     """Stage 00: SFT of the base policy on noisy expert demonstrations."""
 
     # The base is weak by its slips more than by what it never saw: many demonstrated tasks, a large share of their
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
     # out (AitW's base, AutoUI, leaves much for Filtered BC to gain). How each value was set: docs/experiments.md.
-    demo_tasks: int = _help("demonstrated train tasks per task set", 200)
-    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4)
-    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024)
-    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128)
-    num_layers: int = _help("T5 encoder (and decoder) layers", 2)
-    epochs: int = _help("passes over the demonstrations", 12)
-    batch_size: int = _help("rows per optimizer step", 32)
-    lr: float = _help("peak learning rate (one-cycle schedule)", 0.002)
-    copy_augment: float = _help("P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5)
+    demo_tasks: int = _help("demonstrated train tasks per task set", 200, at_least=1)
+    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4, at_least=0, at_most=1)
+    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024, at_least=64)
+    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128, at_least=1)
+    num_layers: int = _help("T5 encoder (and decoder) layers", 2, at_least=1)
+    epochs: int = _help("passes over the demonstrations", 12, at_least=1)
+    batch_size: int = _help("rows per optimizer step", 32, at_least=1)
+    lr: float = _help("peak learning rate (one-cycle schedule)", 0.002, above=0)
+    copy_augment: float = _help(
+        "P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5, at_least=0, at_most=1
+    )
     seed: int = _help("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
@@ -314,26 +335,24 @@ class BasePolicyConfig:
                               "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)", False)  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.demo_tasks < 1:
-            raise ValueError(f"demo_tasks must be >= 1, got {self.demo_tasks}")
-        if not 0.0 <= self.copy_augment <= 1.0:
-            raise ValueError(f"copy_augment is a probability in [0, 1], got {self.copy_augment}")
         if self.checkpoint and self.screen_text:
             raise ValueError("screen_text: the released Auto-UI-Base was trained on prompts without the screen's text")
         if self.checkpoint and not self.blip2:
             raise ValueError("checkpoint (Auto-UI-Base) reads BLIP-2 image features: set blip2 to a BLIP-2 folder")
 
 
-@dataclass(frozen=True)
+@knobs
 class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
-    tasks_per_set: int = _help("train tasks rolled out per task set", 200)
+    tasks_per_set: int = _help("train tasks rolled out per task set", 200, at_least=1)
     # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5, so at 1.0 it solves far
     # fewer train tasks than AutoUI does; a lower temperature brings its train success to AutoUI's (docs/experiments.md).
-    temperature: float = _help("sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8)
-    n_envs: int = _help("devices stepped together", 32)
-    gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95)
+    temperature: float = _help(
+        "sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8, at_least=0
+    )
+    n_envs: int = _help("devices stepped together", 32, at_least=1)
+    gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95, above=0, at_most=1)
     seed: int = _help("seed of the devices", 1)
     view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
                                  "reads; costs one more adb call per step on a device", True)  # fmt: skip
@@ -345,42 +364,54 @@ class CollectConfig:
                                     "base's demonstrations covered; false: from the first train task", True)  # fmt: skip
 
 
-@dataclass(frozen=True)
+@knobs
 class AugmentConfig:
     """Stage 02: N candidate actions per state from the base policy."""
 
-    n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16)
+    n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16, at_least=1)
     # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature), so a lower
     # temperature gives candidates that hold the expert's action more often (docs/experiments.md).
-    temperature: float = _help("sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", 0.8)
-    max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2)
-    batch_states: int = _help("states per sampling batch", 64)
+    temperature: float = _help("sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", 0.8, at_least=0)
+    max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2, at_least=0)
+    batch_states: int = _help("states per sampling batch", 64, at_least=1)
     seed: int = _help("sampling seed", 2)
 
 
-@dataclass(frozen=True)
+@knobs
 class VLMFinetuneConfig:
     """Stage 03: fine-tune the VLM on "does this action change the screen?"."""
 
-    threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0)
-    holdout: float = _help("fraction of trajectories held out for accuracy", 0.2)
+    threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0, at_least=0)
+    holdout: float = _help("fraction of trajectories held out for accuracy", 0.2, at_least=0, below=1)
     recipe: str = _help(
         "how a pair is shown, asked and represented: tiny (red marker, answer slot + pooled states) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
         "tiny",
     )
-    epochs: float = _help("passes over the labelled transitions (a fraction stops part-way through the first)", 3)
-    batch_size: int = _help("pairs per optimizer step", 32)
-    lr: float = _help("learning rate", 0.001)
-    weight_decay: float = _help("AdamW weight decay", 0.01)
-    warmup: float = _help("fraction of the steps over which the learning rate rises linearly from 0", 0.0)
+    epochs: float = _help(
+        "passes over the labelled transitions (a fraction stops part-way through the first)", 3, above=0
+    )
+    batch_size: int = _help("pairs per optimizer step", 32, at_least=1)
+    lr: float = _help("learning rate", 0.001, above=0)
+    weight_decay: float = _help("AdamW weight decay", 0.01, at_least=0)
+    warmup: float = _help(
+        "fraction of the steps over which the learning rate rises linearly from 0", 0.0, at_least=0, below=1
+    )
     schedule: str = _help("learning rate after warm-up: constant | cosine (decays to 0 at the last step)", "constant")
-    image_size: int = _help("square input of the VLM's vision tower", 96)
-    hidden: int = _help("language-model width (tiny recipe's representation: twice this; original's: this)", 128)
+    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16)
+    hidden: int = _help(
+        "language-model width (tiny recipe's representation: twice this; original's: this)", 128, at_least=8
+    )
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
-    train_last_layers: int = _help("0: train every weight; N: only the projector and the last N LM layers", 1)
-    lora_rank: int = _help("0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0)
-    lora_alpha: float = _help("LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0)
+    train_last_layers: int = _help(
+        "0: train every weight; N: only the projector and the last N LM layers", 1, at_least=0
+    )
+    lora_rank: int = _help(
+        "0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0, at_least=0
+    )
+    lora_alpha: float = _help(
+        "LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0, above=0
+    )
     gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
     autocast: bool = _help(
         "compute in bfloat16 while weights, gradients and AdamW state stay in dtype (float32: mixed precision); the result is saved in bfloat16",
@@ -393,14 +424,11 @@ class VLMFinetuneConfig:
     seed: int = _help("seed", 3)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16") or self.train_last_layers < 0 or self.lora_rank < 0:
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, train_last_layers >= 0 and lora_rank >= 0; "
-                             f"got {self.dtype!r}, {self.train_last_layers}, {self.lora_rank}")  # fmt: skip
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.recipe not in ("tiny", "original") or self.schedule not in ("constant", "cosine"):
             raise ValueError(f"vlm_finetune: recipe must be tiny or original and schedule constant or cosine; "
                              f"got {self.recipe!r}, {self.schedule!r}")  # fmt: skip
-        if self.epochs <= 0 or not 0 <= self.warmup < 1:
-            raise ValueError(f"vlm_finetune: need epochs > 0 and 0 <= warmup < 1; got {self.epochs}, {self.warmup}")
         if self.shard and self.lora_rank:
             raise ValueError("vlm_finetune: shard and lora_rank exclude each other: shard a full or last-layers "
                              "fine-tune over several GPUs, or train LoRA adapters on one")  # fmt: skip
@@ -409,48 +437,43 @@ class VLMFinetuneConfig:
                              f"({self.train_last_layers}) are two ways to cut the trained weights; set one to 0")  # fmt: skip
 
 
-@dataclass(frozen=True)
+@knobs
 class EmbedConfig:
     """Stage 04: VLM representations of every (state, candidate) pair."""
 
-    batch_size: int = _help("pairs per forward pass", 256)
+    batch_size: int = _help("pairs per forward pass", 256, at_least=1)
 
 
-@dataclass(frozen=True)
+@knobs
 class ComputeConfig:
     """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-08)."""
 
-    processes: int = _help("data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1)
+    processes: int = _help(
+        "data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1, at_least=1
+    )
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
     workers: int = _help(
         "CPU processes that share stages 04-08's independent jobs: the two VLMs' features, the "
         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
         "stage's own process)",
         2,
+        at_least=1,
     )
 
     def __post_init__(self) -> None:
-        if self.processes < 1:
-            raise ValueError(f"processes must be >= 1, got {self.processes}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.workers > 1 and self.processes > 1:
             raise ValueError(f"workers {self.workers} with processes {self.processes}: a stage either shares its "
                              "jobs among workers or each job's batches among processes, not both")  # fmt: skip
 
 
-@dataclass(frozen=True)
+@knobs
 class ExperimentConfig:
     """Repeats of the learning stages (critic, actors, their evaluation)."""
 
-    seeds: int = _help("independent repeats; eval reports the mean and standard deviation over them", 3)
-
-    def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+    seeds: int = _help("independent repeats; eval reports the mean and standard deviation over them", 3, at_least=1)
 
 
-@dataclass(frozen=True)
+@knobs
 class AblationsConfig:
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
 
@@ -466,7 +489,7 @@ class AblationsConfig:
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
 
 
-@dataclass(frozen=True)
+@knobs
 class CriticConfig:
     """Stage 05: double Q and V heads trained by TD on frozen features.
 
@@ -474,15 +497,19 @@ class CriticConfig:
     the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
     """
 
-    gamma: float = _help("discount (Digi-Q: 0.95)", 0.95)
-    tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1)
-    hidden: int = _help("MLP width", 256)
-    epochs: int = _help("passes over the transitions (TD needs many to carry values back from the goal)", 100)
-    batch_size: int = _help("transitions per step", 256)
-    lr: float = _help("learning rate", 0.0003)
-    holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2)
-    conservative: float = _help("weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.0)
-    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16)
+    gamma: float = _help("discount (Digi-Q: 0.95)", 0.95, above=0, at_most=1)
+    tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1, above=0, at_most=1)
+    hidden: int = _help("MLP width", 256, at_least=1)
+    epochs: int = _help(
+        "passes over the transitions (TD needs many to carry values back from the goal)", 100, at_least=1
+    )
+    batch_size: int = _help("transitions per step", 256, at_least=1)
+    lr: float = _help("learning rate", 0.0003, above=0)
+    holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2, at_least=0, below=1)
+    conservative: float = _help(
+        "weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.0, at_least=0
+    )
+    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16, at_least=1)
     conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
                                              "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
     conservative_gate: bool = _help("the CQL term lifts the data's action only at steps that moved forward (one-step "
@@ -498,9 +525,6 @@ class CriticConfig:
     seed: int = _help("seed", 4)
 
     def __post_init__(self) -> None:
-        if self.conservative < 0 or self.penalty_states < 1:
-            raise ValueError(f"need conservative >= 0 and penalty_states >= 1; got {self.conservative}, "
-                             f"{self.penalty_states}")  # fmt: skip
         for name in ("tap_targets", "typed_match"):
             if getattr(self, name) and not self.text_features:
                 raise ValueError(f"{name}: true needs text_features: true (it is one of the text features)")
@@ -538,43 +562,43 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
     return out
 
 
-@dataclass(frozen=True)
+@knobs
 class ActorConfig:
     """Stage 06: Best-of-N policy extraction and the offline baselines."""
 
-    k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16)
+    k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16, at_least=1)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
     threshold_webshop: float = _help("the same for Web Shopping", 0.05)
     updates: int = _help(
-        "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps", 80
+        "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps",
+        80,
+        at_least=1,
     )
-    batch_size: int = _help("rows per step", 32)
-    lr: float = _help("learning rate", 0.0005)
+    batch_size: int = _help("rows per step", 32, at_least=1)
+    lr: float = _help("learning rate", 0.0005, above=0)
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.7)
-    digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30)
+    digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30, at_least=1)
     seed: int = _help("seed", 5)
-
-    def __post_init__(self) -> None:
-        if self.updates < 1:
-            raise ValueError(f"updates must be >= 1, got {self.updates}")
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
-@dataclass(frozen=True)
+@knobs
 class DiagnosticsConfig:
     """Stage 07: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
 
     oracle_states: int = _help(
-        "stored states whose candidates get true values from rollouts (0: the stage is off)", 200
+        "stored states whose candidates get true values from rollouts (0: the stage is off)", 200, at_least=0
     )
-    oracle_rollouts: int = _help("continuation rollouts of the noisy expert per distinct candidate", 32)
-    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1)
-    oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05)
+    oracle_rollouts: int = _help("continuation rollouts of the noisy expert per distinct candidate", 32, at_least=1)
+    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1, at_least=0, at_most=1)
+    oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05, at_least=0)
     behaviour_rollouts: int = _help(
-        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)", 8
+        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)",
+        8,
+        at_least=0,
     )
     seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
 
@@ -583,7 +607,7 @@ class DiagnosticsConfig:
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
-@dataclass(frozen=True)
+@knobs
 class EvalConfig:
     """Stage 08: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
@@ -591,14 +615,16 @@ class EvalConfig:
         "first tasks of each test list; null: the whole list, which carries the intervals "
         "(its first 96 are the paper's protocol)",
         None,
+        at_least=1,
     )
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",
         96,
+        at_least=0,
     )
-    temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8)
-    n_envs: int = _help("devices stepped together", 48)
+    temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8, at_least=0)
+    n_envs: int = _help("devices stepped together", 48, at_least=1)
     seed: int = _help("seed of the devices", 7)
     expert_skills: list[str] = _help(
         "sim: also run the base policy (first seed) with each of these skills taken "
@@ -607,10 +633,6 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.n_tasks is not None and self.n_tasks < 1:
-            raise ValueError(f"n_tasks must be >= 1 or null (the whole list), got {self.n_tasks}")
-        if self.train_tasks < 0:
-            raise ValueError(f"train_tasks must be >= 0 (0 = off), got {self.train_tasks}")
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]
         if unknown:
             raise ValueError(f"expert_skills: unknown {unknown}; known: {list(EXPERT_SKILLS)}")

@@ -16,13 +16,21 @@ params.
 
 What goes wrong is told apart by what it means for the run:
 
-- the endpoint refuses the key (:class:`JudgeAuthError`), or gives nothing
-  after its retries (:class:`JudgeError`): the stage stops, naming why;
-- one reply that is no verdict (an HTTP 400 for a setting the model rejects,
-  an empty or unparsable answer: :class:`JudgeReplyError`) is a fault of that
-  episode only: it is started again or counted failed (``judge.bad_reply``)
-  and logged in ``faults.jsonl``. Only ``judge.max_bad_in_a_row`` bad replies
-  in a row, which no retry will mend, stop the stage.
+- the endpoint refuses the key (:class:`JudgeAuthError`) or redirects
+  elsewhere (the key is never sent to another host): the stage stops,
+  naming why;
+- a step that gets no verdict (:class:`NoVerdict`): an HTTP 400 for a
+  setting the model rejects, an empty or unparsable answer, or no answer
+  within the retries and each request's deadline. It is a fault of that
+  episode only: the episode starts again or counts as failed
+  (``judge.bad_reply``) and the fault is logged in ``faults.jsonl``. Only
+  ``judge.max_bad_in_a_row`` of them in a row, which say the endpoint or its
+  settings are wrong, stop the stage.
+
+Every request has a deadline of ``judge.timeout_s`` as a whole, body
+included: a server that trickles its answer cannot hold a device forever.
+The client's waits are capped: a ``Retry-After`` above a minute is not
+waited for, and that step gets no verdict at once.
 
 A :class:`VLMJudge` is an :class:`~digiq.env.adb_env.Evaluator`: pass it to
 :class:`~digiq.env.backends.EnvFactory` for the ``emulator`` backend.
@@ -36,10 +44,13 @@ import json
 import os
 import re
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 from PIL import Image
@@ -49,7 +60,7 @@ from digiq.env.adb_env import VerdictError
 from digiq.env.tasks import Task
 
 __all__ = [
-    "JudgeError", "JudgeAuthError", "JudgeReplyError", "VLMJudge", "Example", "read_examples", "verdict",
+    "JudgeError", "JudgeAuthError", "NoVerdict", "VLMJudge", "Example", "read_examples", "verdict",
     "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "evaluator_for",
 ]  # fmt: skip
 
@@ -69,15 +80,15 @@ _STATUS = re.compile(r"status\W*(success|failure)\b", re.IGNORECASE)
 
 
 class JudgeError(RuntimeError):
-    """The endpoint gave no verdict after its retries, or only bad replies: the stage cannot go on."""
+    """The judge cannot work: the stage cannot go on."""
 
 
 class JudgeAuthError(JudgeError):
     """The endpoint refused the credentials: retrying cannot help."""
 
 
-class JudgeReplyError(JudgeError, VerdictError):
-    """One reply that is no verdict: a fault of the episode being judged, not of the stage."""
+class NoVerdict(JudgeError, VerdictError):
+    """No verdict for this step (a bad reply, or none in time): a fault of the episode being judged, not of the stage."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +158,11 @@ class VLMJudge:
                 raise JudgeAuthError(f"the judge's endpoint key is read from ${self.cfg.api_key_env}, which is not set "
                                      "(set it, or api_key_env: '' for a local server without keys)")  # fmt: skip
         # A server without keys gets vLLM's placeholder key, never $OPENAI_API_KEY (the client's own default).
+        # Redirects are not followed: a redirected request would carry the key to, and take a verdict from, another host.
+        http = httpx.Client(transport=_Deadline(httpx.HTTPTransport(), self.cfg.timeout_s), follow_redirects=False,
+                            timeout=self.cfg.timeout_s)  # fmt: skip
         self.client = openai.OpenAI(base_url=self.cfg.base_url, api_key=key or NO_KEY, timeout=self.cfg.timeout_s,
-                                    max_retries=self.cfg.retries)  # fmt: skip
+                                    max_retries=self.cfg.retries, http_client=http)  # fmt: skip
         self.examples = read_examples(self.cfg.few_shot) if self.cfg.few_shot else []
         self._example_content = [part for ex in self.examples for part in self._shown(ex)]
         self._lock = threading.Lock()
@@ -162,12 +176,12 @@ class VLMJudge:
         """The verdict for ``task`` on ``screenshot``.
 
         Raises:
-            JudgeReplyError: this reply is no verdict (the episode's fault).
-            JudgeError: no reply after the retries, or too many bad ones in a row (the stage's end).
+            NoVerdict: no verdict for this step (the episode's fault).
+            JudgeError: a refused key, a redirect, or too many steps without a verdict in a row (the stage's end).
         """
         try:
             reply = self._ask(task, screenshot)
-        except JudgeReplyError as e:
+        except NoVerdict as e:
             with self._lock:
                 self._bad_in_a_row += 1
                 if self._bad_in_a_row >= self.cfg.max_bad_in_a_row:
@@ -210,19 +224,23 @@ class VLMJudge:
             raise JudgeAuthError(f"{url} refused the key (HTTP {e.status_code}: {_detail(e)}); check "
                                  f"${self.cfg.api_key_env or '(no key sent)'}") from None  # fmt: skip
         except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
-            last = f"HTTP {e.status_code}: {_detail(e)}" if isinstance(e, openai.APIStatusError) else type(e).__name__
-            raise JudgeError(f"{url} gave no verdict after {self.cfg.retries + 1} tries; last: {last}") from None
-        except openai.APIStatusError as e:  # the request was refused as it is: 400, 404, 422, ...
-            raise JudgeReplyError(f"{url} answered HTTP {e.status_code}: {_detail(e)}",
+            last = f"HTTP {e.status_code}: {_detail(e)}" if isinstance(e, openai.APIStatusError) else _cause(e)
+            raise NoVerdict(f"{url} gave no verdict (up to {self.cfg.retries + 1} tries); last: {last}",
+                            count_failed=self.cfg.bad_reply == "fail") from None  # fmt: skip
+        except openai.APIStatusError as e:
+            if 300 <= e.status_code < 400:
+                raise JudgeError(f"{url} redirects (HTTP {e.status_code}) to {e.response.headers.get('location')!r}; "
+                                 "set judge.base_url to the endpoint itself (redirects are not followed, so the "
+                                 "key never goes to another host)") from None  # fmt: skip
+            # The request was refused as it is: 400, 404, 422, ...
+            raise NoVerdict(f"{url} answered HTTP {e.status_code}: {_detail(e)}",
                                   count_failed=self.cfg.bad_reply == "fail") from None  # fmt: skip
         except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
-            raise JudgeReplyError(
-                f"{url} sent no chat answer: {e}", count_failed=self.cfg.bad_reply == "fail"
-            ) from None
+            raise NoVerdict(f"{url} sent no chat answer: {e}", count_failed=self.cfg.bad_reply == "fail") from None
         text = reply.choices[0].message.content if reply.choices else None
         found = verdict(text) if text else None
         if found is None:
-            raise JudgeReplyError(f"the judge's answer gives no Status: success or failure: {str(text)[:200]!r}",
+            raise NoVerdict(f"the judge's answer gives no Status: success or failure: {str(text)[:200]!r}",
                                   count_failed=self.cfg.bad_reply == "fail")  # fmt: skip
         return found
 
@@ -240,6 +258,48 @@ def _image_part(screenshot: np.ndarray, max_side: int) -> dict[str, Any]:
 
 def _detail(e: openai.APIStatusError) -> str:
     return str(e.body if e.body is not None else e.message)[:200]
+
+
+def _cause(e: openai.APIConnectionError) -> str:
+    """What went wrong under a connection error: the transport's own exception, named."""
+    cause = e.__cause__ or e
+    return f"{type(cause).__name__}: {cause}"[:200]
+
+
+class _Deadline(httpx.BaseTransport):
+    """An httpx transport whose requests end after ``seconds`` in all, the body's reading included.
+
+    httpx's time-outs bound each wait for bytes, not the whole request, so a
+    server sending one byte at a time would never time out. Past the
+    deadline the reading stops with :class:`httpx.ReadTimeout`, which the
+    openai client retries as it retries any time-out.
+    """
+
+    def __init__(self, inner: httpx.BaseTransport, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        end = time.monotonic() + self.seconds
+        response = self.inner.handle_request(request)
+        response.stream = _DeadlineStream(response.stream, end, request, self.seconds)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _DeadlineStream(httpx.SyncByteStream):
+    def __init__(self, inner: Any, end: float, request: httpx.Request, seconds: float) -> None:
+        self.inner, self.end, self.request, self.seconds = inner, end, request, seconds
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            if time.monotonic() > self.end:
+                raise httpx.ReadTimeout(f"no whole answer within {self.seconds} s", request=self.request)
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def evaluator_for(devices: DeviceConfig, judge: JudgeConfig) -> VLMJudge | None:

@@ -1,11 +1,14 @@
+import dataclasses
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from digiq.config import (
     PARAMS,
+    SECTIONS,
     ActorConfig,
     BasePolicyConfig,
     ComputeConfig,
@@ -38,10 +41,10 @@ def test_repository_params_load():
     [
         ({"env": {"width": "wide"}}, "env.width must be int, got 'wide'"),
         ({"env": {"popup_rate": True}}, "env.popup_rate must be float"),
-        ({"env": {"popup_rate": 1.5}}, "popup_rate is a probability in [0, 1], got 1.5"),
+        ({"env": {"popup_rate": 1.5}}, "popup_rate must be <= 1, got 1.5"),
         ({"env": {"widht": 100}}, "unknown key(s) ['widht']"),
         ({"env": [1, 2]}, "env must be a mapping"),
-        ({"base_policy": {"copy_augment": -0.1}}, "copy_augment is a probability in [0, 1], got -0.1"),
+        ({"base_policy": {"copy_augment": -0.1}}, "copy_augment must be >= 0, got -0.1"),
         ({"base_policy": {"demo_tasks": 0}}, "demo_tasks must be >= 1, got 0"),
         ({"compute": {"workers": 0}}, "workers must be >= 1, got 0"),
         ({"compute": {"workers": 2, "processes": 2}}, "either shares its jobs among workers or each job's batches"),
@@ -117,3 +120,57 @@ def test_layers_import_downward_only():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Knobs that may take any number: seeds, advantage thresholds, the floor of a conservative term; and the
+# adb port, whose range depends on the backend (its own check).
+ANY_NUMBER = {"seed", "split_seed", "threshold_general", "threshold_webshop", "digirl_threshold", "conservative_floor",
+              "adb_port"}  # fmt: skip
+
+
+def _ranged():
+    for group, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if any(b is not None for b in f.metadata.get("range", ())):
+                yield group, cls, f
+
+
+@pytest.mark.parametrize(("group", "cls", "f"), list(_ranged()), ids=lambda x: getattr(x, "name", str(x)))
+def test_every_ranged_knob_refuses_a_value_outside_and_names_it(group, cls, f, tmp_path):
+    at_least, above, at_most, below = f.metadata["range"]
+    bad = at_least - 1 if at_least is not None else above if above is not None else at_most + 1 if at_most is not None \
+        else below  # fmt: skip
+    bad = float(bad) if f.type in (float, "float") else int(bad)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {f.name: bad}}))
+    with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{f.name} must be"):
+        load_section(cls, group, path=tmp_path / "params.yaml")
+
+
+def test_every_count_rate_and_size_has_a_range():
+    """A new numeric knob needs a range unless any number is meaningful for it."""
+    unranged = [f"{group}.{f.name}" for group, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+                if typing.get_type_hints(cls)[f.name] in (int, float)
+                and not any(b is not None for b in f.metadata.get("range", ()))
+                and f.name not in ANY_NUMBER]  # fmt: skip
+    assert unranged == []
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"critic": {"epochs": -1}}, r"critic: epochs must be >= 1, got -1"),
+        ({"critic": {"batch_size": 0}}, r"critic: batch_size must be >= 1, got 0"),
+        ({"eval": {"n_tasks": -1}}, r"eval: n_tasks must be >= 1, got -1"),
+    ],  # fmt: skip
+)
+def test_out_of_range_values_that_once_passed(params, message, tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    group = next(iter(params))
+    with pytest.raises(ConfigError, match=message):
+        load_section(SECTIONS[group], group, path=tmp_path / "params.yaml")
+
+
+def test_a_misspelt_group_is_an_error_not_the_defaults(tmp_path):
+    (tmp_path / "params.yaml").write_text("collects:\n  tasks_per_set: 10\ncritic:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown params group\(s\) 'collects' in params.yaml"):
+        load_params(tmp_path / "params.yaml")

@@ -4,6 +4,7 @@ import base64
 import io
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -18,7 +19,7 @@ from digiq.judge import (
     REPLY_FORMAT,
     JudgeAuthError,
     JudgeError,
-    JudgeReplyError,
+    NoVerdict,
     VLMJudge,
     evaluator_for,
     read_examples,
@@ -32,7 +33,12 @@ from digiq.stages.collect import run_collect
 
 
 class ChatServer:
-    """Answers each POST with the next scripted (status, reply text or body, headers); records the requests."""
+    """Answers each POST with the next scripted (status, reply text or body, headers); records the requests.
+
+    A status may also be a misbehaviour: ``"trickle"`` sends a success one
+    byte every 50 ms, ``"stall"`` sends nothing for 30 s, ``"garbage"`` answers
+    bytes that are not HTTP.
+    """
 
     def __init__(self, script):
         self.script, self.requests = list(script), []
@@ -48,17 +54,27 @@ class ChatServer:
                     )
                 )
                 status, answer, headers = owner.script.pop(0)
+                if status == "garbage":
+                    self.wfile.write(b"SSH-2.0-not-http\r\n\r\n")
+                    return
+                if status == "stall":
+                    time.sleep(30)
+                    return
                 body = json.dumps(
                     {"choices": [{"message": {"role": "assistant", "content": answer}}]}
-                    if status == 200
+                    if status in (200, "trickle")
                     else {"error": answer}
                 ).encode()
-                self.send_response(status)
+                self.send_response(200 if status == "trickle" else status)
                 for k, v in headers.items():
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                for i in range(len(body)) if status == "trickle" else [None]:
+                    self.wfile.write(body if i is None else body[i : i + 1])
+                    self.wfile.flush()
+                    if i is not None:
+                        time.sleep(0.05)
 
             def log_message(self, *args):
                 pass
@@ -211,12 +227,46 @@ def test_missing_key_fails_before_any_request(monkeypatch):
         VLMJudge(JudgeConfig(api_key_env="DIGIQ_TEST_KEY"))
 
 
-def test_gives_up_after_its_retries(serve):
+def test_gives_up_after_its_retries_as_the_steps_fault(serve):
     server = serve(*[(503, "down", {"Retry-After": "0.01"})] * 3)
     judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", retries=2))
-    with pytest.raises(JudgeError, match=r"after 3 tries; last: HTTP 503") as caught:
+    with pytest.raises(NoVerdict, match=r"up to 3 tries\); last: HTTP 503"):
         judge.judge("Open the settings", SCREEN)
-    assert not isinstance(caught.value, JudgeReplyError) and len(server.requests) == 3
+    assert len(server.requests) == 3
+
+
+def test_a_redirect_is_not_followed_and_the_key_stays_home(serve, monkeypatch):
+    monkeypatch.setenv("DIGIQ_TEST_KEY", "sk-secret")
+    elsewhere = serve((200, "Status: success", {}))
+    server = serve((307, "moved", {"Location": elsewhere.url + "/chat/completions"}))
+    with pytest.raises(JudgeError, match=r"redirects \(HTTP 307\) to .*set judge.base_url") as caught:
+        _judge(server).judge("Open the settings", SCREEN)
+    assert not isinstance(caught.value, NoVerdict) and elsewhere.requests == []  # no key, no verdict from there
+
+
+def test_a_long_retry_after_is_not_waited_for(serve):
+    server = serve((429, "slow down", {"Retry-After": "3600"}), (200, "Status: success", {}))
+    judge, start = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="")), time.monotonic()
+    with pytest.raises(NoVerdict, match="HTTP 429"):  # this step's fault, at once
+        judge.judge("Open the settings", SCREEN)
+    assert time.monotonic() - start < 5 and judge.judge("Open the settings", SCREEN) is True
+
+
+@pytest.mark.parametrize(
+    ("misbehaviour", "message"),
+    [
+        ("trickle", r"ReadTimeout: no whole answer within 0.5 s"),
+        ("stall", r"ReadTimeout"),
+        ("garbage", r"RemoteProtocolError"),
+    ],  # fmt: skip
+)
+def test_a_server_that_trickles_stalls_or_speaks_no_http_costs_one_deadline_per_try(serve, misbehaviour, message):
+    server = serve(*[(misbehaviour, "Status: success", {})] * 2)
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", timeout_s=0.5, retries=1))
+    start = time.monotonic()
+    with pytest.raises(NoVerdict, match=rf"up to 2 tries\); last: .*{message}"):
+        judge.judge("Open the settings", SCREEN)
+    assert time.monotonic() - start < 6 and len(server.requests) == 2
 
 
 @pytest.mark.parametrize("bad_reply", ["retry", "fail"])
@@ -225,23 +275,25 @@ def test_a_bad_reply_is_the_episodes_fault_until_too_many_come_in_a_row(serve, b
     server = serve((400, "max_tokens is not supported", {}), (200, "maybe", {}), (200, "Status: success", {}),
                    *[(200, "", {})] * 3)  # fmt: skip
     judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", max_bad_in_a_row=3, bad_reply=bad_reply))
-    with pytest.raises(JudgeReplyError, match="HTTP 400: .*max_tokens is not supported") as caught:
+    with pytest.raises(NoVerdict, match="HTTP 400: .*max_tokens is not supported") as caught:
         judge.judge("Open the settings", SCREEN)
     assert caught.value.count_failed is (bad_reply == "fail")
-    with pytest.raises(JudgeReplyError, match="gives no Status"):
+    with pytest.raises(NoVerdict, match="gives no Status"):
         judge.judge("Open the settings", SCREEN)
     assert judge.judge("Open the settings", SCREEN) is True  # a verdict resets the count
     for _ in range(2):
-        with pytest.raises(JudgeReplyError):
+        with pytest.raises(NoVerdict):
             judge.judge("Open the settings", SCREEN)
     with pytest.raises(JudgeError, match="last 3 replies were no verdicts") as caught:
         judge.judge("Open the settings", SCREEN)
-    assert not isinstance(caught.value, JudgeReplyError) and len(server.requests) == 6
+    assert not isinstance(caught.value, NoVerdict) and len(server.requests) == 6
 
 
 def test_unreachable_endpoint_is_named():
     judge = VLMJudge(JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="", retries=1))
-    with pytest.raises(JudgeError, match=r"127.0.0.1:9/v1/chat/completions gave no verdict after 2 tries"):
+    with pytest.raises(
+        NoVerdict, match=r"127.0.0.1:9/v1/chat/completions gave no verdict \(up to 2 tries\); last: Conn"
+    ):
         judge.judge("Open the settings", SCREEN)
 
 
@@ -257,7 +309,7 @@ def test_unreachable_endpoint_is_named():
     ],  # fmt: skip
 )
 def test_config_rejects_impossible_settings(bad):
-    with pytest.raises(ValueError, match="need retries >= 0|bad_reply must be"):
+    with pytest.raises(ValueError, match=r"must be >= 0|must be > 0|must be >= 1|bad_reply must be"):
         JudgeConfig(**bad)
 
 

@@ -112,7 +112,7 @@ def test_llava_stage_03_trains_the_chosen_layers_and_stage_04_reloads_it(llava_h
 def test_trainable_selects_every_weight_by_default(llava_hf):
     vlm = ScreenVLM.from_pretrained(llava_hf)
     assert len(trainable(vlm, 0)) == len(list(vlm.model.parameters()))
-    with pytest.raises(ValueError, match="train_last_layers >= 0"):
+    with pytest.raises(ValueError, match="train_last_layers must be >= 0"):
         VLMFinetuneConfig(train_last_layers=-1)
 
 
@@ -180,7 +180,7 @@ def test_stage_03_with_lora_and_checkpointing_trains_as_without(llava_hf, values
 def test_lora_and_last_layers_are_exclusive():
     with pytest.raises(ValueError, match="lora_rank .4. and train_last_layers .2."):
         VLMFinetuneConfig(lora_rank=4, train_last_layers=2)
-    with pytest.raises(ValueError, match="lora_rank >= 0"):
+    with pytest.raises(ValueError, match="lora_rank must be >= 0"):
         VLMFinetuneConfig(lora_rank=-1)
 
 
