@@ -126,7 +126,7 @@ class _Rollouts:
     ``max_faults`` times; a device that cannot start an episode is retired.
     """
 
-    def __init__(self, tasks: Sequence[Task], envs: list[PhoneEnv], *, start: int, seed: int, gamma: float,
+    def __init__(self, tasks: Sequence[Task], envs: list[PhoneEnv], *, todo: Sequence[int], seed: int, gamma: float,
                  store: TrajectoryStore | None, part_size: int, max_faults: int, screen_text: bool,
                  hierarchies: bool, bar: tqdm) -> None:  # fmt: skip
         self.tasks, self.envs, self.seed, self.gamma = tasks, envs, seed, gamma
@@ -136,7 +136,7 @@ class _Rollouts:
         self.retired: set[int] = set()
         self.results: list[EpisodeResult] = []
         self.pending: list[Step] = []  # finished steps not yet written as a part
-        self.next_index = start
+        self.todo: deque[int] = deque(todo)  # episodes not started yet, in task order
         self.again: deque[int] = deque()  # episodes to start again after a device fault
         self.faults: Counter[int] = Counter()
 
@@ -150,14 +150,13 @@ class _Rollouts:
 
     def waiting(self) -> bool:
         """Whether an episode is left to start (a new one, or one a fault put back)."""
-        return bool(self.again) or self.next_index < len(self.tasks)
+        return bool(self.again) or bool(self.todo)
 
     def _take(self) -> int | None:
         if self.again:
             return self.again.popleft()
-        if self.next_index < len(self.tasks):
-            self.next_index += 1
-            return self.next_index - 1
+        if self.todo:
+            return self.todo.popleft()
         return None
 
     def fault(self, i: int, index: int, step: int, reason: str) -> None:
@@ -268,8 +267,10 @@ def rollout(
     """Run one episode per task, ``n_envs`` at a time.
 
     With ``store``, every trajectory is written (screenshots as PNG, steps as
-    Parquet parts of ``part_size`` trajectories) and tasks already stored are
-    skipped, so re-running after an interruption resumes.
+    Parquet parts of ``part_size`` trajectories, trajectory id = the task's
+    index), also when the run ends by an exception, and the tasks whose ids
+    are stored are skipped: re-running after an interruption runs exactly the
+    missing ones. A kill loses only the episodes not yet in a part.
 
     ``env_factory`` makes each env (one device each; see
     :class:`digiq.env.backends.EnvFactory`); by default in-process simulated
@@ -284,11 +285,12 @@ def rollout(
     Raises:
         RuntimeError: every device failed while episodes remained (those finished are stored).
     """
-    start = store.n_trajectories() if store is not None else 0
+    stored = store.stored_ids() if store is not None else set()
+    todo = [i for i in range(len(tasks)) if i not in stored]
     make = env_factory if env_factory is not None else (lambda: AndroidSimEnv(dynamics=dynamics, width=width))
-    envs = [make() for _ in range(min(n_envs, max(1, len(tasks) - start)))]
-    bar = tqdm(total=len(tasks), initial=start, desc=desc, leave=False)
-    run = _Rollouts(tasks, envs, start=start, seed=seed, gamma=gamma, store=store, part_size=part_size,
+    envs = [make() for _ in range(min(n_envs, max(1, len(todo))))]
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=desc, leave=False)
+    run = _Rollouts(tasks, envs, todo=todo, seed=seed, gamma=gamma, store=store, part_size=part_size,
                     max_faults=max_faults, screen_text=screen_text, hierarchies=hierarchies, bar=bar)  # fmt: skip
     threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None
     try:
@@ -312,12 +314,12 @@ def rollout(
             for i, episode in enumerate(run.episodes):  # idle devices pick up episodes put back by a fault
                 if episode is None and i not in run.retired and run.waiting():
                     run.begin(i)
-    finally:
+    finally:  # whatever ended the run, the episodes it finished are written
         if threads is not None:
             threads.shutdown()
-    run.flush()
-    bar.close()
-    left = len(run.again) + len(tasks) - run.next_index
+        run.flush()
+        bar.close()
+    left = len(run.again) + len(run.todo)
     if left:
         raise RuntimeError(
             f"every device failed with {left} episode(s) left; {len(run.results)} finished"

@@ -1,3 +1,11 @@
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -57,7 +65,7 @@ def test_interrupted_collection_resumes_without_losing_parts(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         rollout(Dies(), TASKS, n_envs=1, width=108, store=store, part_size=1, dynamics=Dynamics.calm())
-    done = store.n_trajectories()
+    done = len(store.stored_ids())
     assert 0 < done < 10 and not list(tmp_path.glob(".*tmp*"))
     rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=4)
     assert sorted(store.read().to_pandas().traj_id.unique()) == list(range(10))
@@ -92,3 +100,57 @@ def test_eval_train_tasks_are_those_of_the_data_s_first_trajectories(tmp_path):
     assert list(held_in) == ["general"]  # no Web Shopping trajectory: no list, not an empty one
     assert [t.instruction for t in held_in["general"]] == [texts[3], texts[0], texts[3]]  # traj_id order, repeats kept
     assert len(train_tasks(paths, 10)["general"]) == 4  # fewer trajectories than asked: all of them
+
+
+def test_an_exception_still_writes_the_finished_episodes(tmp_path):
+    store = TrajectoryStore(tmp_path)
+
+    class Fails(ExpertPolicy):
+        calls = 0
+
+        def act(self, batch):
+            Fails.calls += 1
+            if Fails.calls > 10:
+                raise RuntimeError("the policy's GPU fell over")
+            return super().act(batch)
+
+    with pytest.raises(RuntimeError, match="fell over"):  # parts of 64: nothing would be written without the flush
+        rollout(Fails(), TASKS, n_envs=2, width=108, store=store, part_size=64, dynamics=Dynamics.calm())
+    finished = store.stored_ids()
+    assert finished and len(store.parts()) == 1
+    rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=64)
+    assert sorted(store.read().to_pandas().traj_id.unique()) == list(range(10))
+
+
+def test_a_duplicated_part_is_named_not_read_twice(tmp_path):
+    store = TrajectoryStore(tmp_path)
+    rollout(ExpertPolicy(), TASKS[:3], n_envs=3, width=108, store=store)
+    shutil.copy(store.parts()[0], tmp_path / "steps-00001.parquet")
+    with pytest.raises(DataError, match=r"trajectory 0 step 0 is stored twice .*steps-00000.parquet.*steps-00001"):
+        store.read()
+
+
+@pytest.mark.slow  # a subprocess collects 160 episodes, killed part-way, then the rest
+@pytest.mark.parametrize("parts_before_kill", [0, 1, 2])
+def test_a_collection_killed_at_any_point_stores_every_task_exactly_once(tmp_path, parts_before_kill):
+    """Killed (SIGKILL: nothing flushed) once ``parts_before_kill`` parts are written, then run again."""
+    script = Path(__file__).parent / "scripts" / "collect_until_killed.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "0.01"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    store = TrajectoryStore(tmp_path)
+    deadline = time.monotonic() + 300
+    while len(store.parts()) < parts_before_kill and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if parts_before_kill == 0:
+        time.sleep(1.0)  # killed before any part is written: some episodes finished, none stored
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = store.stored_ids()
+    assert len(store.parts()) == parts_before_kill and len(before) == 64 * parts_before_kill
+    if parts_before_kill:
+        assert before != set(range(len(before)))  # out of id order: resuming after the highest id would lose some
+    again = subprocess.run([sys.executable, str(script), str(tmp_path), "0"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    table = store.read().to_pandas()  # read() refuses a trajectory stored twice
+    assert sorted(table.traj_id.unique()) == list(range(160))

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
@@ -164,14 +163,30 @@ class TrajectoryStore:
                 tables.append(t.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise DataError(f"trajectory part {p} has a field of the wrong type: {e}") from None
-        return pa.concat_tables(tables).sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
+        table = pa.concat_tables(tables).sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
+        traj, step = (table.column(c).to_numpy() for c in ("traj_id", "step_id"))
+        twice = (traj[1:] == traj[:-1]) & (step[1:] == step[:-1])
+        if twice.any():  # a part copied or written twice would silently double its rows
+            t, s = int(traj[1:][twice][0]), int(step[1:][twice][0])
+            holding = [
+                p.name for p, tb in zip(parts, tables, strict=True) if t in set(tb.column("traj_id").to_pylist())
+            ]
+            raise DataError(f"trajectory {t} step {s} is stored twice in {self.root} (parts {holding})")
+        return table
 
-    def n_trajectories(self) -> int:
-        """Trajectories already stored (0 for a new folder): where a resumed run starts."""
-        if not self.parts():
-            return 0
-        ids = self.read().column("traj_id")
-        return int(pc.max(ids).as_py()) + 1
+    def stored_ids(self) -> set[int]:
+        """The trajectory ids already stored (none for a new folder): what a resumed run skips.
+
+        Parts hold trajectories in the order they finished, not in id order,
+        so this is read from every part, never inferred from the highest id.
+        """
+        ids: set[int] = set()
+        for p in self.parts():
+            try:
+                ids.update(pq.read_table(p, columns=["traj_id"]).column("traj_id").to_pylist())
+            except (pa.ArrowInvalid, OSError, KeyError) as e:
+                raise DataError(f"corrupt trajectory part {p}: {e}") from None
+        return ids
 
     def load_image(self, rel: str) -> np.ndarray:
         path = self.root / rel

@@ -71,7 +71,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     results = list(episodes.itertuples())
     metrics.update(
         {
-            "trajectories": len(tasks),
+            "trajectories": len(episodes),  # stored: an episode given up after device faults is not
             "first_train_task": first,
             "transitions": table.num_rows,
             "success_rate_by_task_set": success_by(results, "task_set"),
