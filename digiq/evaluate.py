@@ -112,6 +112,7 @@ def seed_metrics(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     return {
         "success_rate": _rate(results),
         "n_episodes": len(results),
+        "abandoned": sum(r.abandoned for r in results),  # given up after device faults, counted as failures
         "by_family": success_by(results, "family"),
         "tasks_by_family": dict(sorted(Counter(r.family for r in results).items())),
     }

@@ -89,6 +89,7 @@ class EpisodeResult:
     family: str
     success: bool
     steps: int
+    abandoned: bool = False  # given up after device faults: counted as a failure, never left out
 
 
 def success_by(rows: Sequence, key: str) -> dict[str, float]:
@@ -122,8 +123,10 @@ class _Rollouts:
     """Episodes scheduled on a pool of devices: which starts where, faults and restarts, and finished ones stored.
 
     Episodes start in task order; one a device fault ends goes back to the
-    front of the queue and starts again from its start and seed, at most
-    ``max_faults`` times; a device that cannot start an episode is retired.
+    front of the queue and starts again from its start and seed, on another
+    device when one is free, at most ``max_faults`` times, after which it is
+    a counted failure (``abandoned``). A device that cannot start an episode,
+    or faults in ``max_faults`` episodes in a row, is retired.
     """
 
     def __init__(self, tasks: Sequence[Task], envs: list[PhoneEnv], *, todo: Sequence[int], seed: int, gamma: float,
@@ -138,7 +141,9 @@ class _Rollouts:
         self.pending: list[Step] = []  # finished steps not yet written as a part
         self.todo: deque[int] = deque(todo)  # episodes not started yet, in task order
         self.again: deque[int] = deque()  # episodes to start again after a device fault
-        self.faults: Counter[int] = Counter()
+        self.faults: Counter[int] = Counter()  # per episode
+        self.faulted_on: dict[int, int] = {}  # episode -> the device its last fault was on
+        self.in_a_row: Counter[int] = Counter()  # per device: episodes in a row that ended in a fault
 
     def read(self, env: PhoneEnv, actions: list[str], task: Task) -> tuple[str, tuple[str, tuple[int, int]] | None]:
         """The policy's prompt at the current screen, and the screen's (hierarchy, size) when it is stored."""
@@ -152,19 +157,28 @@ class _Rollouts:
         """Whether an episode is left to start (a new one, or one a fault put back)."""
         return bool(self.again) or bool(self.todo)
 
-    def _take(self) -> int | None:
-        if self.again:
-            return self.again.popleft()
-        if self.todo:
-            return self.todo.popleft()
-        return None
+    def _take(self, i: int) -> int | None:
+        """The episode device ``i`` starts: first one a fault put back, unless that fault was on ``i`` while
+        another device is in the pool to take it (then a new episode, or none until another device frees up)."""
+        others = any(j != i and j not in self.retired for j in range(len(self.envs)))
+        for index in self.again:
+            if self.faulted_on.get(index) != i or not others:
+                self.again.remove(index)
+                return index
+        return self.todo.popleft() if self.todo else None
 
     def fault(self, i: int, index: int, step: int, reason: str) -> None:
         """Log device ``i``'s fault in episode ``index``; the episode starts again unless it failed too often."""
         self.faults[index] += 1
+        self.faulted_on[index] = i
+        self.in_a_row[i] += 1
         then = "restarted" if self.faults[index] < self.max_faults else "abandoned"
         if then == "restarted":
             self.again.append(index)
+        else:
+            task = self.tasks[index]
+            self.results.append(EpisodeResult(index, task.instruction, task.task_set, task.family, False, step, True))
+            self.bar.update(1)
         self.log_fault(i, index, step, reason, then)
 
     def log_fault(self, i: int, index: int, step: int, reason: str, then: str) -> None:
@@ -184,7 +198,10 @@ class _Rollouts:
 
     def begin(self, i: int) -> None:
         """Start the next waiting episode on device ``i`` (or leave it idle when none is left)."""
-        index = self._take()
+        if self.in_a_row[i] >= self.max_faults:  # a device that keeps failing is out: its episodes go elsewhere
+            self.retire(i)
+            return
+        index = self._take(i)
         if index is None:
             self.episodes[i] = None
             return
@@ -225,11 +242,12 @@ class _Rollouts:
         episode.prompts.append(text)
         episode.hierarchies.append(xml)
         if term or trunc:
-            self.finish(episode, bool(reward))
+            self.finish(i, episode, bool(reward))
             self.begin(i)
 
-    def finish(self, episode: Episode, success: bool) -> None:
-        """Count a finished episode and store its steps, a part at a time."""
+    def finish(self, i: int, episode: Episode, success: bool) -> None:
+        """Count device ``i``'s finished episode and store its steps, a part at a time."""
+        self.in_a_row[i] = 0
         task = episode.task
         self.results.append(EpisodeResult(episode.index, task.instruction, task.task_set, task.family, success,
                                           len(episode.actions)))  # fmt: skip
@@ -322,7 +340,7 @@ def rollout(
     left = len(run.again) + len(run.todo)
     if left:
         raise RuntimeError(
-            f"every device failed with {left} episode(s) left; {len(run.results)} finished"
+            f"every device failed with {left} episode(s) left; {sum(not r.abandoned for r in run.results)} finished"
             + (f" and are stored in {store.root} (faults in {FAULTS_FILE})" if store is not None else "")
         )
     return sorted(run.results, key=lambda r: r.index)

@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import signal
@@ -12,10 +13,10 @@ import pytest
 
 from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
 from digiq.data.trajectories import Step
-from digiq.env import Dynamics, parse_task
+from digiq.env import AndroidSimEnv, Dynamics, parse_task
 from digiq.env.taskgen import generate_tasks
 from digiq.paths import Paths
-from digiq.rollout import ExpertPolicy, rollout
+from digiq.rollout import FAULTS_FILE, ExpertPolicy, rollout
 from digiq.stages.eval import train_tasks
 
 TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
@@ -154,3 +155,42 @@ def test_a_collection_killed_at_any_point_stores_every_task_exactly_once(tmp_pat
     assert again.returncode == 0, again.stderr[-2000:]
     table = store.read().to_pandas()  # read() refuses a trajectory stored twice
     assert sorted(table.traj_id.unique()) == list(range(160))
+
+
+class FaultyPhone(AndroidSimEnv):
+    """A simulated phone whose every step faults while it runs one of ``cursed`` tasks, or always when ``broken``."""
+
+    def __init__(self, cursed: set[str], broken: bool = False, serial: str = "") -> None:
+        super().__init__(width=108, dynamics=Dynamics.calm())
+        self.cursed, self.broken, self.serial = cursed, broken, serial
+
+    def step(self, action):
+        obs, reward, term, trunc, info = super().step(action)
+        if self.broken or self.task.instruction in self.cursed:
+            return obs, 0.0, False, True, {**info, "fault": "input timed out", "gone": False}
+        return obs, reward, term, trunc, info
+
+
+def test_a_faulted_episode_moves_to_another_device_and_a_failing_device_is_retired(tmp_path):
+    phones = iter([FaultyPhone(set(), broken=True, serial="bad"), FaultyPhone(set(), serial="good")])
+    store = TrajectoryStore(tmp_path)
+    results = rollout(ExpertPolicy(), TASKS[:6], n_envs=2, store=store, env_factory=lambda: next(phones))
+    assert [r.success for r in results] == [True] * 6 and not any(r.abandoned for r in results)
+    faults = [json.loads(line) for line in (tmp_path / FAULTS_FILE).read_text().splitlines()]
+    # Each fault on the bad phone sent its episode to the good one; after 3 in a row the bad phone was out.
+    assert [f["device"] for f in faults] == ["bad"] * 3 and all(f["then"] == "restarted" for f in faults)
+    assert len({f["episode"] for f in faults}) == 3
+    assert sorted(store.read().to_pandas().traj_id.unique()) == list(range(6))
+
+
+def test_an_abandoned_episode_is_a_counted_failure_not_missing(tmp_path):
+    cursed = {TASKS[2].instruction}
+    phones = iter([FaultyPhone(cursed, serial=f"p{i}") for i in range(2)])
+    store = TrajectoryStore(tmp_path)
+    results = rollout(ExpertPolicy(), TASKS[:5], n_envs=2, store=store, env_factory=lambda: next(phones))
+    assert [r.index for r in results] == list(range(5))  # every task has its result
+    assert [(r.success, r.abandoned) for r in results] == [(True, False)] * 2 + [(False, True)] + [(True, False)] * 2
+    faults = [json.loads(line) for line in (tmp_path / FAULTS_FILE).read_text().splitlines()]
+    assert [f["then"] for f in faults] == ["restarted", "restarted", "abandoned"]
+    assert {f["device"] for f in faults} == {"p0", "p1"}  # restarted on the other phone each time
+    assert sorted(store.read().to_pandas().traj_id.unique()) == [0, 1, 3, 4]

@@ -60,7 +60,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         with EnvFactory(
             devices, Dynamics.of(env), env.width, evaluator_for(devices, judge or JudgeConfig())
         ) as make_env:
-            rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
+            ran = rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
                     dynamics=Dynamics.of(env), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
                     env_factory=make_env, screen_text=model.cfg.screen_text,
                     hierarchies=cfg.view_hierarchy)  # fmt: skip
@@ -72,6 +72,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     metrics.update(
         {
             "trajectories": len(episodes),  # stored: an episode given up after device faults is not
+            "abandoned": sum(r.abandoned for r in ran),  # given up in this run (faults.jsonl says why)
             "first_train_task": first,
             "transitions": table.num_rows,
             "success_rate_by_task_set": success_by(results, "task_set"),
