@@ -205,7 +205,7 @@ def test_original_representation_is_the_last_layer_at_the_greedy_answer_token(ll
     images = [rng.integers(0, 256, (SIZE, SIZE, 3), np.uint8) for _ in range(2)]
     prompts = [vlm.recipe.question(tap(0.3, 0.6), ""), vlm.recipe.question(type_text("jazz"), "")]
     rep, p_yes = vlm.embed(images, prompts)
-    assert rep.shape == (2, 32)  # the LM width, not the tiny recipe's twice that
+    assert rep.shape == (2, 32) == (2, vlm.cfg.representation_size)  # the LM width, not twice it as in the tiny recipe
     for i in range(2):  # each pair alone, the answer appended and run as one sequence (no cache, no padding)
         inputs = vlm._inputs(images[i : i + 1], prompts[i : i + 1])
         with torch.no_grad():

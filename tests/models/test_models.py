@@ -178,7 +178,7 @@ def test_vlm_yes_no_and_representation(tok, tmp_path):
     assert img.shape == (32, 32, 3)
     shown, asked = vlm.recipe.mark(img, tap(0.5, 0.5)), vlm.recipe.question(tap(0.5, 0.5), "Open the clock")
     rep, p_yes = vlm.embed([shown], [asked])
-    assert rep.shape == (1, 64) and 0 < p_yes[0] < 1  # answer slot + pooled states
+    assert rep.shape == (1, 64) == (1, vlm.cfg.representation_size) and 0 < p_yes[0] < 1  # answer slot + pooled
     vlm.save(tmp_path / "vlm")
     rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed([shown], [asked])
     assert np.allclose(rep, rep2, atol=1e-5)
