@@ -54,15 +54,21 @@ def test_two_processes_train_a_policy_and_a_vlm_as_one_process_does(tmp_path):
     assert la == pytest.approx(lb, abs=1e-5)
 
 
-def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
+def _stage_root(values_root: Path, dest: Path, processes: int, **changes: dict) -> Path:
+    """A copy of the small pipeline root whose stages run on ``processes`` CPU processes, with groups ``changes``."""
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
     params["compute"] = {"processes": processes, "cpu": True, "workers": 1}
-    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})  # 5 of 16: split 3/2
-    params["experiment"]["seeds"] = 1
-    params["ablations"]["untuned_vlm"] = False
+    for group, keys in changes.items():
+        params[group].update(keys)
     (dest / "params.yaml").write_text(yaml.safe_dump(params))
     return dest
+
+
+def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
+    return _stage_root(values_root, dest, processes,
+                       critic={"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5},  # 5 of 16: split 3/2
+                       experiment={"seeds": 1}, ablations={"untuned_vlm": False})  # fmt: skip
 
 
 def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, monkeypatch):
@@ -80,13 +86,9 @@ def test_the_critic_stage_on_two_processes_matches_one(values_root, tmp_path, mo
 
 
 def _vlm_root(values_root: Path, dest: Path, processes: int) -> Path:
-    shutil.copytree(values_root, dest)
-    params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["compute"] = {"processes": processes, "cpu": True, "workers": 1}
-    params["vlm_finetune"].update({"epochs": 1, "batch_size": 5, "train_last_layers": 0, "image_size": 32,
-                                   "hidden": 32, "shard": processes > 1})  # fmt: skip
-    (dest / "params.yaml").write_text(yaml.safe_dump(params))
-    return dest
+    return _stage_root(values_root, dest, processes,
+                       vlm_finetune={"epochs": 1, "batch_size": 5, "train_last_layers": 0, "image_size": 32,
+                                     "hidden": 32, "shard": processes > 1})  # fmt: skip
 
 
 def test_stage_03_sharded_over_two_processes_trains_as_one_process(values_root, tmp_path, monkeypatch):
