@@ -52,20 +52,33 @@ def test_expert_rollout_writes_complete_trajectories(tmp_path):
     assert store.load_image(row.image_path).shape == (228, 108, 3)
 
 
+class FailsAfter(ExpertPolicy):
+    """The expert, until its ``calls``-th batch after which it raises ``error``."""
+
+    def __init__(self, calls: int, error: BaseException) -> None:
+        super().__init__()
+        self.left, self.error = calls, error
+
+    def act(self, batch):
+        self.left -= 1
+        if self.left < 0:
+            raise self.error
+        return super().act(batch)
+
+
 def test_interrupted_collection_resumes_without_losing_parts(tmp_path):
     store = TrajectoryStore(tmp_path)
 
-    class Dies(ExpertPolicy):
-        calls = 0
-
-        def act(self, batch):
-            Dies.calls += 1
-            if Dies.calls > 12:
-                raise KeyboardInterrupt
-            return super().act(batch)
-
     with pytest.raises(KeyboardInterrupt):
-        rollout(Dies(), TASKS, n_envs=1, width=108, store=store, part_size=1, dynamics=Dynamics.calm())
+        rollout(
+            FailsAfter(12, KeyboardInterrupt()),
+            TASKS,
+            n_envs=1,
+            width=108,
+            store=store,
+            part_size=1,
+            dynamics=Dynamics.calm(),
+        )
     done = len(store.stored_ids())
     assert 0 < done < 10 and not list(tmp_path.glob(".*tmp*"))
     rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=4)
@@ -106,17 +119,16 @@ def test_eval_train_tasks_are_those_of_the_data_s_first_trajectories(tmp_path):
 def test_an_exception_still_writes_the_finished_episodes(tmp_path):
     store = TrajectoryStore(tmp_path)
 
-    class Fails(ExpertPolicy):
-        calls = 0
-
-        def act(self, batch):
-            Fails.calls += 1
-            if Fails.calls > 10:
-                raise RuntimeError("the policy's GPU fell over")
-            return super().act(batch)
-
     with pytest.raises(RuntimeError, match="fell over"):  # parts of 64: nothing would be written without the flush
-        rollout(Fails(), TASKS, n_envs=2, width=108, store=store, part_size=64, dynamics=Dynamics.calm())
+        rollout(
+            FailsAfter(10, RuntimeError("the policy's GPU fell over")),
+            TASKS,
+            n_envs=2,
+            width=108,
+            store=store,
+            part_size=64,
+            dynamics=Dynamics.calm(),
+        )
     finished = store.stored_ids()
     assert finished and len(store.parts()) == 1
     rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=64)
