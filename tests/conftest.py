@@ -62,6 +62,7 @@ def values_root(tmp_path_factory) -> Path:
     for name, shape in arrays.items():
         np.save(feats / f"{name}.npy", rng.normal(size=shape).astype(np.float32))
     np.save(feats / "p_yes.npy", rng.uniform(size=(S, N)).astype(np.float32))
+    np.save(feats / "ids.npy", steps[["traj_id", "step_id"]].to_numpy(np.int64))
     torch.manual_seed(0)
     Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(paths.critic(0), stage="critic", gamma=0.9)
     policy = AutoUIPolicy(PolicyConfig(d_model=TEXT_D, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),

@@ -2,25 +2,43 @@
 
 One folder per VLM (``data/features/finetuned``, ``data/features/untuned``),
 row-aligned with the offline step table sorted by (traj_id, step_id):
-``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H)
-and ``p_yes.npy`` (S, N).
+``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
+``p_yes.npy`` (S, N), and ``ids.npy`` (S, 2): each row's (traj_id, step_id),
+so that rows which no longer match the step table (a rerun of stage 01, a
+file from elsewhere) are caught on load rather than trained on.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from digiq.data.trajectories import DataError
-from digiq.io import require
+from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.io import atomic_path, require
 from digiq.paths import Paths
 
-__all__ = ["FEATURE_FILES", "load_features"]
+__all__ = ["FEATURE_FILES", "save_features", "load_features"]
 
-FEATURE_FILES = ("state", "next_state", "candidates", "p_yes")
+FEATURE_FILES = ("state", "next_state", "candidates", "p_yes", "ids")
+
+
+def save_features(folder: Path, arrays: dict[str, np.ndarray], ids: np.ndarray) -> None:
+    """Write one VLM's arrays (float32) and their rows' (traj_id, step_id) into ``folder``, each file atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, arr in [*((n, np.asarray(a, np.float32)) for n, a in arrays.items()), ("ids", np.asarray(ids, np.int64))]:
+        with atomic_path(folder / f"{name}.npy") as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, arr)
 
 
 def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]:
-    """The stage-04 arrays of one VLM, memory-mapped; a missing or mismatched file is named."""
+    """The stage-04 arrays of one VLM, memory-mapped, checked against each other and against the step table.
+
+    Raises:
+        DataError: naming the file that is missing, unreadable, of the wrong shape, holds a non-finite
+            value, or whose rows are not the step table's.
+    """
     out = {}
     folder = paths.features(vlm)
     for name in FEATURE_FILES:
@@ -30,8 +48,22 @@ def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]
             out[name] = np.load(p, mmap_mode="r")
         except ValueError as e:
             raise DataError(f"corrupt feature file {p}: {e}") from None
-    S = out["state"].shape[0]
-    for name, arr in out.items():
-        if arr.shape[0] != S:
-            raise DataError(f"feature file {folder / name}.npy has {arr.shape[0]} rows, state.npy has {S}")
+    S, H = out["state"].shape[0], out["state"].shape[-1]
+    want = {"state": (S, H), "next_state": (S, H), "candidates": (S, None, H), "p_yes": (S, None), "ids": (S, 2)}
+    n = out["candidates"].shape[1] if out["candidates"].ndim == 3 else None
+    for name, shape in want.items():
+        shape = tuple(n if d is None else d for d in shape)
+        if out[name].shape != shape:
+            raise DataError(f"feature file {folder / name}.npy has shape {out[name].shape}, expected {shape} "
+                            f"(from state.npy's {S} rows of width {H}); rerun embed")  # fmt: skip
+    steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id"])
+    table = np.stack([steps.column(c).to_numpy() for c in ("traj_id", "step_id")], 1)
+    if table.shape != out["ids"].shape or not np.array_equal(table, out["ids"]):
+        k = next((i for i in range(min(len(table), S)) if tuple(table[i]) != tuple(out["ids"][i])), min(len(table), S))
+        raise DataError(f"the rows of {folder} are not the steps of {paths.offline}: {S} rows for {len(table)} steps, "
+                        f"first differing at row {k}; rerun embed")  # fmt: skip
+    for name in ("state", "next_state", "candidates"):
+        for i in range(0, S, 4096):
+            if not np.isfinite(out[name][i : i + 4096]).all():
+                raise DataError(f"feature file {folder / name}.npy holds a non-finite value in rows {i}-{i + 4095}")
     return out

@@ -157,5 +157,7 @@ def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: 
                 np.save(tmp / f"{ours}.npy", features[theirs].astype(np.float32))
             # The released files keep no P(Yes) of the VLM's answer: NaN says "unknown" to the viewers.
             np.save(tmp / "p_yes.npy", np.full(features["q_rep_out_list"].shape[:2], np.nan, np.float32))
+            merged = pa.concat_tables(steps_out)
+            np.save(tmp / "ids.npy", np.stack([merged.column(c).to_numpy() for c in ("traj_id", "step_id")], 1))
         placed["features"] = str(paths.features())
     return placed

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
 
@@ -75,7 +75,12 @@ def read_meta(folder: Path | str) -> dict[str, Any]:
 
 
 def load_weights(folder: Path | str, model: nn.Module) -> None:
-    load_model(model, str(Path(folder) / "model.safetensors"))
+    """Load a checkpoint's weights into ``model``; a missing, truncated or mismatched file is named."""
+    path = Path(folder) / "model.safetensors"
+    try:
+        load_model(model, str(path))
+    except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: names or shapes that do not match
+        raise ValueError(f"cannot load the weights {path}: {e}") from None
 
 
 def read_released_weights(

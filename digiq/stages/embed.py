@@ -4,7 +4,7 @@ Outputs (``data/features/finetuned``, and ``data/features/untuned`` for the
 ablation without the stage-03 fine-tune), row-aligned with the offline step table sorted by
 (traj_id, step_id):
 ``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
-``p_yes.npy`` (S, N), memory-mappable. Digi-Q names: ``image_features`` /
+``p_yes.npy`` (S, N), ``ids.npy`` (S, 2), memory-mappable (:mod:`digiq.data.features`). Digi-Q names: ``image_features`` /
 ``next_image_features`` (state) and ``q_rep_out_list`` (candidates).
 """
 
@@ -20,22 +20,16 @@ from tqdm.auto import tqdm
 from digiq import parallel
 from digiq.config import EmbedConfig
 from digiq.data.candidates import read_candidates
-from digiq.data.features import load_features
+from digiq.data.features import load_features, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import parse_action
-from digiq.io import atomic_path, require
+from digiq.io import atomic_folder, require
 from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
 from digiq.stages.common import timed, write_metrics
 from digiq.workers import map_jobs
 
 __all__ = ["run_embed", "EmbedJob", "embed_job"]
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
 
 
 def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], cands: list[dict], batch: int,
@@ -91,11 +85,11 @@ def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], c
     final = iter(s_rep[S:])
     for i, s in enumerate(steps):
         next_state[i] = next(final) if s["done"] else state[i + 1]
-    out.mkdir(parents=True, exist_ok=True)
     arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
               "p_yes": c_yes.reshape(S, n)}  # fmt: skip
-    for name, arr in arrays.items():
-        _save(out / f"{name}.npy", arr.astype(np.float32))
+    ids = np.array([(s["traj_id"], s["step_id"]) for s in steps], np.int64).reshape(S, 2)
+    with atomic_folder(out) as tmp:  # a stage cut short leaves the previous features whole, never a mix
+        save_features(tmp, arrays, ids)
     return pairs_per_s
 
 
