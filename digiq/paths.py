@@ -54,17 +54,27 @@ class Paths:
         """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
         return self.data / "features" / vlm
 
+    @property
+    def critics(self) -> Path:
+        """Stage 05's output folder: every critic of every seed."""
+        return self.data / "models" / "critic"
+
     def critic(self, seed: int, row: str = "digiq") -> Path:
         """Stage-05 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
-        return self.data / "models" / "critic" / f"seed{seed}" / row
+        return self.critics / f"seed{seed}" / row
+
+    @property
+    def actors(self) -> Path:
+        """Stage 06's output folder: every policy of every seed, and their picks."""
+        return self.data / "models" / "actors"
 
     def actor(self, name: str, seed: int) -> Path:
-        return self.data / "models" / "actors" / f"seed{seed}" / name
+        return self.actors / f"seed{seed}" / name
 
     @property
     def picks(self) -> Path:
         """Stage 06's imitated rows of every policy and seed (:mod:`digiq.data.picks`)."""
-        return self.data / "models" / "actors" / "picks.parquet"
+        return self.actors / "picks.parquet"
 
     @property
     def metrics(self) -> Path:

@@ -55,7 +55,7 @@ from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics
+from digiq.stages.common import fresh_output, save_curve_plot, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -219,6 +219,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     require("actor", paths.base_policy / "config.json",
             *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
     main, named, extra = policy_names(ablations, variants)
+    fresh_output(paths.actors)
     metrics: dict[str, Any] = {}
     parts: dict[str, float] = {}
     with timed(metrics):

@@ -20,7 +20,7 @@ from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E4
 from digiq.io import StageError, atomic_path, atomic_write_text, require  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves"]
+__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "fresh_output"]
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -39,6 +39,22 @@ def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, st
         except UnsupportedInstruction as e:
             raise StageError(f"stage {stage}: {path}:{i + 1}: {e}") from None
     return tasks
+
+
+def fresh_output(folder: Path) -> None:
+    """Empty a training stage's output folder before the stage writes into it (the main process; all wait).
+
+    A run cut short then leaves only its own checkpoints, each whole (its
+    config.json is written last), and the next stage, which requires every
+    seed's, names what is missing: never a mix of this run's seeds and an
+    earlier run's that it would take for one run. (``dvc repro`` empties it
+    too; this holds when a stage runs by hand.)
+    """
+    from digiq import parallel
+
+    if parallel.is_main():
+        shutil.rmtree(folder, ignore_errors=True)
+    parallel.barrier()
 
 
 def write_metrics(paths: Paths, stage: str, metrics: dict[str, Any]) -> Path:

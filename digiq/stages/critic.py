@@ -42,7 +42,7 @@ from digiq.io import require
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics
+from digiq.stages.common import fresh_output, save_curve_plot, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -354,6 +354,7 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
     """
     for spec in specs.values():
         require("critic", paths.features(spec.vlm))
+    fresh_output(paths.critics)
     metrics: dict[str, Any] = {}
     with timed(metrics):
         jobs = [CriticJob(paths, row, spec, seed) for row, spec in specs.items() for seed in range(seeds)]

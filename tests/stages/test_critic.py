@@ -1,11 +1,18 @@
 """Stage 05's TD critic: the update, the conservative term and its gate, the fit diagnostics."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
+import digiq.stages.critic as critic_module
+from digiq.config import load_params, with_defaults
 from digiq.models.critic import Critic, CriticNetConfig
+from digiq.paths import Paths
 from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
+from digiq.stages.critic import from_params as critic_stage
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -118,3 +125,30 @@ def test_conservative_floor_stops_pushing_an_untried_candidate_below_it():
     low = float(q.min()) - 10.0
     torch.testing.assert_close(conservative_penalty(critic, state, cands, scored, low),
                                conservative_penalty(critic, state, cands, scored))  # fmt: skip
+
+
+def test_a_critic_stage_cut_short_leaves_no_earlier_runs_seeds_behind(values_root, tmp_path, monkeypatch):
+    """Seeds 0-1 trained, then a run of the stage dies after seed 0: the old seed 1 must not pass for this run's."""
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["compute"] = {"processes": 1, "cpu": True, "workers": 1}
+    params["critic"].update({"epochs": 2, "hidden": 16, "batch_size": 16})
+    params["experiment"]["seeds"] = 2
+    params["ablations"]["untuned_vlm"] = False
+    params["variants"] = {}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    paths = Paths(root)
+    critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+    assert (paths.critic(1) / "config.json").exists()
+    real_fit = critic_module.fit_critic_job
+
+    def dies_at_seed_1(job):
+        if job.seed == 1:
+            raise KeyboardInterrupt
+        return real_fit(job)
+
+    monkeypatch.setattr(critic_module, "fit_critic_job", dies_at_seed_1)
+    with pytest.raises(KeyboardInterrupt):
+        critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+    assert (paths.critic(0) / "config.json").exists() and not paths.critic(1).exists()  # the next stage names it
