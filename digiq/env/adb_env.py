@@ -409,6 +409,11 @@ def console_command(host: str, port: int, command: str, token_file: str, timeout
 # ---------------------------------------------------------------- success
 
 
+# What `pgrep -f` matches for a running `input` command: `app_process ... com.android.commands.input.Input tap`,
+# or `cmd input tap` on newer Android.
+LINGERING_INPUT = "[Ii]nput (tap|swipe|text|keyevent)"
+
+
 class VerdictError(RuntimeError):
     """An evaluator could not judge this step (a reply that is no verdict): a fault of the episode alone.
 
@@ -460,6 +465,7 @@ class AdbEnv(PhoneEnv):
         evaluator: the success judge.
         tasks, width, max_steps: as for :class:`~digiq.env.gym_env.AndroidSimEnv`.
         settle_s: pause after each input before the screenshot, for a real device's animations.
+        drain_s: after a faulted step, how long the next reset waits for inputs still running on the device.
         sim_device: privileged access to the simulated phone behind ``link`` (the scripted expert's view).
         on_close: called by :meth:`close` (to stop a simulator server the env owns).
     """
@@ -476,14 +482,17 @@ class AdbEnv(PhoneEnv):
         width: int = 216,
         max_steps: int | None = None,
         settle_s: float = 0.0,
+        drain_s: float = 60.0,
         sim_device: Callable[[], SimDevice] | None = None,
         on_close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(tasks, width, max_steps)
         self.link, self.start, self.evaluator, self.settle_s = link, start, evaluator, settle_s
+        self.drain_s = drain_s
         self._sim_device, self.on_close = sim_device, on_close
         self._frame = np.zeros((self.height, self.width, 3), np.uint8)
         self._untyped = ""
+        self._inputs_may_linger = False  # a step faulted: an input it sent may still be running on the device
         self._verdict_fault = ""  # why this step's evaluator gave no verdict, when that counts as failure
 
     @property
@@ -514,8 +523,29 @@ class AdbEnv(PhoneEnv):
                 f"task {task.instruction!r} starts in app {task.start_app!r}: only the in-process simulator "
                 "starts episodes in an app (stage 00's demonstrations); devices over adb start on the launcher"
             )
+        if self._inputs_may_linger:
+            self._drain_inputs()
         self.start.start(self.link, task, seed)
         self._frame = self._screenshot()
+
+    def _drain_inputs(self) -> None:
+        """Wait until no ``input`` command runs on the device, so none lands in the episode about to start.
+
+        After a step timed out, the input it sent may still run (a busy
+        device, a late connection) and would tap the next episode's screen;
+        ``pgrep`` lists those still running (``input tap``, or ``cmd input
+        tap`` on newer Android).
+
+        Raises:
+            DeviceFault: inputs still run after ``drain_s``.
+        """
+        deadline = time.monotonic() + self.drain_s
+        while self.link.shell(["pgrep", "-f", LINGERING_INPUT]).strip():
+            if time.monotonic() > deadline:
+                raise DeviceFault(f"{self.link.where}: input commands still running {self.drain_s:g}s after a fault",
+                                  self.serial)  # fmt: skip
+            time.sleep(0.1)
+        self._inputs_may_linger = False
 
     def _act(self, action: Action) -> bool:
         before = self._frame
@@ -585,6 +615,7 @@ class AdbEnv(PhoneEnv):
                 return obs, 0.0, False, True, {**info, "verdict_fault": self._verdict_fault}
             return obs, reward, terminated, truncated, info
         except DeviceFault as e:
+            self._inputs_may_linger = True
             parsed = action if isinstance(action, Action) else parse_action(action)
             info = {**self._info(parsed, False, False), "fault": str(e), "gone": e.gone}
             return self._obs(), 0.0, False, True, info

@@ -126,6 +126,8 @@ class SimPhone:
         self.task: Task | None = None
         self.online = True
         self.lock = threading.Lock()  # one command at a time, as a device serialises input
+        self.inputs_running = 0  # `input` commands accepted and not yet done: what `pgrep` lists
+        self.counter = threading.Lock()
         self.faults: list[_Armed] = []
         self.snapshots: dict[str, SimDevice] = {}
         self.console: socketserver.ThreadingTCPServer | None = None
@@ -400,10 +402,19 @@ class AdbSimServer:
             self._stopped.wait(fault.seconds)
             return
         sock.sendall(b"OKAY")
-        if fault is not None and kind in ("slow_screencap", "slow_input"):
-            self._stopped.wait(fault.seconds)
-        with phone.lock:
-            pieces, code = _Shell(phone).run(cmd)
+        is_input = cmd.split(maxsplit=1)[0] == "input"
+        if is_input:  # from here until it is done, the input runs on the phone whatever the client does
+            with phone.counter:
+                phone.inputs_running += 1
+        try:
+            if fault is not None and kind in ("slow_screencap", "slow_input"):
+                self._stopped.wait(fault.seconds)
+            with phone.lock:
+                pieces, code = _Shell(phone).run(cmd)
+        finally:
+            if is_input:
+                with phone.counter:
+                    phone.inputs_running -= 1
         if framed:
             frames = [bytes([i]) + len(data).to_bytes(4, "little") + data for i, data in pieces]
             sock.sendall(b"".join(frames) + b"\x03\x01\x00\x00\x00" + bytes([code & 0xFF]))
@@ -497,6 +508,7 @@ class _Shell:
             "getprop": self._getprop,
             "dumpsys": self._dumpsys,
             "echo": self._echo,
+            "pgrep": self._pgrep,
             "uiautomator": self._uiautomator,
             SIM_COMMAND: self._sim,
         }.get(name)
@@ -566,6 +578,14 @@ class _Shell:
 
     def _echo(self, args: list[str]) -> tuple[bytes, bytes, int]:
         return (" ".join(args) + "\n").encode(), b"", 0
+
+    def _pgrep(self, args: list[str]) -> tuple[bytes, bytes, int]:
+        """``pgrep -f PATTERN`` for the phone's running ``input`` commands only: one made-up pid each."""
+        if len(args) != 2 or args[0] != "-f":
+            raise _Usage("the digiq simulator supports only `pgrep -f PATTERN` (it lists running input commands)")
+        with self.phone.counter:
+            n = self.phone.inputs_running
+        return "".join(f"{4000 + i}\n" for i in range(n)).encode(), b"", 0 if n else 1
 
     def _sim(self, args: list[str]) -> tuple[bytes, bytes, int]:
         phone = self.phone

@@ -186,6 +186,24 @@ def test_a_screencap_that_always_times_out_ends_the_episode_as_a_fault(one_phone
     assert obs["screenshot"].shape == (228, WIDTH, 3)
 
 
+def test_an_input_still_running_after_a_fault_does_not_land_in_the_next_episode(one_phone):
+    """A tap times out (the phone is slow) but still runs 1.5 s later: the next reset waits for it, then resets."""
+    srv, serial = one_phone
+    ref = AndroidSimEnv(dynamics=Dynamics.calm(), width=WIDTH)
+    start, _ = ref.reset(seed=0, options={"task": TASKS[0]})
+    first = start["screenshot"]
+    # A tap that changes the start screen (an app icon), found on the in-process simulator.
+    tap = next(a for a in (A.tap(y / 10, x / 4) for y in range(2, 10) for x in range(1, 4))
+               if ref.reset(seed=0, options={"task": TASKS[0]}) and ref.step(a)[4]["screen_changed"])  # fmt: skip
+    env = sim_env(srv, serial)
+    env.reset(seed=0, options={"task": TASKS[0]})
+    srv.inject(serial, Fault("slow_input", times=1, seconds=1.5))
+    assert "may have taken effect" in env.step(tap)[4]["fault"]
+    obs, _ = env.reset(seed=0, options={"task": TASKS[0]})
+    time.sleep(1.8)  # past the moment the late tap would land
+    assert np.array_equal(obs["screenshot"], first) and np.array_equal(env._screenshot(), first)
+
+
 def test_a_vanished_device_fails_reset_with_a_clear_message(one_phone):
     srv, serial = one_phone
     env = sim_env(srv, serial)
