@@ -37,17 +37,22 @@ def atomic_folder(path: Path) -> Iterator[Path]:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    old = path.with_name(f".{path.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def swap_in(new: Path, path: Path) -> None:
+    """Put the finished folder ``new`` in place of ``path``; the old one is removed only once the new one is in."""
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(new, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class StageError(RuntimeError):

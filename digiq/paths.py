@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = ["Paths", "ROOT"]
@@ -15,9 +15,20 @@ class Paths:
     """All pipeline locations under ``root`` (the repository, or a scratch folder in tests)."""
 
     root: Path = ROOT
+    #: Output folders a running stage writes somewhere else until it has finished: (property name, folder).
+    redirected: tuple[tuple[str, Path], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+
+    def writing(self, name: str, folder: Path) -> Paths:
+        """These paths with the output folder ``name`` (``critics`` or ``actors``) moved to ``folder``."""
+        if name not in _REDIRECTABLE:
+            raise ValueError(f"Paths.writing: {name!r} is not one of {sorted(_REDIRECTABLE)}")
+        return replace(self, redirected=(*self.redirected, (name, Path(folder))))
+
+    def _output(self, name: str, default: Path) -> Path:
+        return dict(self.redirected).get(name, default)
 
     @property
     def data(self) -> Path:
@@ -57,7 +68,7 @@ class Paths:
     @property
     def critics(self) -> Path:
         """Stage 05's output folder: every critic of every seed."""
-        return self.data / "models" / "critic"
+        return self._output("critics", self.data / "models" / "critic")
 
     def critic(self, seed: int, row: str = "digiq") -> Path:
         """Stage-05 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
@@ -66,7 +77,7 @@ class Paths:
     @property
     def actors(self) -> Path:
         """Stage 06's output folder: every policy of every seed, and their picks."""
-        return self.data / "models" / "actors"
+        return self._output("actors", self.data / "models" / "actors")
 
     def actor(self, name: str, seed: int) -> Path:
         return self.actors / f"seed{seed}" / name
@@ -83,3 +94,6 @@ class Paths:
     @property
     def plots(self) -> Path:
         return self.root / "plots"
+
+
+_REDIRECTABLE = {"critics", "actors"}

@@ -69,3 +69,16 @@ def values_root(tmp_path_factory) -> Path:
                           train_tokenizer(default_corpus(n_tasks=50)))  # fmt: skip
     policy.save(paths.base_policy, stage="base_policy")
     return root
+
+
+@pytest.fixture
+def collect_root(tmp_path) -> Paths:
+    """What stage 01 reads: two train tasks per task set and an untrained tiny base policy."""
+    paths = Paths(tmp_path)
+    for ts in ("general", "webshop"):
+        paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
+        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 2, seed=3)) + "\n")
+    tok = train_tokenizer(default_corpus(n_tasks=50), vocab_size=400)
+    torch.manual_seed(0)
+    AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
+    return paths

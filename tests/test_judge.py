@@ -9,11 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
-from digiq.env import AndroidSimEnv, generate_tasks, parse_task
+from digiq.env import AndroidSimEnv, parse_task
 from digiq.judge import (
     NO_KEY,
     REPLY_FORMAT,
@@ -25,9 +24,6 @@ from digiq.judge import (
     read_examples,
     verdict,
 )
-from digiq.models.policy import AutoUIPolicy, PolicyConfig
-from digiq.models.tokenizer import default_corpus, train_tokenizer
-from digiq.paths import Paths
 from digiq.rollout import FAULTS_FILE
 from digiq.stages.collect import run_collect
 
@@ -327,21 +323,9 @@ def test_params_choose_the_judge_per_backend(monkeypatch):
     assert load_section(JudgeConfig, "judge") == JudgeConfig()  # params.yaml's group holds the defaults
 
 
-def _collect_root(tmp_path) -> Paths:
-    """What stage 01 reads: two train tasks per task set and an untrained tiny base policy."""
-    paths = Paths(tmp_path)
-    for ts in ("general", "webshop"):
-        paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
-        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 2, seed=3)) + "\n")
-    tok = train_tokenizer(default_corpus(n_tasks=50), vocab_size=400)
-    torch.manual_seed(0)
-    AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
-    return paths
-
-
-def test_collect_stage_asks_the_judge_from_params(serve, tmp_path):
+def test_collect_stage_asks_the_judge_from_params(serve, collect_root):
     """Stage 01 on adb-sim phones with ``judge.on_adb_sim``: the served VLM's verdicts are the rewards."""
-    paths = _collect_root(tmp_path)
+    paths = collect_root
     server = serve(*[(200, "success", {})] * 4)
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=2)
     judge = JudgeConfig(base_url=server.url, model="served-vlm", api_key_env="", on_adb_sim=True)
@@ -353,9 +337,9 @@ def test_collect_stage_asks_the_judge_from_params(serve, tmp_path):
 
 
 @pytest.mark.parametrize("bad_reply", ["retry", "fail"])
-def test_collect_stage_takes_a_bad_reply_as_one_episodes_fault(serve, tmp_path, bad_reply):
+def test_collect_stage_takes_a_bad_reply_as_one_episodes_fault(serve, collect_root, bad_reply):
     """One HTTP 400 during stage 01: that episode starts again or ends failed; the stage goes on and logs it."""
-    paths = _collect_root(tmp_path)
+    paths = collect_root
     server = serve((400, "unsupported parameter", {}), *[(200, "Status: success", {})] * 4)
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
     judge = JudgeConfig(base_url=server.url, api_key_env="", on_adb_sim=True, bad_reply=bad_reply)

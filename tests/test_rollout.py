@@ -11,12 +11,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import digiq.stages.collect as collect_module
+from digiq.config import CollectConfig, EnvConfig
 from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
 from digiq.data.trajectories import Step
 from digiq.env import AndroidSimEnv, Dynamics, parse_task
 from digiq.env.taskgen import generate_tasks
 from digiq.paths import Paths
 from digiq.rollout import FAULTS_FILE, ExpertPolicy, rollout
+from digiq.stages.collect import run_collect
 from digiq.stages.eval import train_tasks
 
 TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
@@ -206,3 +209,31 @@ def test_an_abandoned_episode_is_a_counted_failure_not_missing(tmp_path):
     assert [f["then"] for f in faults] == ["restarted", "restarted", "abandoned"]
     assert {f["device"] for f in faults} == {"p0", "p1"}  # restarted on the other phone each time
     assert sorted(store.read().to_pandas().traj_id.unique()) == [0, 1, 3, 4]
+
+
+def test_collect_counts_an_abandoned_episode_as_a_failure_and_stores_the_rest(collect_root, monkeypatch):
+    """Stage 01 whose phones fault on one task: 3 of 4 stored, the fourth a counted failure, and a rerun retries it."""
+    tasks = {ts: collect_root.task_list(ts, "train").read_text().split("\n")[0] for ts in ("general", "webshop")}
+    cursed = {parse_task(tasks["general"]).instruction}
+
+    class FaultyPhones:  # stands in for EnvFactory: the stage's phones, each faulting while it runs a cursed task
+        def __init__(self, *args, **kwargs) -> None:
+            self.made = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def __call__(self) -> FaultyPhone:
+            self.made += 1
+            return FaultyPhone(cursed, serial=f"p{self.made}")
+
+    monkeypatch.setattr(collect_module, "EnvFactory", FaultyPhones)
+    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), collect_root)
+    assert metrics["trajectories"] == 3 and metrics["abandoned"] == 1
+    assert sorted(TrajectoryStore(collect_root.offline).stored_ids()) == [1, 2, 3]
+    cursed.clear()
+    again = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), collect_root)
+    assert again["trajectories"] == 4 and again["abandoned"] == 0

@@ -55,7 +55,7 @@ from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
-from digiq.stages.common import fresh_output, save_curve_plot, timed, write_metrics
+from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -219,10 +219,10 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     require("actor", paths.base_policy / "config.json",
             *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
     main, named, extra = policy_names(ablations, variants)
-    fresh_output(paths.actors)
     metrics: dict[str, Any] = {}
     parts: dict[str, float] = {}
-    with timed(metrics):
+    # Inside the block, paths.actors is a temporary folder, swapped in whole at its end.
+    with written_whole(paths, "actors") as paths, timed(metrics):
         steps = TrajectoryStore(paths.offline).read().to_pandas()
         cands = read_candidates(paths).to_pandas()
         feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
@@ -259,6 +259,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         with timed(parts, "fits"):
             losses = map_jobs(fit_actor_job, fits, workers)
         curves = {job.name: curve for job, curve in zip(fits, losses, strict=True) if job.seed == 0 and curve}
+        if parallel.is_main():
+            write_picks(paths, every)
     metrics["states"] = len(steps)
     metrics["part_time_s"] = parts
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
@@ -266,7 +268,6 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
     metrics["best_of_n_kept_fraction_per_seed"] = by_set
     if parallel.is_main():
-        write_picks(paths, every)
         # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
         # candidates are all invalid.
         save_curve_plot(paths.plots / "actor_loss.png", curves,

@@ -65,14 +65,16 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
                     env_factory=make_env, screen_text=model.cfg.screen_text,
                     hierarchies=cfg.view_hierarchy)  # fmt: skip
     table = store.read()
-    # From the stored data, not this run's results: a resumed collection counts every trajectory.
+    # From the stored data, not this run's results: a resumed collection counts every trajectory. An episode
+    # given up after device faults is not stored (a rerun tries it again) and counts as a failure here.
     episodes = table.to_pandas().groupby("traj_id").first()
     episodes["success"] = episodes.trajectory_reward > 0
-    results = list(episodes.itertuples())
+    abandoned = [r for r in ran if r.abandoned]
+    results = list(episodes.itertuples()) + abandoned
     metrics.update(
         {
-            "trajectories": len(episodes),  # stored: an episode given up after device faults is not
-            "abandoned": sum(r.abandoned for r in ran),  # given up in this run (faults.jsonl says why)
+            "trajectories": len(episodes),
+            "abandoned": len(abandoned),  # faults.jsonl says why
             "first_train_task": first,
             "transitions": table.num_rows,
             "success_rate_by_task_set": success_by(results, "task_set"),

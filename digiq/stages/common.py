@@ -17,10 +17,10 @@ matplotlib.use("Agg")  # headless: stages run under papermill and DVC
 import matplotlib.pyplot as plt  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
-from digiq.io import StageError, atomic_path, atomic_write_text, require  # noqa: E402
+from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "fresh_output"]
+__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole"]
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -41,19 +41,28 @@ def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, st
     return tasks
 
 
-def fresh_output(folder: Path) -> None:
-    """Empty a training stage's output folder before the stage writes into it (the main process; all wait).
+@contextmanager
+def written_whole(paths: Paths, folder: str) -> Iterator[Paths]:
+    """Run a training stage into a temporary folder, swapped in for its output ``folder`` when the stage ends well.
 
-    A run cut short then leaves only its own checkpoints, each whole (its
-    config.json is written last), and the next stage, which requires every
-    seed's, names what is missing: never a mix of this run's seeds and an
-    earlier run's that it would take for one run. (``dvc repro`` empties it
-    too; this holds when a stage runs by hand.)
+    Yields ``paths`` with that folder (``critics`` or ``actors``) moved to
+    ``.<name>.partial`` beside it. A run cut short leaves the previous run's
+    folder whole, never a mix of this run's seeds and an earlier run's that
+    the next stage would take for one run. The temporary name is the same in
+    every process, so a stage launched on several processes shares it.
     """
     from digiq import parallel
 
+    final = getattr(paths, folder)
+    partial = final.with_name(f".{final.name}.partial")
     if parallel.is_main():
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)  # what a run cut short left
+        partial.mkdir(parents=True)
+    parallel.barrier()
+    yield paths.writing(folder, partial)
+    parallel.barrier()  # every process has written
+    if parallel.is_main():
+        swap_in(partial, final)
     parallel.barrier()
 
 

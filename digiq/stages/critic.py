@@ -42,7 +42,7 @@ from digiq.io import require
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
-from digiq.stages.common import fresh_output, save_curve_plot, timed, write_metrics
+from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -354,9 +354,9 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
     """
     for spec in specs.values():
         require("critic", paths.features(spec.vlm))
-    fresh_output(paths.critics)
     metrics: dict[str, Any] = {}
-    with timed(metrics):
+    # Inside the block, paths.critics is a temporary folder, swapped in whole at its end.
+    with written_whole(paths, "critics") as paths, timed(metrics):
         jobs = [CriticJob(paths, row, spec, seed) for row, spec in specs.items() for seed in range(seeds)]
         fits = dict(zip([(j.row, j.seed) for j in jobs], map_jobs(fit_critic_job, jobs, workers), strict=True))
         curves: dict[str, list[float]] = {}

@@ -1,6 +1,7 @@
 """Stage 05's TD critic: the update, the conservative term and its gate, the fit diagnostics."""
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,8 +128,8 @@ def test_conservative_floor_stops_pushing_an_untried_candidate_below_it():
                                conservative_penalty(critic, state, cands, scored))  # fmt: skip
 
 
-def test_a_critic_stage_cut_short_leaves_no_earlier_runs_seeds_behind(values_root, tmp_path, monkeypatch):
-    """Seeds 0-1 trained, then a run of the stage dies after seed 0: the old seed 1 must not pass for this run's."""
+def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp_path, monkeypatch):
+    """Seeds 0-1 trained, then a run of the stage dies after seed 0: the folder must still be the first run's."""
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -139,8 +140,15 @@ def test_a_critic_stage_cut_short_leaves_no_earlier_runs_seeds_behind(values_roo
     params["variants"] = {}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     paths = Paths(root)
+
+    def weights() -> dict[str, bytes]:
+        return {
+            str(f.relative_to(paths.critics)): f.read_bytes() for f in sorted(paths.critics.rglob("*")) if f.is_file()
+        }
+
     critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
-    assert (paths.critic(1) / "config.json").exists()
+    first = weights()
+    assert {f"seed{s}/digiq/config.json" for s in (0, 1)} <= set(first)
     real_fit = critic_module.fit_critic_job
 
     def dies_at_seed_1(job):
@@ -148,7 +156,18 @@ def test_a_critic_stage_cut_short_leaves_no_earlier_runs_seeds_behind(values_roo
             raise KeyboardInterrupt
         return real_fit(job)
 
+    params["critic"]["lr"] = params["critic"].get("lr", 1e-3) * 3  # this run's seed 0 differs from the first's
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setattr(critic_module, "fit_critic_job", dies_at_seed_1)
     with pytest.raises(KeyboardInterrupt):
         critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
-    assert (paths.critic(0) / "config.json").exists() and not paths.critic(1).exists()  # the next stage names it
+    assert weights() == first
+    monkeypatch.setattr(critic_module, "fit_critic_job", real_fit)
+    critic_stage(with_defaults(load_params(root / "params.yaml")), paths)  # a whole run replaces it, and tidies up
+    assert set(weights()) == set(first) and weights() != first
+    assert [p.name for p in paths.critics.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_only_output_folders_can_be_redirected():
+    with pytest.raises(ValueError, match="'offline' is not one of"):
+        Paths().writing("offline", Path("/tmp/x"))
