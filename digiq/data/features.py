@@ -2,7 +2,8 @@
 
 One folder per VLM (``data/features/finetuned``, ``data/features/untuned``),
 row-aligned with the offline step table sorted by (traj_id, step_id):
-``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
+``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H')
+(H' = H for the VLMs here; released data may differ),
 ``p_yes.npy`` (S, N), and ``ids.npy`` (S, 2): each row's (traj_id, step_id),
 so that rows which no longer match the step table (a rerun of stage 01, a
 file from elsewhere) are caught on load rather than trained on.
@@ -49,13 +50,13 @@ def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]
         except ValueError as e:
             raise DataError(f"corrupt feature file {p}: {e}") from None
     S, H = out["state"].shape[0], out["state"].shape[-1]
-    want = {"state": (S, H), "next_state": (S, H), "candidates": (S, None, H), "p_yes": (S, None), "ids": (S, 2)}
-    n = out["candidates"].shape[1] if out["candidates"].ndim == 3 else None
+    # Candidates may be wider than states: Digi-Q's released data hold BLIP-2 states beside LLaVA candidates.
+    n, C = out["candidates"].shape[1:] if out["candidates"].ndim == 3 else (None, None)
+    want = {"state": (S, H), "next_state": (S, H), "candidates": (S, n, C), "p_yes": (S, n), "ids": (S, 2)}
     for name, shape in want.items():
-        shape = tuple(n if d is None else d for d in shape)
         if out[name].shape != shape:
             raise DataError(f"feature file {folder / name}.npy has shape {out[name].shape}, expected {shape} "
-                            f"(from state.npy's {S} rows of width {H}); rerun embed")  # fmt: skip
+                            f"(from state.npy's {S} rows of width {H} and candidates.npy); rerun embed")  # fmt: skip
     steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id"])
     table = np.stack([steps.column(c).to_numpy() for c in ("traj_id", "step_id")], 1)
     if table.shape != out["ids"].shape or not np.array_equal(table, out["ids"]):
