@@ -69,19 +69,16 @@ class FailsAfter(ExpertPolicy):
         return super().act(batch)
 
 
+def _collect_calm(policy: ExpertPolicy, store: TrajectoryStore, *, n_envs: int, part_size: int) -> None:
+    """Roll ``policy`` out on TASKS into ``store`` on calm phones (the interruption tests' first run)."""
+    rollout(policy, TASKS, n_envs=n_envs, width=108, store=store, part_size=part_size, dynamics=Dynamics.calm())
+
+
 def test_interrupted_collection_resumes_without_losing_parts(tmp_path):
     store = TrajectoryStore(tmp_path)
 
     with pytest.raises(KeyboardInterrupt):
-        rollout(
-            FailsAfter(12, KeyboardInterrupt()),
-            TASKS,
-            n_envs=1,
-            width=108,
-            store=store,
-            part_size=1,
-            dynamics=Dynamics.calm(),
-        )
+        _collect_calm(FailsAfter(12, KeyboardInterrupt()), store, n_envs=1, part_size=1)
     done = len(store.stored_ids())
     assert 0 < done < 10 and not list(tmp_path.glob(".*tmp*"))
     rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=4)
@@ -123,15 +120,7 @@ def test_an_exception_still_writes_the_finished_episodes(tmp_path):
     store = TrajectoryStore(tmp_path)
 
     with pytest.raises(RuntimeError, match="fell over"):  # parts of 64: nothing would be written without the flush
-        rollout(
-            FailsAfter(10, RuntimeError("the policy's GPU fell over")),
-            TASKS,
-            n_envs=2,
-            width=108,
-            store=store,
-            part_size=64,
-            dynamics=Dynamics.calm(),
-        )
+        _collect_calm(FailsAfter(10, RuntimeError("the policy's GPU fell over")), store, n_envs=2, part_size=64)
     finished = store.stored_ids()
     assert finished and len(store.parts()) == 1
     rollout(ExpertPolicy(), TASKS, n_envs=2, width=108, store=store, part_size=64)
