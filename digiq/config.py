@@ -377,6 +377,38 @@ class AugmentConfig:
     seed: int = _help("sampling seed", 2)
 
 
+# The VLM pretraining's questions (digiq.models.vlm_pretrain).
+PRETRAIN_OBJECTIVES = ("element", "point", "presence")
+
+
+@knobs
+class VLMPretrainConfig:
+    """Pretraining of the tiny VLM: questions about train-split screens whose answers the view hierarchy gives."""
+
+    objectives: list[str] = _help(
+        "what the VLM is asked: element (what a tap at the red circle lands on) | point (where a named element is) | presence (is a named element on the screen); [] = no pretraining",
+        ["element", "point", "presence"],
+    )
+    expert_noise: float = _help("probability of a mistake in the expert's episodes the screens come from", 0.3,
+                                at_least=0, at_most=1)  # fmt: skip
+    steps: int = _help("optimizer steps", 1500, at_least=0)
+    batch_size: int = _help("questions per step", 32, at_least=1)
+    lr: float = _help("learning rate (AdamW)", 0.001, above=0)
+    warmup: float = _help("fraction of the steps with a linear warm-up, then a cosine decay", 0.05, at_least=0, below=1)
+    eval_questions: int = _help("held-out questions per objective, on validation screens", 200, at_least=1)
+    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16)
+    hidden: int = _help(
+        "language-model width (tiny recipe's representation: twice this; original's: this)", 128, at_least=8
+    )
+    seed: int = _help("seed", 3)
+
+    def __post_init__(self) -> None:
+        unknown = [o for o in self.objectives if o not in PRETRAIN_OBJECTIVES]
+        if unknown or len(set(self.objectives)) != len(self.objectives):
+            raise ValueError(f"vlm_pretrain.objectives: {self.objectives} must be distinct names from "
+                             f"{list(PRETRAIN_OBJECTIVES)}")  # fmt: skip
+
+
 @knobs
 class VLMFinetuneConfig:
     """Stage 03: fine-tune the VLM on "does this action change the screen?"."""
@@ -397,10 +429,6 @@ class VLMFinetuneConfig:
         "fraction of the steps over which the learning rate rises linearly from 0", 0.0, at_least=0, below=1
     )
     schedule: str = _help("learning rate after warm-up: constant | cosine (decays to 0 at the last step)", "constant")
-    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16)
-    hidden: int = _help(
-        "language-model width (tiny recipe's representation: twice this; original's: this)", 128, at_least=8
-    )
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
     train_last_layers: int = _help(
@@ -647,6 +675,7 @@ SECTIONS: dict[str, type] = {
     "base_policy": BasePolicyConfig,
     "collect": CollectConfig,
     "augment": AugmentConfig,
+    "vlm_pretrain": VLMPretrainConfig,
     "vlm_finetune": VLMFinetuneConfig,
     "embed": EmbedConfig,
     "compute": ComputeConfig,

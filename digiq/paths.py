@@ -58,8 +58,24 @@ class Paths:
         return self.data / "candidates" / "candidates.parquet"
 
     @property
+    def screens(self) -> Path:
+        """The VLM pretraining's screens: the noisy expert's episodes, with view hierarchies, per split."""
+        return self.data / "screens"
+
+    @property
+    def vlm_pretrained(self) -> Path:
+        """The VLM after pretraining, before the representation fine-tune."""
+        return self.data / "models" / "vlm_pretrained"
+
+    @property
     def vlm(self) -> Path:
+        """The VLM after the representation fine-tune: the one whose features the critic reads."""
         return self.data / "models" / "vlm"
+
+    @property
+    def vlm_blind(self) -> Path:
+        """The same fine-tune of a VLM that was never pretrained (an ablation)."""
+        return self.data / "models" / "vlm_blind"
 
     def features(self, vlm: str = "finetuned") -> Path:
         """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""

@@ -29,7 +29,8 @@ from xml.sax.saxutils import quoteattr
 from digiq.env.screens import NOOP
 from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
-__all__ = ["DUMP_TRAILER", "Tapped", "hierarchy_xml", "describe", "tapped_elements", "strip_dump_trailer", "xml_text"]
+__all__ = ["DUMP_TRAILER", "Element", "Tapped", "hierarchy_xml", "describe", "screen_elements", "tapped_elements",
+           "strip_dump_trailer", "xml_text"]  # fmt: skip
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -208,35 +209,61 @@ def _entry(node: ET.Element, parent: dict[ET.Element, ET.Element]) -> int:
     return -1
 
 
-def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
-    """The elements of a ``uiautomator dump`` one can tap or type into: ``label y x`` each, ``" ; "`` between.
+@dataclass(frozen=True)
+class Element:
+    """An element one can tap or type into, as a screen reader lists it.
+
+    ``box`` is (y0, x0, y1, x1) in [0, 1] of the screen, AutoUI's (y, x) order;
+    ``label`` its text (a switch's ends in `` on`` or `` off``).
+    """
+
+    label: str
+    box: tuple[float, float, float, float]
+
+    @property
+    def center(self) -> tuple[float, float]:
+        y0, x0, y1, x1 = self.box
+        return (y0 + y1) / 2, (x0 + x1) / 2
+
+
+def screen_elements(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> list[Element]:
+    """The elements of a ``uiautomator dump`` one can tap or type into, in the dump's order.
 
     ``size`` is the screen's (width, height) in the dump's pixels. Elements
-    without a label, or whose centre is off the screen, and the system bars are left out;
-    switches say ``on`` or ``off``. Children of a listed element are not
-    listed again (their text is its label when it has none of its own).
+    without a label, or whose centre is off the screen, and the system bars are left out.
+    Children of a listed element are not listed again (their text is its label when it has none of its own).
 
     Raises:
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
     root = _parse(xml)
     width, height = size
-    out: list[str] = []
+    out: list[Element] = []
 
     def visit(node: ET.Element) -> None:
         if node.get("package") == _SYSTEM_UI:
             return
         if _actionable(node):
             x0, y0, x1, y1 = _bounds(node)
-            x, y = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height
-            label = _label(node)
-            if label and 0 <= x < 1 and 0 <= y < 1:
+            element = Element(_label(node), (y0 / height, x0 / width, y1 / height, x1 / width))
+            y, x = element.center
+            if element.label and 0 <= x < 1 and 0 <= y < 1:
                 switch = node.get("checkable") == "true"
                 state = (" on" if node.get("checked") == "true" else " off") if switch else ""
-                out.append(f"{label}{state} {y:.2f} {x:.2f}")
+                out.append(Element(element.label + state, element.box))
             return
         for child in node:
             visit(child)
 
     visit(root)
-    return " ; ".join(out)
+    return out
+
+
+def describe(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> str:
+    """The elements of a ``uiautomator dump`` one can tap or type into (:func:`screen_elements`), as
+    ``label y x`` each (the centre, two decimals), ``" ; "`` between.
+
+    Raises:
+        ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
+    """
+    return " ; ".join(f"{e.label} {e.center[0]:.2f} {e.center[1]:.2f}" for e in screen_elements(xml, size))

@@ -227,6 +227,54 @@ class ScreenVLM:
         targets = torch.stack([answer, torch.full_like(answer, self.processor.tokenizer.eos_token_id)], 1)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
+    def _with_answers(self, images: list[np.ndarray], prompts: list[str], answers: list[str]
+                      ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The prompts (left-padded) followed by each answer and the end token (right-padded).
+
+        Returns the model's inputs, the answer tokens (B, L) and their mask:
+        position ``P - 1 + j`` of the joined rows predicts answer token ``j``.
+        """
+        tok = self.processor.tokenizer
+        inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
+        ids = [[*tok(" " + a, add_special_tokens=False).input_ids, tok.eos_token_id] for a in answers]
+        width = max(map(len, ids))
+        answer = torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in ids], device=self.model.device)
+        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids], device=self.model.device)
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], answer], 1)
+        inputs["attention_mask"] = torch.cat([inputs["attention_mask"], mask], 1)
+        return inputs, answer, mask
+
+    def text_loss(self, images: list[np.ndarray], prompts: list[str], answers: list[str]) -> torch.Tensor:
+        """Next-token cross-entropy of free-text ``answers`` (and the end token after each) given the prompts.
+
+        How a VLM learns to answer in words, as LLaVA's pretraining and
+        instruction tuning train it: used by the pretraining stage.
+        """
+        inputs, answer, mask = self._with_answers(images, prompts, answers)
+        start = inputs["input_ids"].shape[1] - answer.shape[1] - 1  # the position that predicts the first answer token
+        logits = self.model(**inputs).logits[:, start : start + answer.shape[1]].float()
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answer.reshape(-1), reduction="none")
+        return (per_token * mask.reshape(-1)).sum() / mask.sum()
+
+    @torch.no_grad()
+    def greedy_answers(self, images: list[np.ndarray], prompts: list[str], max_tokens: int = 12) -> list[str]:
+        """The answer the model writes to each prompt, a token at a time (greedy), up to its end token."""
+        tok = self.processor.tokenizer
+        inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
+        written = torch.empty(len(prompts), 0, dtype=torch.long, device=self.model.device)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.model.device)
+        for _ in range(max_tokens):
+            ids = torch.cat([inputs["input_ids"], written], 1)
+            mask = torch.cat([inputs["attention_mask"], torch.ones_like(written)], 1)
+            logits = self.model(input_ids=ids, attention_mask=mask, pixel_values=inputs["pixel_values"]).logits
+            nxt = logits[:, -1].argmax(-1).masked_fill(done, tok.eos_token_id)
+            written = torch.cat([written, nxt[:, None]], 1)
+            done |= nxt == tok.eos_token_id
+            if done.all():
+                break
+        return [tok.decode([t for t in row if t != tok.eos_token_id], skip_special_tokens=True).strip()
+                for row in written.tolist()]  # fmt: skip
+
     @torch.no_grad()
     def embed(self, images: list[np.ndarray], prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Representations (B, ``cfg.representation_size``) float32 and P(Yes) (B,)."""
