@@ -505,7 +505,12 @@ class ExperimentConfig:
 class AblationsConfig:
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
 
-    untuned_vlm: bool = _help("also run Best-of-N on the features of the VLM without the stage-03 fine-tune", True)
+    untuned_vlm: bool = _help(
+        "also run Best-of-N on the features of the VLM without the representation fine-tune (the pretrained one)", True
+    )
+    blind_vlm: bool = _help(
+        "also run Best-of-N on the features of a VLM fine-tuned without pretraining (tiny VLM only)", True
+    )
     n_candidates: list[int] = _help("also run Best-of-N over only this many candidates per state (each < N)", [1, 4])
     perfect_critic: bool = _help(
         "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
@@ -561,8 +566,17 @@ class CriticConfig:
 
 
 # The ablation rows with a name of their own (besides digiq_n<N>), which a variant must not take.
-UNTUNED_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_perfect_critic"
-ABLATION_NAMES = (UNTUNED_ROW, PERFECT_CRITIC_ROW)
+UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
+ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW)
+#: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
+VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
+
+
+def vlm_rows(ablations: AblationsConfig) -> list[str]:
+    """The rows, ``digiq`` first, whose critics read another VLM's features: the VLM ablations switched on."""
+    return ["digiq"] + [
+        row for row, on in ((UNTUNED_ROW, ablations.untuned_vlm), (BLIND_ROW, ablations.blind_vlm)) if on
+    ]
 
 
 def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str, CriticConfig]:

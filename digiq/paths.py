@@ -22,7 +22,7 @@ class Paths:
         object.__setattr__(self, "root", Path(self.root))
 
     def writing(self, name: str, folder: Path) -> Paths:
-        """These paths with the output folder ``name`` (``critics`` or ``actors``) moved to ``folder``."""
+        """These paths with the output folder ``name`` (``vlm``, ``critics`` or ``actors``) moved to ``folder``."""
         if name not in _REDIRECTABLE:
             raise ValueError(f"Paths.writing: {name!r} is not one of {sorted(_REDIRECTABLE)}")
         return replace(self, redirected=(*self.redirected, (name, Path(folder))))
@@ -69,13 +69,13 @@ class Paths:
 
     @property
     def vlm(self) -> Path:
-        """The VLM after the representation fine-tune: the one whose features the critic reads."""
-        return self.data / "models" / "vlm"
+        """The representation fine-tune's output folder: the VLM whose features the critic reads."""
+        return self._output("vlm", self.data / "models" / "vlm")
 
     @property
     def vlm_blind(self) -> Path:
-        """The same fine-tune of a VLM that was never pretrained (an ablation)."""
-        return self.data / "models" / "vlm_blind"
+        """The same fine-tune of a VLM that was never pretrained (an ablation), kept in the fine-tune's folder."""
+        return self.vlm / "blind"
 
     def features(self, vlm: str = "finetuned") -> Path:
         """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
@@ -112,4 +112,4 @@ class Paths:
         return self.root / "plots"
 
 
-_REDIRECTABLE = {"critics", "actors"}
+_REDIRECTABLE = {"vlm", "critics", "actors"}

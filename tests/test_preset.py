@@ -29,7 +29,7 @@ def _lines(root: Path) -> dict[str, list[str]]:
 
 def test_real_preset_sets_each_value_and_leaves_every_other_line(params):
     before = _lines(params.parent)
-    assert len(apply_preset(REAL, params)) == 12
+    assert len(apply_preset(REAL, params)) == 13
     merged = load_params(params)
     for file, groups in read_preset(REAL, params).items():
         for group, keys in groups.items():

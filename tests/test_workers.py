@@ -85,7 +85,7 @@ def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
     params["compute"] = {"workers": workers}
     params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})
     params["experiment"]["seeds"] = 2
-    params["ablations"]["untuned_vlm"] = False
+    params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
     params["variants"] = {"digiq_cql": params["variants"]["digiq_cql"]}
     (dest / "params.yaml").write_text(yaml.safe_dump(params))
     return Paths(dest)

@@ -63,9 +63,10 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
                 raise DataError(f"{where}.{key} must be false with imported data (or the variant left out): it reads "
                                 "the view hierarchy stored beside each screenshot (collect.view_hierarchy), and "
                                 "released files have none")  # fmt: skip
-    if stage == "critic" and params.get("ablations", {}).get("untuned_vlm", False):
-        raise DataError("ablations.untuned_vlm must be false when starting at the critic: the released files hold "
-                        "only the fine-tuned VLM's features (start at vlm_finetune to compute both)")  # fmt: skip
+    for ablation in ("untuned_vlm", "blind_vlm"):
+        if stage == "critic" and params.get("ablations", {}).get(ablation, False):
+            raise DataError(f"ablations.{ablation} must be false when starting at the critic: the released files "
+                            "hold only the fine-tuned VLM's features (start at vlm_finetune to compute others)")  # fmt: skip
 
 
 def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str, np.ndarray]]:

@@ -12,8 +12,9 @@ log-likelihood; they differ only in which (state, action) rows they imitate:
 - named variants (``digiq_cql``, ``digiq_hierarchy``): Best-of-N with a
   critic beyond the paper's (stage 05, ``variants`` in params.yaml).
 - ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
-  on the features of the VLM without the stage-03 fine-tune
-  (``digiq_untuned``), and on a perfect critic's picks.
+  on the features of the pretrained VLM without the representation fine-tune
+  (``digiq_untuned``) and of a VLM fine-tuned without pretraining
+  (``digiq_blind``), and on a perfect critic's picks.
 
 Each is trained once per seed, every seed alike, for the same number of
 optimizer steps (``actor.updates``) whatever the number of rows it keeps.
@@ -34,7 +35,6 @@ import torch.nn.functional as F
 from digiq import parallel
 from digiq.config import (
     PERFECT_CRITIC_ROW,
-    UNTUNED_ROW,
     AblationsConfig,
     ActorConfig,
     CollectConfig,
@@ -44,6 +44,7 @@ from digiq.config import (
     ExperimentConfig,
     load_section,
     load_variants,
+    vlm_rows,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import Picks, write_picks
@@ -85,8 +86,7 @@ def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> 
     out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
     out.update({name: (name, None) for name in variants})
     out.update({f"digiq_n{n}": ("digiq", n) for n in ablations.n_candidates})
-    if ablations.untuned_vlm:
-        out[UNTUNED_ROW] = (UNTUNED_ROW, None)
+    out.update({row: (row, None) for row in vlm_rows(ablations)[1:]})  # the VLM ablations' own critics
     return out
 
 

@@ -45,7 +45,7 @@ def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, st
 def written_whole(paths: Paths, folder: str) -> Iterator[Paths]:
     """Run a training stage into a temporary folder, swapped in for its output ``folder`` when the stage ends well.
 
-    Yields ``paths`` with that folder (``critics`` or ``actors``) moved to
+    Yields ``paths`` with that folder (``vlm``, ``critics`` or ``actors``) moved to
     ``.<name>.partial`` beside it. A run cut short leaves the previous run's
     folder whole, never a mix of this run's seeds and an earlier run's that
     the next stage would take for one run. The temporary name is the same in

@@ -18,6 +18,7 @@ many times over (Back) is not pushed down many times over.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,13 +29,14 @@ from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import (
-    UNTUNED_ROW,
+    VLM_OF_ROW,
     AblationsConfig,
     ComputeConfig,
     CriticConfig,
     ExperimentConfig,
     load_section,
     load_variants,
+    vlm_rows,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
@@ -281,16 +283,15 @@ class CriticSpec(NamedTuple):
     cfg: CriticConfig
 
 
-def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], untuned: bool) -> dict[str, CriticSpec]:
-    """Every critic of stage 05, by the row whose actor uses it.
+def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], rows: Sequence[str] = ("digiq",)
+                 ) -> dict[str, CriticSpec]:  # fmt: skip
+    """Every critic of the stage, by the row whose actor uses it.
 
-    ``digiq`` is the paper's critic; each named variant changes some of its keys; the untuned-VLM
-    ablation is the paper's critic on the features of the VLM without the stage-03 fine-tune.
+    ``digiq`` is the paper's critic; each named variant changes some of its keys; the VLM ablations
+    among ``rows`` (:func:`digiq.config.vlm_rows`) are the paper's critic on another VLM's features.
     """
-    specs = {"digiq": CriticSpec("finetuned", critic)}
+    specs = {row: CriticSpec(VLM_OF_ROW[row], critic) for row in rows}
     specs.update({name: CriticSpec("finetuned", cfg) for name, cfg in variants.items()})
-    if untuned:
-        specs[UNTUNED_ROW] = CriticSpec("untuned", critic)
     return specs
 
 
@@ -388,7 +389,7 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
-                         load_section(AblationsConfig, "ablations", params).untuned_vlm)  # fmt: skip
+                         vlm_rows(load_section(AblationsConfig, "ablations", params)))  # fmt: skip
     return run_critic(
         specs,
         paths,

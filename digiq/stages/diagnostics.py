@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from digiq.config import (
-    UNTUNED_ROW,
+    VLM_OF_ROW,
     AblationsConfig,
     CollectConfig,
     ComputeConfig,
@@ -228,7 +228,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         critic_rows = sorted(p.name for p in paths.critic(0).parent.iterdir() if (p / "config.json").exists())
         feats = trained_inputs(paths, critic_rows)
         # The paper's critic inputs on each VLM's features: what the probes read.
-        by_vlm = {"finetuned": feats["digiq"], **({"untuned": feats[UNTUNED_ROW]} if UNTUNED_ROW in feats else {})}
+        by_vlm = {VLM_OF_ROW[row]: feats[row] for row in feats if row in VLM_OF_ROW}
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         task_sets = steps.task_set.to_numpy()

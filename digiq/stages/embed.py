@@ -1,7 +1,8 @@
-"""Stage 04: VLM representations of every state and every (state, candidate) pair.
+"""Stage 05: VLM representations of every state and every (state, candidate) pair.
 
-Outputs (``data/features/finetuned``, and ``data/features/untuned`` for the
-ablation without the stage-03 fine-tune), row-aligned with the offline step table sorted by
+Outputs (``data/features/finetuned``; ``data/features/untuned`` for the
+ablation without the representation fine-tune and ``data/features/blind``
+for the one without pretraining), row-aligned with the offline step table sorted by
 (traj_id, step_id):
 ``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H),
 ``p_yes.npy`` (S, N), ``ids.npy`` (S, 2), memory-mappable (:mod:`digiq.data.features`). Digi-Q names: ``image_features`` /
@@ -11,6 +12,7 @@ ablation without the stage-03 fine-tune), row-aligned with the offline step tabl
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,7 +31,7 @@ from digiq.paths import Paths
 from digiq.stages.common import timed, write_metrics
 from digiq.workers import map_jobs
 
-__all__ = ["run_embed", "EmbedJob", "embed_job"]
+__all__ = ["run_embed", "EmbedJob", "embed_job", "load_vlm"]
 
 
 def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], cands: list[dict], batch: int,
@@ -94,20 +96,35 @@ def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], c
 
 
 class EmbedJob(NamedTuple):
-    """The features of one VLM: ``finetuned`` (stage 03's) or ``untuned`` (the same VLM before it, an ablation)."""
+    """The features of one VLM (:func:`load_vlm`)."""
 
     paths: Paths
     vlm: str
     batch_size: int
 
 
+def load_vlm(paths: Paths, name: str) -> ScreenVLM:
+    """The VLM whose features are ``data/features/<name>``.
+
+    ``finetuned``: the representation fine-tune's; ``untuned``: the same VLM
+    before it (the pretrained tiny VLM, or the released LLaVA as published);
+    ``blind``: the fine-tune of a tiny VLM that was never pretrained.
+    """
+    if name == "finetuned":
+        return ScreenVLM.load(paths.vlm)
+    if name == "blind":
+        return ScreenVLM.load(paths.vlm_blind)
+    if name == "untuned":
+        if (paths.vlm_pretrained / "config.json").exists():
+            return ScreenVLM.load(paths.vlm_pretrained)
+        # A released LLaVA is not pretrained here: it is read again from its own folder.
+        return ScreenVLM.load(paths.vlm).fresh()
+    raise ValueError(f"unknown VLM {name!r}: finetuned, untuned or blind")
+
+
 def embed_job(job: EmbedJob) -> float:
     """Write one VLM's feature files; returns the pairs it embedded per second."""
-    vlm = ScreenVLM.load(job.paths.vlm)
-    if job.vlm == "untuned":
-        # The released LLaVA as published, or, for the tiny VLM, which has no pretraining, its fresh initialisation.
-        # Only that VLM stays: with both, LLaVA-7B's stage peaked at 34 GB on an H100.
-        vlm = vlm.fresh()
+    vlm = load_vlm(job.paths, job.vlm)
     vlm.model.to(parallel.device())  # a GPU when there is one
     store = TrajectoryStore(job.paths.offline)
     steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
@@ -115,10 +132,10 @@ def embed_job(job: EmbedJob) -> float:
     return _embed_features(vlm, store, steps, cands, job.batch_size, job.paths.features(job.vlm))
 
 
-def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False, workers: int = 1) -> dict[str, Any]:
-    """Features from the fine-tuned VLM, and with ``untuned`` also from the VLM before stage 03 (an ablation).
+def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned",), workers: int = 1) -> dict[str, Any]:
+    """Features from each of ``vlms`` (:func:`load_vlm`; the first is the critic's own, the others ablations).
 
-    On a CPU the two VLMs' features are ``workers`` jobs (:mod:`digiq.workers`); on a GPU, one after the other.
+    On a CPU the VLMs' features are ``workers`` jobs (:mod:`digiq.workers`); on a GPU, one after the other.
     """
     require("embed", paths.vlm / "config.json", paths.candidates)
     metrics: dict[str, Any] = {}
@@ -129,11 +146,11 @@ def run_embed(cfg: EmbedConfig, paths: Paths, untuned: bool = False, workers: in
             raise DataError(
                 f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
             )
-        jobs = [EmbedJob(paths, vlm, cfg.batch_size) for vlm in ("finetuned", "untuned")[: 1 + untuned]]
+        jobs = [EmbedJob(paths, vlm, cfg.batch_size) for vlm in vlms]
         rates = map_jobs(embed_job, jobs, workers if parallel.device().type == "cpu" else 1)
         metrics["pairs_per_s"] = round(rates[0], 1)
     feats = load_features(paths)
     metrics.update({"states": int(feats["candidates"].shape[0]), "candidates_per_state": int(feats["candidates"].shape[1]),
-                    "feature_dim": int(feats["state"].shape[1]), "untuned_ablation": untuned})  # fmt: skip
+                    "feature_dim": int(feats["state"].shape[1]), "vlms": list(vlms)})  # fmt: skip
     write_metrics(paths, "embed", metrics)
     return metrics

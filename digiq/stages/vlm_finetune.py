@@ -1,10 +1,10 @@
-"""Stage 03: fine-tune the VLM on "does this action change the screen?".
+"""Stage 04: fine-tune the pretrained VLM on "does this action change the screen?".
 
 Labels come for free from the data: Digi-Q calls an action effective when
 the screenshot changes enough (mean squared pixel difference at 1/4 scale
 above a threshold). The question is asked with the action drawn on the
 screenshot, so the VLM's hidden state learns where actions land and whether
-they do anything; stage 04 uses that hidden state as the action's features.
+they do anything; stage 05 uses that hidden state as the action's features.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import math
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +22,13 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import VLMFinetuneConfig, load_section
+from digiq.config import AblationsConfig, VLMFinetuneConfig, load_section
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.io import require
-from digiq.models.vlm import ScreenVLM, VLMConfig, effect_label
+from digiq.models.vlm import ScreenVLM, effect_label
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics
+from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
 
 __all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
 
@@ -151,75 +152,97 @@ def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
-    """Fine-tune the tiny VLM (on the policy's offline tokenizer) or, with ``cfg.checkpoint``, a released LLaVA."""
-    require("vlm_finetune", paths.offline, *(() if cfg.checkpoint else (paths.base_policy / "tokenizer",)))
-    metrics: dict[str, Any] = {}
-    with timed(metrics):
-        from transformers import PreTrainedTokenizerFast
+def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths, blind: bool = False) -> dict[str, Any]:
+    """Fine-tune the pretrained tiny VLM or, with ``cfg.checkpoint``, a released LLaVA; written to :attr:`Paths.vlm`.
 
+    With ``blind`` the same fine-tune also runs on the VLM before any
+    pretraining (its random initialisation), written to :attr:`Paths.vlm_blind`:
+    the ablation that shows what pretraining gives. The folder is written
+    whole: a run cut short leaves the previous one's VLMs.
+    """
+    require("vlm_finetune", paths.offline, *(() if cfg.checkpoint else (paths.vlm_pretrained / "config.json",)))
+    if blind and cfg.checkpoint:
+        raise ValueError("ablations.blind_vlm needs the tiny VLM: a released LLaVA has no blind counterpart here")
+    metrics: dict[str, Any] = {}
+    with written_whole(paths, "vlm") as paths, timed(metrics):
         if cfg.checkpoint:
             vlm = ScreenVLM.from_pretrained(cfg.checkpoint, cfg.dtype, recipe=cfg.recipe)
         else:
-            tok = PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer")
-            vlm_cfg = VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden, recipe=cfg.recipe)
-            vlm = ScreenVLM.tiny(tok, vlm_cfg, seed=cfg.seed)
-        pairs = labelled_pairs(TrajectoryStore(paths.offline), vlm, cfg.threshold)
-        held = split_trajectories([p["traj_id"] for p in pairs], cfg.holdout, cfg.seed)
-        train = [p for p in pairs if p["traj_id"] not in held]
-        test = [p for p in pairs if p["traj_id"] in held]
-        acc_before = _accuracy(vlm, test)
-        rng = random.Random(cfg.seed)
-        vlm.model.to(parallel.device())
-        if cfg.gradient_checkpointing:
-            checkpoint_layers(vlm)
-        if cfg.shard:
-            parallel.shard_model(vlm.model, blocks(vlm))
-        if cfg.lora_rank:
-            torch.manual_seed(cfg.seed)  # the adapters' initialisation: the same run gives the same weights
-            params = add_lora(vlm, cfg.lora_rank, cfg.lora_alpha)
-        else:
-            params = trainable(vlm, cfg.train_last_layers)
-        metrics["trained_weights"] = sum(p.numel() for p in params)
-        # What this process keeps of them (a sharded weight's local part): all, or about 1/N when sharded.
-        metrics["trained_weights_per_process"] = sum(
-            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in params
-        )
-        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        total = math.ceil(cfg.epochs * math.ceil(len(train) / cfg.batch_size))
-        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg.warmup, cfg.schedule))
-        compute = (torch.autocast(parallel.device().type, dtype=torch.bfloat16) if cfg.autocast
-                   else contextlib.nullcontext())  # fmt: skip
-        curve: list[float] = []
-        bar = tqdm(total=total, desc="fine-tune VLM", leave=False, disable=not parallel.is_main())
-        while len(curve) < total:  # whole epochs, then the fraction of one that is left
-            vlm.model.train()
-            rng.shuffle(train)
-            for i in range(0, len(train), cfg.batch_size):
-                if len(curve) == total:
-                    break
-                opt.zero_grad()
-                with compute:
-                    loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
-                                                   params, sharded=cfg.shard)["loss"]  # fmt: skip
-                opt.step()
-                schedule.step()
-                curve.append(loss)
-                bar.update()
-        bar.close()
-        if cfg.lora_rank:
-            merge_lora(vlm)
-        vlm.model.eval()
-        acc_after = _accuracy(vlm, test)
-        if cfg.shard:  # the shards gathered into a plain copy of the model, on the main process
-            weights = parallel.full_weights(vlm.model)
-            if parallel.is_main():
-                vlm = vlm.fresh()
-                vlm.model.load_state_dict(weights)
+            vlm = ScreenVLM.load(paths.vlm_pretrained)
+        metrics_of, curves = {}, {}
+        metrics_of["finetuned"], curves["Yes/No loss"] = _finetune(cfg, vlm, paths, paths.vlm)
+        if blind:
+            metrics_of["blind"], curves["Yes/No loss, not pretrained"] = _finetune(
+                cfg, vlm.fresh(), paths, paths.vlm_blind
+            )
+    metrics.update(metrics_of.pop("finetuned"))
+    metrics.update(metrics_of)  # the blind VLM's, under "blind"
+    if parallel.is_main():
+        save_curve_plot(paths.plots / "vlm_finetune_loss.png", curves, "Stage 04: VLM fine-tune")
+        write_metrics(paths, "vlm_finetune", metrics)
+    parallel.barrier()
+    return metrics
+
+
+def _finetune(cfg: VLMFinetuneConfig, vlm: ScreenVLM, paths: Paths, out: Path) -> tuple[dict[str, Any], list[float]]:
+    """Fine-tune ``vlm`` on the stored transitions' Yes/No labels, save it to ``out``; its metrics and loss curve."""
+    metrics: dict[str, Any] = {}
+    pairs = labelled_pairs(TrajectoryStore(paths.offline), vlm, cfg.threshold)
+    held = split_trajectories([p["traj_id"] for p in pairs], cfg.holdout, cfg.seed)
+    train = [p for p in pairs if p["traj_id"] not in held]
+    test = [p for p in pairs if p["traj_id"] in held]
+    acc_before = _accuracy(vlm, test)
+    rng = random.Random(cfg.seed)
+    vlm.model.to(parallel.device())
+    if cfg.gradient_checkpointing:
+        checkpoint_layers(vlm)
+    if cfg.shard:
+        parallel.shard_model(vlm.model, blocks(vlm))
+    if cfg.lora_rank:
+        torch.manual_seed(cfg.seed)  # the adapters' initialisation: the same run gives the same weights
+        params = add_lora(vlm, cfg.lora_rank, cfg.lora_alpha)
+    else:
+        params = trainable(vlm, cfg.train_last_layers)
+    metrics["trained_weights"] = sum(p.numel() for p in params)
+    # What this process keeps of them (a sharded weight's local part): all, or about 1/N when sharded.
+    metrics["trained_weights_per_process"] = sum(
+        (p.to_local() if isinstance(p, DTensor) else p).numel() for p in params
+    )
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = math.ceil(cfg.epochs * math.ceil(len(train) / cfg.batch_size))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total, cfg.warmup, cfg.schedule))
+    compute = (torch.autocast(parallel.device().type, dtype=torch.bfloat16) if cfg.autocast
+               else contextlib.nullcontext())  # fmt: skip
+    curve: list[float] = []
+    bar = tqdm(total=total, desc="fine-tune VLM", leave=False, disable=not parallel.is_main())
+    while len(curve) < total:  # whole epochs, then the fraction of one that is left
+        vlm.model.train()
+        rng.shuffle(train)
+        for i in range(0, len(train), cfg.batch_size):
+            if len(curve) == total:
+                break
+            opt.zero_grad()
+            with compute:
+                loss = parallel.backward_share(train[i : i + cfg.batch_size], lambda b: {"loss": _loss(vlm, b)},
+                                               params, sharded=cfg.shard)["loss"]  # fmt: skip
+            opt.step()
+            schedule.step()
+            curve.append(loss)
+            bar.update()
+    bar.close()
+    if cfg.lora_rank:
+        merge_lora(vlm)
+    vlm.model.eval()
+    acc_after = _accuracy(vlm, test)
+    if cfg.shard:  # the shards gathered into a plain copy of the model, on the main process
+        weights = parallel.full_weights(vlm.model)
         if parallel.is_main():
-            if cfg.autocast:  # what was computed in: the 16-bit weights a mixed-precision run publishes
-                vlm.model.to(torch.bfloat16)
-            vlm.save(paths.vlm, stage="vlm_finetune", steps=len(curve))
+            vlm = vlm.fresh()
+            vlm.model.load_state_dict(weights)
+    if parallel.is_main():
+        if cfg.autocast:  # what was computed in: the 16-bit weights a mixed-precision run publishes
+            vlm.model.to(torch.bfloat16)
+        vlm.save(out, stage="vlm_finetune", steps=len(curve))
     yes = np.mean([p["label"] for p in test]) if test else 0.0
     metrics.update(
         {
@@ -232,13 +255,10 @@ def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths) -> dict[str, Any]:
             "train_loss_last": round(float(np.mean(curve[-20:])), 4) if curve else None,
         }
     )
-    if parallel.is_main():
-        save_curve_plot(paths.plots / "vlm_finetune_loss.png", {"Yes/No loss": curve}, "Stage 03: VLM fine-tune")
-        write_metrics(paths, "vlm_finetune", metrics)
-    parallel.barrier()
-    return metrics
+    return metrics, curve
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 03 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths)
+    """Stage 04 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
+    return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths,
+                            blind=load_section(AblationsConfig, "ablations", params).blind_vlm)  # fmt: skip

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # stages 05-08 under DVC on imported data
 
 OFF = {
     "diagnostics": {"oracle_states": 0},
-    "ablations": {"untuned_vlm": False, "perfect_critic": False},
+    "ablations": {"untuned_vlm": False, "blind_vlm": False, "perfect_critic": False},
     "critic": {"tap_targets": False, "list_entries": False},
 }
 
@@ -115,7 +115,7 @@ TINY = {
     "diagnostics": {"oracle_states": 0},
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
-    "ablations": {"untuned_vlm": False, "n_candidates": [1], "perfect_critic": False},
+    "ablations": {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [1], "perfect_critic": False},
 }
 
 

@@ -99,7 +99,7 @@ def test_llava_stage_03_trains_the_chosen_layers_and_stage_04_reloads_it(llava_h
     assert changed and all("multi_modal_projector" in k or "layers.2." in k or "language_model.norm" in k
                            for k in changed)  # fmt: skip
     assert any("layers.2." in k for k in changed) and not any("vision_tower" in k for k in changed)
-    run_embed(EmbedConfig(batch_size=16), paths, untuned=True)
+    run_embed(EmbedConfig(batch_size=16), paths, ["finetuned", "untuned"])
     tuned_f, raw_f = load_features(paths), load_features(paths, "untuned")
     assert tuned_f["state"].shape[1] == raw_f["state"].shape[1] == 64
     assert not np.allclose(tuned_f["candidates"], raw_f["candidates"])  # untuned = the released weights

@@ -136,7 +136,7 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
     params["compute"] = {"processes": 1, "cpu": True, "workers": 1}
     params["critic"].update({"epochs": 2, "hidden": 16, "batch_size": 16})
     params["experiment"]["seeds"] = 2
-    params["ablations"]["untuned_vlm"] = False
+    params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
     params["variants"] = {}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     paths = Paths(root)
