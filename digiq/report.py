@@ -4,7 +4,8 @@
 and ``<!-- results:end -->`` in README.md: success per policy and task set
 (mean ± sample std over seeds, on the whole test list and on its first 96
 tasks, the paper's protocol), each comparison with its paired bootstrap
-interval, the variants and the ablations. It also rebuilds the diagnostics
+interval, the variants and the ablations, and the paper's claims each judged
+by its comparison's interval (:data:`PAPER_CLAIMS`). It also rebuilds the diagnostics
 block of docs/experiments.md: success per family, what each policy imitates,
 where the data can teach, the oracle diagnostic and the critic's picks, the
 base policy's missing skills, each stage's wall time. The eval notebook draws
@@ -17,6 +18,7 @@ import argparse
 import json
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ from digiq.io import atomic_path, atomic_write_text
 from digiq.paths import Paths
 
 __all__ = [
+    "Claim",
+    "PAPER_CLAIMS",
+    "claims_table",
     "results_markdown",
     "validation_markdown",
     "diagnostics_markdown",
@@ -154,6 +159,119 @@ def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[
     return out + ["", f"A - B in percentage points over the test tasks ({sizes}) and the seeds, with a 95% paired "
                   "bootstrap interval (tasks and seeds resampled alike for both rows; digiq.stats). An interval "
                   "holding 0 is no detectable difference."]  # fmt: skip
+
+
+HOLDS, REVERSED, UNDETECTED = "holds", "reversed", "no detectable difference"  # one task set's reading
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"  # a claim's verdict
+RELATIONS = {">": "> 0", "<": "< 0", ">=": "≥ 0", "<=": "≤ 0"}  # what the paper claims of A - B
+REQUIRED = ("both", "at least one")  # on how many task sets a strict claim must hold
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One of the paper's claims, judged by one paired comparison ``A-B`` of metrics/comparisons.json.
+
+    ``relation`` is what the paper claims of A - B: ``>`` or ``<`` (A detectably
+    ahead or behind), or the weak ``>=`` / ``<=`` (A not detectably behind or
+    ahead: only the opposite difference, detected, refutes it). ``on`` names
+    the task sets a strict claim must hold on; a weak claim is judged on both.
+    """
+
+    text: str
+    comparison: str
+    relation: str
+    on: str
+
+    def __post_init__(self) -> None:
+        if self.relation not in RELATIONS:
+            raise ValueError(f"claim {self.text!r}: relation {self.relation!r} is not one of {list(RELATIONS)}")
+        if self.on not in REQUIRED:
+            raise ValueError(f"claim {self.text!r}: on={self.on!r} is not one of {list(REQUIRED)}")
+        if len(self.comparison.split("-")) != 2:
+            raise ValueError(f"claim {self.text!r}: comparison {self.comparison!r} is not a key 'A-B' of two rows")
+        if self.weak and self.on != "both":
+            raise ValueError(f"claim {self.text!r}: a weak ({self.relation}) claim is judged on both task sets")
+
+    @property
+    def weak(self) -> bool:
+        return "=" in self.relation
+
+    @property
+    def sign(self) -> int:
+        """+1 when the paper claims A ahead of B, -1 when behind: the cells show the claimed winner's lead."""
+        return 1 if ">" in self.relation else -1
+
+    def condition(self) -> str:
+        """The claim as ``winner - loser > 0`` (or ``≥ 0``), the order the table's cells are in."""
+        a, b = self.comparison.split("-")
+        winner, loser = (a, b) if self.sign > 0 else (b, a)
+        return f"`{winner} - {loser} {RELATIONS[self.relation.replace('<', '>')]}`"
+
+
+# The headline comparisons must hold on both task sets, as the paper reports them; the ablation claims say a part
+# of the method helps at all, so one task set where it detectably helps (and none where it detectably hurts) reproduces
+# them. The figures quoted are the paper's published success rates.
+PAPER_CLAIMS: tuple[Claim, ...] = (
+    Claim("Digi-Q beats Filtered BC (paper, General / Web Shopping: 71.2 / 58.0 against 54.5 / 43.8)",
+          "digiq-filtered_bc", ">", "both"),
+    Claim("Digi-Q beats offline DigiRL (paper, General / Web Shopping: 71.2 / 58.0 against 59.0 / 47.6)",
+          "digiq-digirl_offline", ">", "both"),
+    Claim("The VLM's representation fine-tune helps", "digiq_untuned-digiq", "<", "at least one"),
+    Claim("Best-of-16 is not below Best-of-1 (more candidates do not hurt)", "digiq_n1-digiq", "<=", "both"),
+    Claim("Best-of-N beats AWR on the same critic", "digiq_awr-digiq", "<", "at least one"),
+    Claim("Best-of-N beats a REINFORCE-style update on the same critic", "digiq_reinforce-digiq", "<", "at least one"),
+)  # fmt: skip
+
+
+def _verdict(claim: Claim, readings: list[str | None]) -> str:
+    """The claim's verdict from its per-task-set readings (None: not measured there); see :func:`claims_table`."""
+    if None in readings:
+        return NOT_MEASURED
+    holds_needed = 0 if claim.weak else len(readings) if claim.on == "both" else 1
+    if REVERSED not in readings and readings.count(HOLDS) >= holds_needed:
+        return REPRODUCED
+    return UNDETECTED if all(r == UNDETECTED for r in readings) else NOT_REPRODUCED
+
+
+def claims_table(comparisons: dict[str, Any]) -> list[str]:
+    """:data:`PAPER_CLAIMS`, each judged on every task set by its comparison in ``comparisons`` (comparisons.json).
+
+    A cell is the claimed winner's lead in points (A - B, negated when the paper
+    claims A behind B) with its 95% paired bootstrap interval, read as *holds*
+    (the interval is above 0), *reversed* (below 0) or *no detectable
+    difference* (it holds 0). The verdict, in this order:
+
+    - **not measured**: the comparison is missing on a task set (a row not run);
+    - **reproduced**: reversed on no task set and, for a strict claim, holding
+      on both task sets or on at least one, as the claim says (a weak claim,
+      ``>=`` / ``<=``, needs only no reversal);
+    - **no detectable difference**: every task set reads no detectable difference;
+    - **not reproduced**: otherwise, i.e. reversed on a task set, or holding on
+      fewer task sets than the claim requires.
+    """
+    heads = [TASK_SET_NAMES[ts] for ts in TASK_SETS]
+    out = ["| claim | " + " | ".join(heads) + " | verdict |", "|---" * (len(heads) + 2) + "|"]
+    for claim in PAPER_CLAIMS:
+        cells: list[str] = []
+        readings: list[str | None] = []  # None: not measured on that task set
+        for ts in TASK_SETS:
+            c = comparisons.get(ts, {}).get(claim.comparison)
+            if c is None:
+                cells.append(NOT_MEASURED)
+                readings.append(None)
+                continue
+            diff, (lo, hi) = claim.sign * c["diff"], sorted(claim.sign * x for x in c["ci95"])
+            reading = HOLDS if lo > 0 else REVERSED if hi < 0 else UNDETECTED
+            cells.append(f"{diff:+.1f} [{lo:+.1f}, {hi:+.1f}], {reading}")
+            readings.append(reading)
+        which = "both task sets" if claim.on == "both" else "at least one task set"
+        out.append(f"| {claim.text}: {claim.condition()} on {which} | " + " | ".join(cells)
+                   + f" | **{_verdict(claim, readings)}** |")  # fmt: skip
+    return out + ["", "Each cell: the claimed winner's lead in points with its 95% paired bootstrap interval; holds: "
+                  "above 0, reversed: below 0, no detectable difference: the interval holds 0. Verdict: not measured "
+                  "if the comparison is missing on a task set; reproduced if reversed nowhere and holding where the "
+                  "claim requires (a ≥ claim: reversed nowhere); no detectable difference if every interval holds 0; "
+                  "otherwise not reproduced."]  # fmt: skip
 
 
 def _oracle_table(oracle: dict[str, Any]) -> list[str]:
@@ -296,7 +414,7 @@ def _skills_table(skills: dict[str, Any]) -> list[str]:
 
 
 def results_markdown(paths: Paths) -> str:
-    """The README's results: every row on the test lists, and each comparison with its interval."""
+    """The README's results: every row on the test lists, each comparison with its interval, the paper's claims."""
     ev, ab = _load(paths, "eval"), _load(paths, "ablations")
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
@@ -312,6 +430,8 @@ def results_markdown(paths: Paths) -> str:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
                     f"the simulator's expert would; {pct(perfect['states_with_expert_candidate'])}% of states have "
                     f"one, and the data's own action is it in {pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
+    if compared:
+        out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
     return "\n".join(out)
 
 

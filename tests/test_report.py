@@ -8,8 +8,11 @@ from digiq.paths import Paths
 from digiq.report import (
     DIAGNOSTICS,
     END,
+    PAPER_CLAIMS,
     START,
     VALIDATION,
+    Claim,
+    claims_table,
     diagnostics_markdown,
     expert_pick_table,
     results_markdown,
@@ -122,3 +125,99 @@ def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):
     assert "| policy | General train | General test | Web Shopping test |" in md
     assert "| base | 40.0 ± 0.0 | 25.0 ± 7.1 | 10.0 ± 0.0 |" in md and "| digiq | 80.0 ± 14.1 | 55.0 ± 7.1 |" in md
     assert "train: the tasks of the first 50 trajectories per task set in the offline data" in md
+
+
+def _pair(diff: float, lo: float, hi: float) -> dict:
+    """One comparison of comparisons.json: A - B in points and its 95% interval."""
+    return {"diff": diff, "ci95": [lo, hi], "n_tasks": 96, "seeds": 2}
+
+
+def _verdicts(comparisons: dict) -> dict[str, str]:
+    """Each paper claim's verdict (the table's last column), by its comparison."""
+    rows = claims_table(comparisons)[2 : 2 + len(PAPER_CLAIMS)]
+    return {c.comparison: row.rsplit("|", 2)[1].strip() for c, row in zip(PAPER_CLAIMS, rows)}
+
+
+def test_claims_table_judges_each_claim_by_its_intervals():
+    comparisons = {
+        "general": {"digiq-filtered_bc": _pair(8.0, 2.0, 14.0),  # holds on both: reproduced
+                    "digiq-digirl_offline": _pair(6.0, 1.0, 11.0),  # holds on one, reversed on the other
+                    "digiq_untuned-digiq": _pair(-5.0, -8.0, -2.0),  # at least one: holds here, 0 held on the other
+                    "digiq_n1-digiq": _pair(3.0, -1.0, 7.0),  # not below: 0 held on both is no refutation
+                    "digiq_awr-digiq": _pair(-1.0, -4.0, 2.0),  # 0 held on both
+                    "digiq_reinforce-digiq": _pair(-9.0, -12.0, -6.0)},  # missing on the other task set
+        "webshop": {"digiq-filtered_bc": _pair(4.0, 0.5, 7.5),
+                    "digiq-digirl_offline": _pair(-5.0, -9.0, -1.0),
+                    "digiq_untuned-digiq": _pair(-2.0, -6.0, 2.0),
+                    "digiq_n1-digiq": _pair(1.0, -2.0, 4.0),
+                    "digiq_awr-digiq": _pair(0.5, -3.0, 4.0)},
+    }  # fmt: skip
+    assert _verdicts(comparisons) == {
+        "digiq-filtered_bc": "**reproduced**",
+        "digiq-digirl_offline": "**not reproduced**",
+        "digiq_untuned-digiq": "**reproduced**",
+        "digiq_n1-digiq": "**reproduced**",
+        "digiq_awr-digiq": "**no detectable difference**",
+        "digiq_reinforce-digiq": "**not measured**",
+    }
+    table = "\n".join(claims_table(comparisons))
+    # cells are in the claim's direction: the untuned ablation's -5.0 [-8.0, -2.0] is Digi-Q's lead of +5.0
+    assert "`digiq - digiq_untuned > 0` on at least one task set | +5.0 [+2.0, +8.0], holds | " in table
+    assert "+2.0 [-2.0, +6.0], no detectable difference | **reproduced** |" in table
+    assert "| -5.0 [-9.0, -1.0], reversed | **not reproduced** |" in table  # Digi-Q behind offline DigiRL
+    assert "`digiq - digiq_n1 ≥ 0` on both task sets | -3.0 [-7.0, +1.0], no detectable difference" in table
+    assert "| +9.0 [+6.0, +12.0], holds | not measured | **not measured** |" in table  # REINFORCE, General only
+    assert table.splitlines()[-1].startswith("Each cell: the claimed winner's lead in points")
+
+
+def test_claims_table_requires_what_each_claim_says():
+    holds, straddles = _pair(-5.0, -8.0, -2.0), _pair(-1.0, -4.0, 2.0)  # for an "A - B < 0" claim
+    # a "both" claim holding on one task set only, 0 held on the other, is not reproduced
+    ahead = _pair(5.0, 2.0, 8.0)  # for an "A - B > 0" claim
+    both = {"general": {"digiq-filtered_bc": ahead}, "webshop": {"digiq-filtered_bc": _pair(1.0, -2.0, 4.0)}}
+    assert _verdicts(both)["digiq-filtered_bc"] == "**not reproduced**"
+    # "at least one": holding on one task set reproduces it, unless it is reversed on the other
+    one = {"general": {"digiq_untuned-digiq": holds}, "webshop": {"digiq_untuned-digiq": straddles}}
+    assert _verdicts(one)["digiq_untuned-digiq"] == "**reproduced**"
+    one["webshop"]["digiq_untuned-digiq"] = _pair(4.0, 1.0, 7.0)
+    assert _verdicts(one)["digiq_untuned-digiq"] == "**not reproduced**"
+    one["general"]["digiq_untuned-digiq"] = straddles
+    assert _verdicts(one)["digiq_untuned-digiq"] == "**not reproduced**"  # reversed on one, 0 held on the other
+    one["webshop"]["digiq_untuned-digiq"] = straddles
+    assert _verdicts(one)["digiq_untuned-digiq"] == "**no detectable difference**"
+    # "not below": Best-of-1 detectably ahead on one task set refutes it; Best-of-16 ahead on both reproduces it
+    n1 = {"general": {"digiq_n1-digiq": _pair(6.0, 1.0, 11.0)}, "webshop": {"digiq_n1-digiq": straddles}}
+    assert _verdicts(n1)["digiq_n1-digiq"] == "**not reproduced**"
+    n1["general"]["digiq_n1-digiq"] = holds
+    assert _verdicts(n1)["digiq_n1-digiq"] == "**reproduced**"
+    # a comparison missing on either task set is not measured, whatever the other says; no file: none measured
+    assert _verdicts({"general": {"digiq-filtered_bc": ahead}})["digiq-filtered_bc"] == "**not measured**"
+    assert set(_verdicts({}).values()) == {"**not measured**"}
+
+
+def test_a_claim_names_a_known_relation_and_requirement():
+    with pytest.raises(ValueError, match="relation '=>' is not one of"):
+        Claim("x", "a-b", "=>", "both")
+    with pytest.raises(ValueError, match="on='all' is not one of"):
+        Claim("x", "a-b", ">", "all")
+    with pytest.raises(ValueError, match="comparison 'a' is not a key 'A-B'"):
+        Claim("x", "a", ">", "both")
+    with pytest.raises(ValueError, match="a weak \\(<=\\) claim is judged on both task sets"):
+        Claim("x", "a-b", "<=", "at least one")
+
+
+def test_results_end_with_the_paper_s_claims_after_the_ablations(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", _base_and_digiq())
+    assert "The paper's claims" not in results_markdown(paths)  # no comparisons, no verdicts
+    write_metrics(paths, "ablations", {"digiq": _base_and_digiq()["digiq"], "digiq_n1": _base_and_digiq()["base"]})
+    compared = {ts: {"digiq-base": _pair(30.0, 20.0, 40.0), "digiq_n1-digiq": _pair(-30.0, -40.0, -20.0)}
+                for ts in ("general", "webshop")}  # fmt: skip
+    write_metrics(paths, "comparisons", compared)
+    md = results_markdown(paths)
+    claims = md.index("The paper's claims, each judged by its comparison's interval:")
+    assert md.index("| digiq_n1 - digiq |") < claims  # after the ablations' comparisons
+    assert md[claims:].splitlines()[2:] == claims_table(compared)  # the whole table, to the end of the results
+    lead = "+30.0 [+20.0, +40.0], holds"  # Best-of-1 30 points behind: Best-of-16 not below it
+    assert f"`digiq - digiq_n1 ≥ 0` on both task sets | {lead} | {lead} | **reproduced** |" in md
+    assert "`digiq - filtered_bc > 0` on both task sets | not measured | not measured | **not measured** |" in md
