@@ -501,6 +501,10 @@ class ExperimentConfig:
     seeds: int = _help("independent repeats; eval reports the mean and standard deviation over them", 3, at_least=1)
 
 
+# Policy extractions from Digi-Q's critic beside Best-of-N (the actor stage): each weighs every drawn candidate.
+EXTRACTIONS = ("awr", "reinforce")
+
+
 @knobs
 class AblationsConfig:
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
@@ -516,10 +520,21 @@ class AblationsConfig:
         "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
         True,
     )
+    extraction: list[str] = _help(
+        "also extract a policy from Digi-Q's critic and Best-of-N's drawn candidates by a policy-gradient-style update "
+        "instead: awr (weight exp(A / beta)) | reinforce (weight A); a row digiq_<name> each",
+        list(EXTRACTIONS),
+    )
 
     def __post_init__(self) -> None:
         if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
+        unknown = [e for e in self.extraction if e not in EXTRACTIONS]
+        if unknown:
+            raise ValueError(f"extraction: unknown {unknown}; known: {list(EXTRACTIONS)}")
+        twice = sorted({e for e in self.extraction if self.extraction.count(e) > 1})
+        if twice:
+            raise ValueError(f"extraction: {twice} listed more than once in {self.extraction}")
 
 
 @knobs
@@ -567,7 +582,7 @@ class CriticConfig:
 
 # The ablation rows with a name of their own (besides digiq_n<N>), which a variant must not take.
 UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
-ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW)
+ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
 #: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
 VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
 
@@ -618,6 +633,14 @@ class ActorConfig:
     )
     batch_size: int = _help("rows per step", 32, at_least=1)
     lr: float = _help("learning rate", 0.0005, above=0)
+    awr_beta: float = _help(
+        "AWR's temperature: each drawn valid candidate is imitated with weight exp(A / beta); 0.1 is the scale of "
+        "Best-of-N's advantage threshold, so a candidate that clears it weighs about e times one at A = 0",
+        0.1,
+        above=0,
+    )
+    awr_max_weight: float = _help("AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", 20.0,
+                                  above=0)  # fmt: skip
     digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.7)
     digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30, at_least=1)
     seed: int = _help("seed", 5)

@@ -80,12 +80,14 @@ def shard(rows: Sequence[T], weights: Sequence[float] | None = None) -> tuple[li
     factor: its share of the batch's total weight, times the number of
     processes. Averaged over processes, the gradients are then exactly the
     gradient of the whole batch's mean loss, however unevenly it splits.
+    Weights count by their size, |w|, as ``AutoUIPolicy.loss`` normalises a
+    weighted loss by sum(|w|) (weights of either sign, REINFORCE's).
     """
     s = state()
     if s.num_processes == 1:
         return list(rows), 1.0
     idx = range(s.process_index, len(rows), s.num_processes)
-    w = [1.0] * len(rows) if weights is None else [float(x) for x in weights]
+    w = [1.0] * len(rows) if weights is None else [abs(float(x)) for x in weights]
     total = sum(w)
     return [rows[i] for i in idx], (sum(w[i] for i in idx) * s.num_processes / total if total else 0.0)
 

@@ -354,7 +354,9 @@ def _rows_table(diag: dict[str, Any], kept_rows: dict[str, float]) -> list[str]:
         cells = [pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
         out.append(f"| {name} | {kept_rows.get(name, '-')} | " + " | ".join(cells) + " |")
     return out + ["", "rows: the (state, action) rows each policy is fit on (mean over its seeds); the share of them "
-                  "whose action does what the simulator's expert would there (mean over seeds; - where none is kept)."]  # fmt: skip
+                  "whose action does what the simulator's expert would there (mean over seeds; - where none is kept). "
+                  "The extraction ablation's rows (every drawn candidate, weighted) count by their weight, those of "
+                  "negative weight not at all."]  # fmt: skip
 
 
 Cell = Callable[[str, str, dict[str, Any]], str]  # (task set, group, support row) -> a table cell
@@ -425,14 +427,31 @@ def results_markdown(paths: Paths) -> str:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)
         ablated = _comparison_table(compared or {}, ab)
         out += ["", *ablated] if ablated else []
-        perfect = (_load(paths, "actor") or {}).get("perfect_critic")
+        actor = _load(paths, "actor") or {}
+        perfect = actor.get("perfect_critic")
         if perfect and "digiq_perfect_critic" in ab:
             out += ["", "digiq_perfect_critic: Digi-Q's actor on a perfect critic's picks (the candidate doing what "
                     f"the simulator's expert would; {pct(perfect['states_with_expert_candidate'])}% of states have "
                     f"one, and the data's own action is it in {pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
+        out += _extraction_note({name: e for name, e in actor.get("extraction", {}).items() if name in ab})
     if compared:
         out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
     return "\n".join(out)
+
+
+# How each row of the extraction ablation weighs a drawn candidate of advantage A.
+EXTRACTION_WEIGHTS = {"digiq_awr": "exp(A / beta), clipped", "digiq_reinforce": "A itself"}
+
+
+def _extraction_note(extraction: dict[str, Any]) -> list[str]:
+    """What the extraction ablation's rows imitate (the actor stage's ``extraction`` metrics); empty without them."""
+    if not extraction:
+        return []
+    rows = "; ".join(f"{name} weighs each by {EXTRACTION_WEIGHTS[name]}, {e['rows']:g} rows per seed"
+                     + (f", mean weight {e['weight_mean']:.3f}" if "weight_mean" in e else "")
+                     for name, e in extraction.items())  # fmt: skip
+    return ["", f"{', '.join(extraction)}: Digi-Q's critic and exactly Best-of-N's drawn candidates, every valid one "
+            f"imitated with a weight ({rows}); the loss is normalised by the sum of |weight|."]  # fmt: skip
 
 
 def validation_markdown(paths: Paths) -> str:

@@ -9,6 +9,7 @@ import yaml
 from digiq.config import (
     PARAMS,
     SECTIONS,
+    AblationsConfig,
     ActorConfig,
     BasePolicyConfig,
     ComputeConfig,
@@ -21,6 +22,7 @@ from digiq.config import (
     help_text,
     load_params,
     load_section,
+    load_variants,
 )
 from digiq.env.state import Dynamics
 from digiq.paths import Paths
@@ -49,11 +51,19 @@ def test_repository_params_load():
         ({"compute": {"workers": 0}}, "workers must be >= 1, got 0"),
         ({"compute": {"workers": 2, "processes": 2}}, "either shares its jobs among workers or each job's batches"),
         ({"actor": {"updates": 0}}, "updates must be >= 1, got 0"),
+        ({"actor": {"awr_beta": 0}}, "awr_beta must be > 0, got 0.0"),
+        ({"ablations": {"extraction": ["awr", "ppo"]}}, "extraction: unknown ['ppo']; known: ['awr', 'reinforce']"),
+        (
+            {"ablations": {"extraction": ["reinforce", "awr", "reinforce"]}},
+            "extraction: ['reinforce'] listed more than once in ['reinforce', 'awr', 'reinforce']",
+        ),
+        ({"ablations": {"extraction": "awr"}}, "ablations.extraction must be list, got 'awr' (str)"),
     ],
 )
 def test_bad_values_name_the_key(group, needle):
     section = next(iter(group))
-    configs = {"env": EnvConfig, "base_policy": BasePolicyConfig, "compute": ComputeConfig, "actor": ActorConfig}
+    configs = {"env": EnvConfig, "base_policy": BasePolicyConfig, "compute": ComputeConfig, "actor": ActorConfig,
+               "ablations": AblationsConfig}  # fmt: skip
     with pytest.raises(ConfigError) as e:
         load_section(configs[section], section, group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
@@ -86,6 +96,12 @@ def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(t
     (tmp_path / "params" / "more.yaml").write_text("critic:\n  epochs: 7\n")
     with pytest.raises(ConfigError, match=r"more\.yaml: critic\.epochs is also set in params\.yaml"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_a_variant_may_not_take_an_extraction_row_s_name():
+    for name in ("digiq_awr", "digiq_reinforce"):
+        with pytest.raises(ConfigError, match=f"variant name '{name}' is taken by an ablation row"):
+            load_variants({"variants": {name: {"conservative": 0.3}}})
 
 
 def test_help_text_lists_every_field():

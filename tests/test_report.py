@@ -43,10 +43,13 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     write_metrics(paths, "ablations", {
         "digiq": _base_and_digiq()["digiq"],
         "digiq_perfect_critic": {"general": _result([0.7, 0.7], "search"), "webshop": _result([0.6, 0.6], "go_to_site")},
+        "digiq_awr": {"general": _result([0.4, 0.5], "search"), "webshop": _result([0.3, 0.3], "go_to_site")},
     })  # fmt: skip
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395},
-                                   "kept_rows": {"digiq": 120.5, "filtered_bc": 80}})  # fmt: skip
+                                   "kept_rows": {"digiq": 120.5, "filtered_bc": 80},
+                                   "extraction": {"digiq_awr": {"rows": 1530.5, "weight_mean": 1.2341},
+                                                  "digiq_reinforce": {"rows": 1530.5, "weight_mean": -0.01}}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7,
                                     "rewarded_steps": {"webshop": {"select_first": {"steps": 4.0, "q_taken": 0.0888}}}})  # fmt: skip
     write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
@@ -74,6 +77,10 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "No `metrics/comparisons.json`" in md  # no margin is stated without its interval
     assert "| digiq | 55.0 ± 7.1 | 40.0 ± 14.1 |" in md and "| digiq_perfect_critic | 70.0 ± 0.0 | 60.0 ± 0.0 |" in md
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
+    assert "| digiq_awr | 45.0 ± 7.1 | 30.0 ± 0.0 |" in md  # an extraction row, and its note (not digiq_reinforce's,
+    assert "digiq_awr: Digi-Q's critic and exactly Best-of-N's drawn candidates" in md  # which was not evaluated)
+    assert "digiq_awr weighs each by exp(A / beta), clipped, 1530.5 rows per seed, mean weight 1.234" in md
+    assert "digiq_reinforce weighs" not in md
     md = diagnostics_markdown(paths)
     assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md

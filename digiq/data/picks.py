@@ -1,9 +1,14 @@
-"""The rows each policy of stage 06 imitates: per seed, a stored state and the column of the candidate it copies.
+"""The rows each policy of the actor stage imitates: per seed, a stored state, the column of the candidate it copies
+and the row's weight.
 
-Column 0 is the action the data took there (stage 02 stores it first), so
-Filtered BC's and offline DigiRL's rows all have column 0 and Best-of-N's
-have the candidate its critic chose. Stage 06 writes the table beside the
-actors it fits; stage 07 judges every method's rows alike from it.
+Column 0 is the action the data took there (the augment_actions stage
+stores it first), so Filtered BC's and offline DigiRL's rows all have
+column 0 and Best-of-N's have the candidate its critic chose. Every row
+weighs 1 in the fit except those of the extraction ablation (AWR's and
+REINFORCE's weights, every drawn candidate of a state; a negative weight
+pushes the candidate down). The actor stage writes the table beside the
+actors it fits; the diagnostics stage judges every method's rows alike
+from it.
 """
 
 from __future__ import annotations
@@ -22,19 +27,25 @@ from digiq.paths import Paths
 
 __all__ = ["Picks", "write_picks", "read_picks", "PICK_FIELDS"]
 
-PICK_FIELDS = ("seed", "policy", "state", "column")
+PICK_FIELDS = ("seed", "policy", "state", "column", "weight")
 
 
 class Picks(NamedTuple):
-    """One policy's rows for one seed: stored states (rows of the step table sorted by trajectory and step) and columns."""
+    """One policy's rows for one seed: stored states (rows of the step table sorted by trajectory and step), columns
+    and the rows' weights in the fit (``None``: every row weighs 1)."""
 
     states: np.ndarray
     columns: np.ndarray
+    weights: np.ndarray | None = None
 
     @classmethod
     def taken(cls, states: np.ndarray) -> Picks:
         """The data's own action at ``states``."""
         return cls(states, np.zeros(len(states), int))
+
+    def row_weights(self) -> np.ndarray:
+        """Each row's weight, 1 where none is given."""
+        return np.ones(len(self.states)) if self.weights is None else np.asarray(self.weights, np.float64)
 
 
 def write_picks(paths: Paths, picks: Mapping[tuple[str, int], Picks]) -> None:
@@ -45,6 +56,7 @@ def write_picks(paths: Paths, picks: Mapping[tuple[str, int], Picks]) -> None:
         "policy": [k[0] for k in keys for _ in range(len(picks[k].states))],
         "state": np.concatenate([np.asarray(picks[k].states, np.int64) for k in keys]),
         "column": np.concatenate([np.asarray(picks[k].columns, np.int64) for k in keys]),
+        "weight": np.concatenate([picks[k].row_weights() for k in keys]),
     })  # fmt: skip
     with atomic_path(paths.picks) as tmp:
         pq.write_table(table, tmp)

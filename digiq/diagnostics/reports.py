@@ -186,19 +186,26 @@ def support_report(right: np.ndarray, task_sets: np.ndarray, groups: np.ndarray)
     return out
 
 
-def expert_share(
-    right: np.ndarray, states: np.ndarray, columns: np.ndarray, task_sets: np.ndarray
-) -> dict[str, float | None]:
+def expert_share(right: np.ndarray, states: np.ndarray, columns: np.ndarray, task_sets: np.ndarray,
+                 weights: np.ndarray | None = None) -> dict[str, float | None]:  # fmt: skip
     """Per task set, the share of a policy's rows whose action does what the simulator's expert would there.
 
     ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. It says what the keep rule feeds
-    the actor, apart from how well the actor learns it. ``None`` where the
-    policy keeps no row of a task set.
+    the actor, apart from how well the actor learns it. With the rows'
+    ``weights`` (the extraction ablation's), it is the share of the weight the
+    fit puts on imitating the expert's action: rows count by their weight, and
+    a row of negative weight (REINFORCE's), pushed down rather than imitated,
+    not at all. ``None`` where the policy imitates no row of a task set.
     """
     hit = right[states, columns]
     sets = task_sets[states]
-    return {ts: round(float(hit[sets == ts].mean()), 4) if np.any(sets == ts) else None
-            for ts in np.unique(task_sets)}  # fmt: skip
+    w = np.ones(len(states)) if weights is None else np.maximum(np.asarray(weights, np.float64), 0.0)
+    out: dict[str, float | None] = {}
+    for ts in np.unique(task_sets):
+        mine = sets == ts
+        total = w[mine].sum()
+        out[ts] = round(float((w[mine] * hit[mine]).sum() / total), 4) if total > 0 else None
+    return out
 
 
 def keep_by_group(kept: np.ndarray, kept_right: np.ndarray, seeds: int, task_sets: np.ndarray,

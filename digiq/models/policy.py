@@ -388,10 +388,18 @@ class AutoUIPolicy(nn.Module):
     def loss(
         self, prompts: list[str], screenshots: np.ndarray, actions: list[str], weights: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row)."""
+        """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row).
+
+        Weighted, it is sum(w * NLL) / sum(|w|): with REINFORCE's weights (the
+        advantage, of either sign) sum(w) can be near 0 or negative, which
+        would blow the step up or turn it around; sum(|w|) is sum(w) for
+        positive weights.
+        """
         logp, keep = self._token_logprobs(prompts, screenshots, actions)
         per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
-        return (per_row * weights).sum() / weights.sum().clamp(min=1e-8) if weights is not None else per_row.mean()
+        if weights is None:
+            return per_row.mean()
+        return (per_row * weights).sum() / weights.abs().sum().clamp(min=1e-8)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], screenshots: np.ndarray, n: int = 1, temperature: float = 1.0,

@@ -1,7 +1,8 @@
-"""Stage 06: policies extracted from the same offline data.
+"""The actor stage: policies extracted from the same offline data.
 
-All start from the base policy and are fit by (filtered) negative
-log-likelihood; they differ only in which (state, action) rows they imitate:
+All start from the base policy and are fit by (weighted) negative
+log-likelihood; they differ only in which (state, action, weight) rows they
+imitate:
 
 - ``digiq``: Best-of-N. For each state, K of the N candidates (always with
   the action taken) are scored by the critic, A = Q(s, a) - V(s); the best
@@ -10,16 +11,22 @@ log-likelihood; they differ only in which (state, action) rows they imitate:
 - ``digirl_offline``: the steps whose action beat a learned value baseline,
   MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
 - named variants (``digiq_cql``, ``digiq_hierarchy``): Best-of-N with a
-  critic beyond the paper's (stage 05, ``variants`` in params.yaml).
+  critic beyond the paper's (the critic stage, ``variants`` in params.yaml).
 - ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
   on the features of the pretrained VLM without the representation fine-tune
   (``digiq_untuned``) and of a VLM fine-tuned without pretraining
-  (``digiq_blind``), and on a perfect critic's picks.
+  (``digiq_blind``), and on a perfect critic's picks;
+  and the paper's extraction ablation (``ablations.extraction``): on Digi-Q's critic and
+  exactly the K candidates Best-of-N drew at each state, every valid one is
+  imitated with a weight, ``digiq_awr`` with exp(A / beta) clipped at
+  ``actor.awr_max_weight`` (advantage-weighted regression) and
+  ``digiq_reinforce`` with A itself (a policy-gradient step on the base
+  policy's samples: a negative weight pushes the candidate's likelihood down).
 
 Each is trained once per seed, every seed alike, for the same number of
 optimizer steps (``actor.updates``) whatever the number of rows it keeps.
-The rows every policy imitates are written beside the actors
-(:mod:`digiq.data.picks`); stage 07 (diagnostics) judges them.
+The rows every policy imitates, and their weights, are written beside the
+actors (:mod:`digiq.data.picks`); the diagnostics stage judges them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch.nn.functional as F
 
 from digiq import parallel
 from digiq.config import (
+    EXTRACTIONS,
     PERFECT_CRITIC_ROW,
     AblationsConfig,
     ActorConfig,
@@ -64,8 +72,11 @@ __all__ = [
     "run_actor",
     "ActorFitJob",
     "fit_actor_job",
+    "drawn_advantages",
     "best_of_n",
     "best_of_n_picks",
+    "extraction_weights",
+    "extraction_picks",
     "perfect_critic_picks",
     "filtered_bc_picks",
     "digirl_picks",
@@ -90,15 +101,25 @@ def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> 
     return out
 
 
+def extraction_rows(ablations: AblationsConfig) -> list[str]:
+    """The rows of the extraction ablation, ``digiq_<extraction>``, in the order ``ablations.extraction`` lists them."""
+    return [f"digiq_{e}" for e in ablations.extraction]
+
+
 def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
-    """The policies stage 06 trains and stage 08 evaluates: the paper's comparison, the named variants, the ablations."""
-    extra = [n for n in best_of_n_plan(ablations) if n != "digiq"]
+    """The policies the actor stage trains and the eval stage evaluates: the paper's comparison, the named variants, the ablations."""
+    extra = [n for n in best_of_n_plan(ablations) if n != "digiq"] + extraction_rows(ablations)
     return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
 
 
-def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per state: the index of the best valid candidate among K drawn (0 always in), and its advantage."""
+def drawn_advantages(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
+                     rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """(S, N): A = Q(s, a) - V(s) of the K candidates drawn per state (0, the action taken, always in); -inf elsewhere.
+
+    A candidate not drawn, or drawn but invalid, gets -inf: Best-of-N never
+    picks it and the weighted extractions never imitate it. Every extraction
+    of one seed reads this one matrix, so they all see the same candidates.
+    """
     S, N = valid.shape
     drawn = np.zeros((S, N), bool)
     drawn[:, 0] = True
@@ -107,26 +128,72 @@ def best_of_n(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: 
     _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
     adv = adv.numpy()
     adv[~(drawn & valid)] = -np.inf
+    return adv
+
+
+def best_of_n(adv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per state: the index of the best drawn valid candidate of :func:`drawn_advantages`, and its advantage."""
     best = adv.argmax(1)
-    return best, adv[np.arange(S), best]
+    return best, adv[np.arange(len(adv)), best]
 
 
 def imitation_rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
-    """Imitation rows: each picked state with its picked candidate."""
-    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c])
-            for i, c in zip(picks.states, picks.columns, strict=True)]  # fmt: skip
+    """Imitation rows: each picked state with its picked candidate and the row's weight."""
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c], float(w))
+            for i, c, w in zip(picks.states, picks.columns, picks.row_weights(), strict=True)]  # fmt: skip
 
 
-def best_of_n_picks(cfg: ActorConfig, critic: Critic, feats: dict[str, np.ndarray], steps: pd.DataFrame,
-                     valid: np.ndarray, k: int, seed: int) -> tuple[Picks, dict[str, float]]:  # fmt: skip
-    """Digi-Q's rows: each state's best of ``k`` candidates, kept where its advantage clears the task set's threshold."""
-    best, adv = best_of_n(critic, feats["state"], feats["candidates"], valid, k, np.random.default_rng(seed))
+def best_of_n_picks(cfg: ActorConfig, adv: np.ndarray, steps: pd.DataFrame) -> tuple[Picks, dict[str, float]]:
+    """Digi-Q's rows: each state's best drawn candidate, kept where its advantage clears the task set's threshold.
+
+    ``adv`` is :func:`drawn_advantages`'s matrix for the seed.
+    """
+    best, adv = best_of_n(adv)
     task_sets = steps.task_set.to_numpy()
     kept = adv > cfg.thresholds(task_sets)
     keep = np.flatnonzero(kept)
     stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
              **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
     return Picks(keep, best[keep]), stats
+
+
+def extraction_weights(cfg: ActorConfig, method: str, adv: np.ndarray) -> np.ndarray:
+    """(S, N): the weight each drawn valid candidate of ``adv`` (:func:`drawn_advantages`) is imitated with; NaN elsewhere.
+
+    ``awr``: exp(A / beta) clipped at ``awr_max_weight`` (Peng et al. 2019), so
+    every candidate is imitated, the better ones more. ``reinforce``: A itself,
+    the policy-gradient update with the critic's advantage on the base
+    policy's own samples (the candidates are drawn from it); a negative
+    weight pushes the candidate's likelihood down.
+    """
+    drawn = np.isfinite(adv)
+    a = np.where(drawn, adv, 0.0).astype(np.float64)
+    if method == "awr":
+        with np.errstate(over="ignore"):  # a weight past the clip may overflow to inf before it is clipped
+            w = np.minimum(np.exp(a / cfg.awr_beta), cfg.awr_max_weight)
+    elif method == "reinforce":
+        w = a
+    else:
+        raise ValueError(f"unknown extraction {method!r}; known: {list(EXTRACTIONS)}")
+    return np.where(drawn, w, np.nan)
+
+
+def extraction_picks(cfg: ActorConfig, method: str, adv: np.ndarray) -> tuple[Picks, dict[str, float]]:
+    """Every drawn valid candidate of every state as a row, weighted by :func:`extraction_weights`.
+
+    Also what the weights are: their mean and range, and the share clipped
+    (AWR) or negative (REINFORCE); nothing where no candidate is valid.
+    """
+    w = extraction_weights(cfg, method, adv)
+    states, columns = np.nonzero(np.isfinite(w))
+    weights = w[states, columns]
+    stats = {"weight_mean": float(weights.mean()), "weight_min": float(weights.min()),
+             "weight_max": float(weights.max())} if len(weights) else {}  # fmt: skip
+    if len(weights) and method == "awr":
+        stats["clipped_fraction"] = float(np.mean(weights >= cfg.awr_max_weight))
+    elif len(weights):
+        stats["negative_fraction"] = float(np.mean(weights < 0))
+    return Picks(states, columns, weights), stats
 
 
 def perfect_critic_picks(right: np.ndarray) -> Picks:
@@ -234,8 +301,10 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {name: [] for name in main + named + extra}
+        kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row (several for AWR's)
         not_taken: dict[str, list[float]] = {}
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
+        weighting: dict[str, list[dict[str, float]]] = {}  # the extraction ablation's weights, per seed
         every: dict[tuple[str, int], Picks] = {}
         fits: list[ActorFitJob] = []  # every (method, seed) fit, run once all seeds' rows are picked
         for s in range(seeds):
@@ -244,9 +313,15 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             plans: dict[str, Picks] = {}
             for name, (row, k) in plan.items():
                 k = cfg.k_candidates if k is None else k
-                plans[name], stats = best_of_n_picks(cfg, critics[row], feats[row], steps, valid, k, seed)
+                adv = drawn_advantages(critics[row], feats[row]["state"], feats[row]["candidates"], valid, k,
+                                       np.random.default_rng(seed))  # fmt: skip
+                plans[name], stats = best_of_n_picks(cfg, adv, steps)
                 not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
+                if name == "digiq":  # the extraction ablation: Digi-Q's critic and the very candidates it drew
+                    for method, row_name in zip(ablations.extraction, extraction_rows(ablations), strict=True):
+                        plans[row_name], weights = extraction_picks(cfg, method, adv)
+                        weighting.setdefault(row_name, []).append(weights)
             if ablations.perfect_critic:
                 plans[PERFECT_CRITIC_ROW] = perfect
             plans["filtered_bc"] = filtered_bc_picks(steps)
@@ -255,6 +330,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                 rows = imitation_rows(steps, cands, picks)
                 every[(name, s)] = picks
                 kept[name].append(len(rows))
+                kept_states[name].append(len(np.unique(picks.states)))
                 fits.append(ActorFitJob(paths, name, s, seed, rows, cfg))
         with timed(parts, "fits"):
             losses = map_jobs(fit_actor_job, fits, workers)
@@ -264,7 +340,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     metrics["states"] = len(steps)
     metrics["part_time_s"] = parts
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
-    metrics["kept_fraction"] = {name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept.items()}
+    metrics["kept_fraction"] = {
+        name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept_states.items()
+    }
+    # Per extraction row, means over seeds: the rows it imitates and their weights (no key where it kept no row).
+    metrics["extraction"] = {name: {"rows": round(float(np.mean(kept[name])), 1),
+                                    **{k: round(float(np.mean([p[k] for p in per_seed if k in p])), 4)
+                                       for k in dict.fromkeys(k for p in per_seed for k in p)}}
+                             for name, per_seed in weighting.items()}  # fmt: skip
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
     metrics["best_of_n_kept_fraction_per_seed"] = by_set
     if parallel.is_main():

@@ -16,7 +16,7 @@ it, and stage 08 evaluates them. On stored states of the offline data:
   it goes instead (``critic_wrong_picks``), whether the candidates hold the
   expert's action at all (``expert_support``), and how many of each policy's
   imitated rows are the expert's (``rows_expert_share``, from stage 06's
-  picks).
+  picks; rows counted by their weight in the fit).
 
 Writes ``metrics/diagnostics.json``; with ``oracle_states: 0`` (imported
 data, real devices) only ``{"off": why}``.
@@ -269,7 +269,8 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
             for s in range(seeds):
                 rows = by_key.get((policy, s), picks.iloc[:0])  # no rows: it kept none on this seed
                 states, columns = rows.state.to_numpy(), rows.column.to_numpy()
-                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets))
+                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets,
+                                                                  rows.weight.to_numpy()))  # fmt: skip
                 if policy == "digiq":
                     digiq_kept[states] += 1
                     digiq_right[states] += right[states, columns]

@@ -14,15 +14,20 @@ from digiq.paths import Paths
 def test_picks_come_back_per_policy_and_seed(tmp_path):
     paths = Paths(tmp_path)
     picks = {("digiq", 0): Picks(np.array([3, 7]), np.array([2, 0])), ("filtered_bc", 1): Picks.taken(np.array([1])),
-             ("digirl_offline", 0): Picks.taken(np.array([], int))}  # fmt: skip
+             ("digirl_offline", 0): Picks.taken(np.array([], int)),
+             ("digiq_reinforce", 0): Picks(np.array([3, 3, 5]), np.array([0, 2, 1]), np.array([0.25, -0.5, 0.0]))}  # fmt: skip
     write_picks(paths, picks)
     table = read_picks(paths)
-    assert sorted(table.columns) == ["column", "policy", "seed", "state"]
-    back = {key: Picks(rows.state.to_numpy(), rows.column.to_numpy())
+    assert sorted(table.columns) == ["column", "policy", "seed", "state", "weight"]
+    back = {key: Picks(rows.state.to_numpy(), rows.column.to_numpy(), rows.weight.to_numpy())
             for key, rows in table.groupby(["policy", "seed"])}  # fmt: skip
-    assert set(back) == {("digiq", 0), ("filtered_bc", 1)}  # a policy that kept no row has none
+    assert set(back) == {("digiq", 0), ("filtered_bc", 1), ("digiq_reinforce", 0)}  # one that kept no row has none
     assert back[("digiq", 0)].states.tolist() == [3, 7] and back[("digiq", 0)].columns.tolist() == [2, 0]
     assert back[("filtered_bc", 1)].columns.tolist() == [0]
+    assert back[("digiq", 0)].weights.tolist() == [1.0, 1.0] and back[("filtered_bc", 1)].weights.tolist() == [1.0]
+    weighted = back[("digiq_reinforce", 0)]  # several candidates of one state, each with its own signed weight
+    assert weighted.states.tolist() == [3, 3, 5] and weighted.columns.tolist() == [0, 2, 1]
+    assert weighted.weights.tolist() == [0.25, -0.5, 0.0]
 
 
 def test_a_missing_or_incomplete_picks_file_is_named(tmp_path):
@@ -31,5 +36,5 @@ def test_a_missing_or_incomplete_picks_file_is_named(tmp_path):
         read_picks(paths)
     paths.picks.parent.mkdir(parents=True)
     pq.write_table(pa.table({"seed": [0], "policy": ["digiq"]}), paths.picks)
-    with pytest.raises(DataError, match=r"lacks field\(s\) \['column', 'state'\]"):
+    with pytest.raises(DataError, match=r"lacks field\(s\) \['column', 'state', 'weight'\]"):
         read_picks(paths)

@@ -1,8 +1,11 @@
 """Fitting the policy to rows (SFT and every actor), and its checkpoints."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from digiq import parallel
 from digiq.env.actions import format_action, press_enter
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.policy_fit import FitRow, fit_policy
@@ -48,3 +51,59 @@ def test_a_checkpoint_with_tied_weights_is_the_same_bytes_at_every_save(tmp_path
     for (name, a), b in zip(policy.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert loaded.t5.lm_head.weight is loaded.t5.shared.weight  # tied again on load
+
+
+def _tiny_policy() -> AutoUIPolicy:
+    tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
+    torch.manual_seed(0)
+    return AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.0), tok).eval()
+
+
+def _rows(n: int) -> tuple[list[str], torch.Tensor, list[str]]:
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 114, 54, 3), dtype=torch.uint8, generator=gen)
+    return [f"Goal: open app {i}" for i in range(n)], images, [f"Action Decision: TYPE: app {i}" for i in range(n)]
+
+
+def test_a_weighted_loss_is_normalised_by_the_size_of_the_weights():
+    """REINFORCE's weights have either sign: sum(w * NLL) / sum(|w|), never / sum(w) (here 0)."""
+    policy = _tiny_policy()
+    prompts, images, actions = _rows(3)
+    with torch.no_grad():
+        nll = [float(policy.loss(prompts[i : i + 1], images[i : i + 1], actions[i : i + 1])) for i in range(3)]
+        weights = torch.tensor([1.5, -2.0, 0.5])  # sums to 0
+        weighted = float(policy.loss(prompts, images, actions, weights))
+        assert weighted == pytest.approx((1.5 * nll[0] - 2.0 * nll[1] + 0.5 * nll[2]) / 4.0, rel=1e-5)
+        # The same per-row NLLs as the batch computes them: the signed weights over sum |w| exactly, and positive
+        # weights the weighted mean it always was (/ sum(w)), bit for bit; weights of 1 the plain mean.
+        logp, keep = policy._token_logprobs(prompts, images, actions)
+        per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        assert torch.equal(policy.loss(prompts, images, actions, weights), (per_row * weights).sum() / 4.0)
+        w = torch.tensor([2.0, 1.0, 3.0])
+        assert torch.equal(policy.loss(prompts, images, actions, w), (per_row * w).sum() / w.sum())
+        ones = policy.loss(prompts, images, actions, torch.ones(3))
+        assert float(ones) == pytest.approx(float(policy.loss(prompts, images, actions)), rel=1e-6)
+
+
+def test_processes_sharing_a_batch_of_signed_weights_take_the_one_process_step(monkeypatch):
+    """Each process's share of a batch counts its rows' |w|: the averaged gradients are the whole batch's."""
+    policy = _tiny_policy()
+    prompts, images, actions = _rows(5)
+    weights = [1.0, -3.0, 0.5, -0.25, 2.0]  # uneven, of both signs, summing to 0.25
+
+    def grads(rows: list[int], share: float) -> list[torch.Tensor]:
+        policy.zero_grad()
+        loss = policy.loss([prompts[i] for i in rows], images[rows], [actions[i] for i in rows],
+                           torch.tensor([weights[i] for i in rows]))  # fmt: skip
+        (loss * share).backward()
+        return [p.grad.clone() for p in policy.parameters() if p.grad is not None]
+
+    whole = grads(list(range(5)), 1.0)
+    per_process = []
+    for rank in (0, 1):  # what each of two processes computes (their all-reduce averages the gradients)
+        monkeypatch.setattr(parallel, "state", lambda rank=rank: SimpleNamespace(num_processes=2, process_index=rank))
+        mine, share = parallel.shard(list(range(5)), weights)
+        assert mine == list(range(rank, 5, 2))
+        per_process.append(grads(mine, share))
+    for g, g0, g1 in zip(whole, *per_process, strict=True):
+        torch.testing.assert_close((g0 + g1) / 2, g, atol=1e-6, rtol=1e-4)

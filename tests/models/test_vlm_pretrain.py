@@ -19,7 +19,6 @@ from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import NOTHING, Question, ask, correct
 from digiq.paths import Paths
 from digiq.stages.vlm_pretrain import run_vlm_pretrain
-
 from tests.conftest import ROOT
 
 SMALL = VLMConfig(image_size=32, patch_size=16, vision_hidden=16, hidden=32, layers=1, heads=2)

@@ -78,7 +78,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"}
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
-    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_perfect_critic"}
+    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_perfect_critic", "digiq_awr",
+                              "digiq_reinforce"}  # fmt: skip
     for sets in [*report.values(), *ablations.values()]:
         assert set(sets) == {"general", "webshop"}
         for r in sets.values():  # every row on both seeds, the ablations too
@@ -90,7 +91,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert set(outcomes) == set(report) | set(ablations)
     assert all(len(s) == 6 for sets in outcomes.values() for strings in sets.values() for s in strings)
     comparisons = json.loads((workspace / "metrics" / "comparisons.json").read_text())
-    assert {"digiq-base", "digiq-filtered_bc", "digiq_hierarchy-digiq", "digiq_n1-digiq"} <= set(comparisons["general"])
+    assert {"digiq-base", "digiq-filtered_bc", "digiq_hierarchy-digiq", "digiq_n1-digiq", "digiq_awr-digiq",
+            "digiq_reinforce-digiq"} <= set(comparisons["general"])  # fmt: skip
     train = json.loads((workspace / "metrics" / "eval_train.json").read_text())  # the paper's train columns
     assert set(train) == set(report) - set(VARIANTS)  # the paper's rows only
     for policy, sets in train.items():  # the tasks of the first 5 of each task set's 8 collected trajectories
@@ -115,6 +117,9 @@ def test_pipeline_notebooks_run_in_order(workspace):
         perfect["states_with_expert_candidate"] * actor["states"]
     )
     assert 0.0 <= perfect["taken_action_is_expert"] <= perfect["states_with_expert_candidate"] <= 1.0
+    # AWR and REINFORCE weigh every drawn valid candidate: at least as many rows as Best-of-N keeps
+    assert set(actor["extraction"]) == {"digiq_awr", "digiq_reinforce"}
+    assert actor["kept_rows"]["digiq_awr"] == actor["kept_rows"]["digiq_reinforce"] >= actor["kept_rows"]["digiq"]
     diag = json.loads((workspace / "metrics" / "diagnostics.json").read_text())
     shares = diag["rows_expert_share"]  # the share of each policy's rows that are the expert's action
     assert set(shares) == set(actor["kept_rows"]) and len(shares["digiq"]) == 2
