@@ -17,6 +17,11 @@ it, and stage 08 evaluates them. On stored states of the offline data:
   expert's action at all (``expert_support``), and how many of each policy's
   imitated rows are the expert's (``rows_expert_share``, from stage 06's
   picks; rows counted by their weight in the fit).
+- **linear probes** of every VLM's (state, action) features
+  (:mod:`~digiq.diagnostics.representation`): whether an action changes the
+  screen and whether a tap lands on the element the goal names, scored on
+  held-out trajectories beside a control that sees only the goal and the
+  action (``probes``).
 
 Writes ``metrics/diagnostics.json``; with ``oracle_states: 0`` (imported
 data, real devices) only ``{"off": why}``.
@@ -40,6 +45,7 @@ from digiq.config import (
     DiagnosticsConfig,
     EnvConfig,
     ExperimentConfig,
+    VLMFinetuneConfig,
     load_section,
     load_variants,
 )
@@ -59,6 +65,7 @@ from digiq.diagnostics.reports import (
     support_report,
     wrong_pick_report,
 )
+from digiq.diagnostics.representation import feature_vlms, representation_probes
 from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
@@ -208,11 +215,12 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
-                    policies: Sequence[str], workers: int = 1) -> dict[str, Any]:  # fmt: skip
+                    policies: Sequence[str], threshold: float, workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
 
     ``policies`` are the ones stage 06 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
-    row of a task set on a seed has no share there (``None``).
+    row of a task set on a seed has no share there (``None``). ``threshold`` is the VLM fine-tune's
+    (``vlm_finetune.threshold``): the probes' "changes the screen" is the label that VLM learnt.
     """
     metrics: dict[str, Any] = {}
     if cfg.oracle_states == 0:
@@ -233,6 +241,8 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         task_sets = steps.task_set.to_numpy()
 
+        with timed(parts, "representation_probes"):  # every VLM whose features the embed stage wrote
+            metrics["probes"] = representation_probes(paths, feature_vlms(paths), threshold=threshold, seed=cfg.seed)
         with timed(parts, "oracle_values"):
             sample = oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers)
         # The representation's slices as the VLM's recipe made them; features from elsewhere count as one.
@@ -309,6 +319,7 @@ def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     main, named, extra = policy_names(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
     return run_diagnostics(cfg, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
                            policies=[*main, *named, *extra],
+                           threshold=load_section(VLMFinetuneConfig, "vlm_finetune", params).threshold,
                            env=load_section(EnvConfig, "env", params),
                            collect=load_section(CollectConfig, "collect", params),
                            workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

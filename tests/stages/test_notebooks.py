@@ -143,6 +143,9 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert behaviour["rollouts"] == 2 and all(0.0 <= v["flat"] <= 1.0 for k, v in behaviour.items() if k == "all")
     if oracle["informative_states"]:
         assert "behaviour_value" in oracle["top1_hit_rate"]
+    probes = diag["probes"]  # linear probes of each VLM's features, beside the control's
+    assert set(probes) == {"finetuned", "untuned", "control"}
+    assert all(set(r) == {"changes_screen", "tap_on_goal_element"} for r in probes.values())
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:
