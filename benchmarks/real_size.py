@@ -11,11 +11,11 @@ fine-tuning, 16 bytes per parameter, and 1/N of that per process when stage
 ``--forward`` and a CUDA GPU, each model is materialised with random weights
 in bf16 and timed on a batch of real-shaped inputs; the peak memory of that
 forward pass is measured too. With ``--stages`` and a CUDA GPU, the pipeline's
-own code runs at real size: stage 04's ``ScreenVLM.embed`` and stage 03's
+own code runs at real size: stage 05's ``ScreenVLM.embed`` and stage 04's
 fine-tune step (last 4 layers, and LoRA rank 16; each with and without
 gradient checkpointing) on LLaVA-1.5-7B, both again with the real preset's
 recipe (``original``), and the Auto-UI-Base sampling loop
-of stages 01, 02 and 07; each is timed with its peak memory.
+of stages 01, 02 and 08; each is timed with its peak memory.
 ``real_stages.py`` runs the stage functions around them.
 """
 
@@ -136,7 +136,7 @@ def timed_forward(name: str, batch: int, repeats: int = 5) -> tuple[float, float
 
 
 def screen_vlm_7b() -> ScreenVLM:
-    """Stage 03/04's ``ScreenVLM`` around a random LLaVA-1.5-7B, with an offline LLaVA-style tokenizer and processor."""
+    """Stage 04/04's ``ScreenVLM`` around a random LLaVA-1.5-7B, with an offline LLaVA-style tokenizer and processor."""
     tasks = generate_tasks("general", "train", 300, 0) + generate_tasks("webshop", "train", 150, 0)
     corpus = [
         LLAVA_TEMPLATE.format(TinyRecipe(336).question(tap(0.5, 0.5), t)) + a for t in tasks for a in (" Yes", " No")
@@ -150,7 +150,7 @@ def screen_vlm_7b() -> ScreenVLM:
 
 def _train_step(vlm: ScreenVLM, params: list[torch.nn.Parameter], images: list[np.ndarray], prompts: list[str],
                 labels: torch.Tensor) -> Callable[[], None]:  # fmt: skip
-    """One stage-03 step: Yes/No loss, backward, AdamW."""
+    """One stage-04 step: Yes/No loss, backward, AdamW."""
     opt = torch.optim.AdamW(params, lr=1e-5)
     vlm.model.train()
 
@@ -163,7 +163,7 @@ def _train_step(vlm: ScreenVLM, params: list[torch.nn.Parameter], images: list[n
 
 
 def _llava_rows(images: list[np.ndarray], prompts: list[str], train_batch: int) -> list[tuple[str, str, float, float]]:
-    """Stage 04's embedding, then stage 03's step (last 4 layers, LoRA; with and without checkpointing) on LLaVA-7B.
+    """Stage 05's embedding, then stage 04's step (last 4 layers, LoRA; with and without checkpointing) on LLaVA-7B.
 
     A step that runs out of GPU memory is reported as such (rate NaN, peak infinite) and the next one goes on.
     """
@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--forward", action="store_true", help="time bf16 forward passes (needs a CUDA GPU)")
     ap.add_argument("--stages", action="store_true", help="time the pipeline's GPU stages at real size (needs CUDA)")
     ap.add_argument("--batch", type=int, default=16, help="items per forward pass")
-    ap.add_argument("--train-batch", type=int, default=8, help="pairs per stage-03 step (--stages)")
+    ap.add_argument("--train-batch", type=int, default=8, help="pairs per stage-04 step (--stages)")
     args = ap.parse_args()
     print(
         "| model | parameters | bf16 weights (GB) | full fine-tune, AdamW (GB) | per process, sharded over 2 / 4 / 8 |"

@@ -1,4 +1,4 @@
-"""Stages 03 and 04's own functions on a llava-hf folder of LLaVA-1.5-7B's size (random weights), timed on a GPU.
+"""Stages 04 and 05's own functions on a llava-hf folder of LLaVA-1.5-7B's size (random weights), timed on a GPU.
 
 ``real_size.py --stages`` times the models' calls; this runs the stages
 around them as a user with a released checkpoint would: a llava-hf folder
@@ -90,7 +90,7 @@ def peak_gb() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny LLaVA of the same layout, on the CPU")
-    ap.add_argument("--batch", type=int, default=16, help="stage 04's rows per forward pass (embed.batch_size)")
+    ap.add_argument("--batch", type=int, default=16, help="stage 05's rows per forward pass (embed.batch_size)")
     args = ap.parse_args()
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("LLaVA-1.5-7B's size needs a CUDA GPU; --tiny checks this script on the CPU")

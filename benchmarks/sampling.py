@@ -1,7 +1,7 @@
 """The policy's sampling (StepDecoder) against transformers' decoder with its own cache, measured in one run.
 
 A policy checkpoint (default: the pipeline's base policy) samples actions
-for batches of real test prompts and simulator screenshots, as stage 07
+for batches of real test prompts and simulator screenshots, as stage 08
 does: through ``AutoUIPolicy.sample``, and through the same loop calling
 transformers' ``T5ForConditionalGeneration`` once per token with its
 ``EncoderDecoderCache``. Both take the same random draws; the
@@ -59,7 +59,7 @@ def sample_with_transformers_cache(policy: AutoUIPolicy, prompts: list[str], sho
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", type=Path, default=Paths().base_policy, help="policy checkpoint folder")
-    ap.add_argument("--batch", type=int, default=48, help="prompts per call (stage 07: eval.n_envs)")
+    ap.add_argument("--batch", type=int, default=48, help="prompts per call (stage 08: eval.n_envs)")
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--temperature", type=float, default=0.8)
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Stage 07's evaluations in one process against the same jobs shared by worker processes, measured in one run.
+"""Stage 08's evaluations in one process against the same jobs shared by worker processes, measured in one run.
 
 A policy checkpoint (default: the pipeline's base policy) is evaluated on
 the first ``--tasks`` test tasks of each task set for ``--jobs`` seeds,

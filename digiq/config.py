@@ -383,7 +383,7 @@ PRETRAIN_OBJECTIVES = ("element", "point", "presence")
 
 @knobs
 class VLMPretrainConfig:
-    """Pretraining of the tiny VLM: questions about train-split screens whose answers the view hierarchy gives."""
+    """Stage 03: pretraining of the tiny VLM: questions about train-split screens whose answers the view hierarchy gives."""
 
     objectives: list[str] = _help(
         "what the VLM is asked: element (what a tap at the red circle lands on) | point (where a named element is) | presence (is a named element on the screen); [] = no pretraining",
@@ -411,7 +411,7 @@ class VLMPretrainConfig:
 
 @knobs
 class VLMFinetuneConfig:
-    """Stage 03: fine-tune the VLM on "does this action change the screen?"."""
+    """Stage 04: fine-tune the VLM on "does this action change the screen?"."""
 
     threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0, at_least=0)
     holdout: float = _help("fraction of trajectories held out for accuracy", 0.2, at_least=0, below=1)
@@ -467,21 +467,21 @@ class VLMFinetuneConfig:
 
 @knobs
 class EmbedConfig:
-    """Stage 04: VLM representations of every (state, candidate) pair."""
+    """Stage 05: VLM representations of every (state, candidate) pair."""
 
     batch_size: int = _help("pairs per forward pass", 256, at_least=1)
 
 
 @knobs
 class ComputeConfig:
-    """How stages use the machine: data-parallel processes (stages 00, 03, 05, 06) or workers for independent jobs (04-08)."""
+    """How stages use the machine: data-parallel processes (stages 00, 04, 06, 07) or workers for independent jobs (05-09)."""
 
     processes: int = _help(
         "data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1, at_least=1
     )
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
     workers: int = _help(
-        "CPU processes that share stages 04-08's independent jobs: the two VLMs' features, the "
+        "CPU processes that share stages 05-09's independent jobs: each VLM's features, the "
         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
         "stage's own process)",
         2,
@@ -539,7 +539,7 @@ class AblationsConfig:
 
 @knobs
 class CriticConfig:
-    """Stage 05: double Q and V heads trained by TD on frozen features.
+    """Stage 06: double Q and V heads trained by TD on frozen features.
 
     The defaults are Digi-Q's critic (the ``digiq`` row): VLM and text features, plain TD. The CQL term and
     the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
@@ -621,7 +621,7 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
 
 @knobs
 class ActorConfig:
-    """Stage 06: Best-of-N policy extraction and the offline baselines."""
+    """Stage 07: Best-of-N policy extraction and the offline baselines."""
 
     k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16, at_least=1)
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
@@ -652,7 +652,7 @@ class ActorConfig:
 
 @knobs
 class DiagnosticsConfig:
-    """Stage 07: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
+    """Stage 08: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
 
     oracle_states: int = _help(
         "stored states whose candidates get true values from rollouts (0: the stage is off)", 200, at_least=0
@@ -668,13 +668,13 @@ class DiagnosticsConfig:
     seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
 
 
-# What stage 08's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
+# What stage 09's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
 @knobs
 class EvalConfig:
-    """Stage 08: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
+    """Stage 09: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int | None = _help(
         "first tasks of each test list; null: the whole list, which carries the intervals "

@@ -78,21 +78,21 @@ class Paths:
         return self.vlm / "blind"
 
     def features(self, vlm: str = "finetuned") -> Path:
-        """Stage-04 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
+        """Stage-05 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
         return self.data / "features" / vlm
 
     @property
     def critics(self) -> Path:
-        """Stage 05's output folder: every critic of every seed."""
+        """Stage 06's output folder: every critic of every seed."""
         return self._output("critics", self.data / "models" / "critic")
 
     def critic(self, seed: int, row: str = "digiq") -> Path:
-        """Stage-05 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
+        """Stage-06 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
         return self.critics / f"seed{seed}" / row
 
     @property
     def actors(self) -> Path:
-        """Stage 06's output folder: every policy of every seed, and their picks."""
+        """Stage 07's output folder: every policy of every seed, and their picks."""
         return self._output("actors", self.data / "models" / "actors")
 
     def actor(self, name: str, seed: int) -> Path:
@@ -100,7 +100,7 @@ class Paths:
 
     @property
     def picks(self) -> Path:
-        """Stage 06's imitated rows of every policy and seed (:mod:`digiq.data.picks`)."""
+        """Stage 07's imitated rows of every policy and seed (:mod:`digiq.data.picks`)."""
         return self.actors / "picks.parquet"
 
     @property

@@ -133,7 +133,7 @@ def _family_table(results: dict[str, Any]) -> list[str]:
 
 
 def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[str]:
-    """The paired comparisons of stage 08 between ``rows``: difference in points and its 95% bootstrap interval.
+    """The paired comparisons of stage 09 between ``rows``: difference in points and its 95% bootstrap interval.
 
     Empty when no comparison has both its policies among ``rows`` (a table of its own per results table).
     """
@@ -304,7 +304,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
 
 
 def expert_pick_table(pick: dict[str, Any]) -> list[str]:
-    """How often each ranking picks the expert's action, over every stored state (stage 07; notebook 07)."""
+    """How often each ranking picks the expert's action, over every stored state (stage 08; notebook 07)."""
     if not pick:
         return ["Expert picks off (`diagnostics.oracle_states: 0`)."]
     if "hit_rate" not in pick:
@@ -320,7 +320,7 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
-    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 07; notebook 07)."""
+    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 08; notebook 07)."""
     if not wrong:
         return ["Wrong picks off (`diagnostics.oracle_states: 0`), or the critic never missed the expert."]
     columns = [(f"{head} (%)", lambda ts, kind, r, key=key: pct(r[key])) for head, key in
@@ -333,7 +333,7 @@ def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
 
 
 def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
-    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 05; notebook 05)."""
+    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 06; notebook 05)."""
     if not rewarded:
         return ["No rewarded step among the transitions the critics trained on."]
     columns: list[tuple[str, Cell]] = [("rewarded steps trained on", lambda ts, fam, r: f"{r['steps']:g}"),
@@ -345,7 +345,7 @@ def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
 
 
 def _rows_table(diag: dict[str, Any], kept_rows: dict[str, float]) -> list[str]:
-    """Per policy: how many rows it imitates (stage 06) and how often their action is the expert's, per task set (stage 07)."""
+    """Per policy: how many rows it imitates (stage 07) and how often their action is the expert's, per task set (stage 08)."""
     shares = diag["rows_expert_share"]
     sets = list(next(iter(shares.values())))
     out = ["| policy | rows | " + " | ".join(f"expert's action, {ts} (%)" for ts in sets) + " |",
@@ -363,7 +363,7 @@ Cell = Callable[[str, str, dict[str, Any]], str]  # (task set, group, support ro
 
 
 def _grouped_table(support: dict[str, Any], group: str, columns: list[tuple[str, Cell]], note: str) -> list[str]:
-    """A row per task set and group of a support report (stage 07), with the given columns."""
+    """A row per task set and group of a support report (stage 08), with the given columns."""
     out = [f"| task set | {group} | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for ts, groups in support.items():
         for g, r in groups.items():
@@ -379,7 +379,7 @@ _SUPPORT: list[tuple[str, Cell]] = [
 
 
 def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[str]:
-    """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 07)."""
+    """Per family: the data's success (stage 01) and how often its action, or any candidate, is the expert's (stage 08)."""
     won: tuple[str, Cell] = ("data's success (%)", lambda ts, fam, r: pct(success[fam]) if fam in success else "-")
     return _grouped_table(support, "family", [_STATES, won, *_SUPPORT],
                           "A family whose states rarely offer a candidate that does what the simulator's expert would "
@@ -388,7 +388,7 @@ def _support_table(support: dict[str, Any], success: dict[str, float]) -> list[s
 
 
 def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
-    """Per kind of the expert's action: what the data offer there and what Digi-Q keeps (stage 07)."""
+    """Per kind of the expert's action: what the data offer there and what Digi-Q keeps (stage 08)."""
 
     def digiq(key: str) -> Cell:
         def cell(ts: str, kind: str, r: dict[str, Any]) -> str:
@@ -404,7 +404,7 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
 
 
 def _skills_table(skills: dict[str, Any]) -> list[str]:
-    """The base policy alone and with each skill lent by the expert, per task set (stage 08, first seed)."""
+    """The base policy alone and with each skill lent by the expert, per task set (stage 09, first seed)."""
     if "off" in skills:
         return [f"Expert-skill diagnostic off: {skills['off']}."]
     out = ["| base policy | General test | Web Shopping test |", "|---|---|---|"]
@@ -421,7 +421,7 @@ def results_markdown(paths: Paths) -> str:
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
         return "No `metrics/eval.json` yet: run `make repro`."
-    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 08."]
+    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 09."]
     out = _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)
@@ -474,7 +474,7 @@ def validation_markdown(paths: Paths) -> str:
         + [
             "",
             f"Success rate (%), mean ± sample std over {r['seeds']} seeds, {n} validation tasks per "
-            "seed (General/Web Shopping); each row's seed s is its stage-06 checkpoint of seed s.",
+            "seed (General/Web Shopping); each row's seed s is its stage-07 checkpoint of seed s.",
         ]
     )
 
@@ -489,29 +489,29 @@ def diagnostics_markdown(paths: Paths) -> str:
     if ev:
         out += ["Success by family on the test list (%, mean over seeds):", ""] + _family_table(ev)
     if "rows_expert_share" in diag:
-        out += ["", "What each policy imitates (stages 06 and 07):", ""] + _rows_table(diag, actor.get("kept_rows", {}))
+        out += ["", "What each policy imitates (stages 07 and 08):", ""] + _rows_table(diag, actor.get("kept_rows", {}))
     if "expert_support" in diag:
-        out += ["", "Where the data can teach (stages 01 and 07):", ""] + _support_table(
+        out += ["", "Where the data can teach (stages 01 and 08):", ""] + _support_table(
             diag["expert_support"], success
         )
     if "expert_support_by_kind" in diag:
-        out += ["", "By the kind of the expert's action (stage 07):", ""] + _kind_table(
+        out += ["", "By the kind of the expert's action (stage 08):", ""] + _kind_table(
             diag["expert_support_by_kind"], diag.get("digiq_rows_by_kind", {})
         )
     if oracle:
-        out += ["", "Oracle diagnostic (stage 07; true candidate values from the simulator):", ""] + _oracle_table(
+        out += ["", "Oracle diagnostic (stage 08; true candidate values from the simulator):", ""] + _oracle_table(
             oracle
         )
     if "expert_pick" in diag:
-        out += ["", "Expert picks over all stored states (stage 07):", ""] + expert_pick_table(diag["expert_pick"])
+        out += ["", "Expert picks over all stored states (stage 08):", ""] + expert_pick_table(diag["expert_pick"])
     wrong = diag.get("critic_wrong_picks")
     if wrong:
-        out += ["", "Where Digi-Q's critic's picks go wrong (stage 07):", ""] + wrong_pick_table(wrong)
+        out += ["", "Where Digi-Q's critic's picks go wrong (stage 08):", ""] + wrong_pick_table(wrong)
     rewarded = (_load(paths, "critic") or {}).get("rewarded_steps")
     if rewarded:
-        out += ["", "Digi-Q's critic at the data's rewarded steps (stage 05):", ""] + rewarded_table(rewarded)
+        out += ["", "Digi-Q's critic at the data's rewarded steps (stage 06):", ""] + rewarded_table(rewarded)
     if skills:
-        out += ["", "Where the base policy loses (stage 08, first seed, the first 96 test tasks; success % with one "
+        out += ["", "Where the base policy loses (stage 09, first seed, the first 96 test tasks; success % with one "
                 "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
         out += _skills_table(skills)
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]

@@ -1,6 +1,6 @@
 """Independent jobs spread over CPU processes: one VLM's features, one critic or actor fit, one evaluation.
 
-Stages 04-08 repeat the same work for each VLM or each (row, seed) pair,
+Stages 05-09 repeat the same work for each VLM or each (row, seed) pair,
 and the jobs share nothing but their inputs on disk. The models are small, so two torch
 threads in one process leave much of a second core idle, while two
 one-thread processes keep both busy (``benchmarks/workers.py`` measures the

@@ -110,7 +110,7 @@ def test_help_text_lists_every_field():
 
 
 def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
-    """Emulator episodes cannot be replayed in the simulator: stages 06 and 07 say which key to change."""
+    """Emulator episodes cannot be replayed in the simulator: stages 07 and 08 say which key to change."""
     params = load_params()
     params["devices"]["backend"] = "emulator"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))

@@ -1,4 +1,4 @@
-"""Stage 07's per-episode outcomes and paired comparisons, and ``python -m digiq.evaluate`` on any task file.
+"""Stage 08's per-episode outcomes and paired comparisons, and ``python -m digiq.evaluate`` on any task file.
 
 Every checkpoint here is a copy of the untrained tiny base policy of
 ``values_root`` (conftest), which solves nothing. Where the outcomes are
@@ -40,7 +40,7 @@ def _expert(checkpoint: Path, cfg: EvalConfig, seed: int) -> ExpertPolicy:
 
 @pytest.fixture(scope="module")
 def stage(values_root, tmp_path_factory) -> Paths:
-    """Stage 07 run on two seeds: main policies, a variant and an ablation, each on both."""
+    """Stage 08 run on two seeds: main policies, a variant and an ablation, each on both."""
     paths = Paths(tmp_path_factory.mktemp("eval"))
     source = Paths(values_root)
     shutil.copytree(source.base_policy, paths.base_policy)
@@ -210,7 +210,7 @@ def test_cli_names_bad_input(stage, params_file, tmp_path, capsys):
 
 
 def test_cli_runs_one_checkpoint_per_seed(stage, params_file, tmp_path, monkeypatch):
-    """Several --policy folders, as stage 06 trains one per seed: seed s runs the s-th, on seed s's devices."""
+    """Several --policy folders, as stage 07 trains one per seed: seed s runs the s-th, on seed s's devices."""
     used: list[tuple[Path, int]] = []
 
     def record(checkpoint: Path, cfg: EvalConfig, seed: int):

@@ -55,7 +55,7 @@ def _jobs(checkpoint, n_tasks: int = 4) -> list[EvalJob]:
 
 
 def test_evaluations_in_workers_match_the_stage_s_process(values_root):
-    """Stage 07's jobs on the untrained tiny base: workers make their own simulated devices, episodes in list order."""
+    """Stage 08's jobs on the untrained tiny base: workers make their own simulated devices, episodes in list order."""
     jobs = _jobs(Paths(values_root).base_policy)
     with device_pool(DeviceConfig(), EnvConfig(width=WIDTH), JudgeConfig(), 3) as pool:
         here = [evaluate_job(job, pool) for job in jobs]
@@ -86,7 +86,7 @@ def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
     params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})
     params["experiment"]["seeds"] = 2
     params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
-    params["variants"] = {"digiq_cql": params["variants"]["digiq_cql"]}
+    params["variants"] = {"digiq_cql": {"conservative": 0.3, "conservative_gate": True}}
     (dest / "params.yaml").write_text(yaml.safe_dump(params))
     return Paths(dest)
 
@@ -109,7 +109,7 @@ def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_pa
 
 
 def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monkeypatch):
-    """Stage 07's true values, base log-likelihoods and behaviour values, in chunks over two workers."""
+    """Stage 08's true values, base log-likelihoods and behaviour values, in chunks over two workers."""
     monkeypatch.setattr(diagnostics, "ORACLE_CHUNK", 3)  # two chunks of the six states below
     paths = Paths(values_root)
     params = yaml.safe_load((values_root / "params.yaml").read_text())

@@ -1,4 +1,4 @@
-"""Stage 04's feature arrays: VLM representations of every state and (state, candidate) pair.
+"""Stage 05's feature arrays: VLM representations of every state and (state, candidate) pair.
 
 One folder per VLM (``data/features/finetuned``, ``data/features/untuned``),
 row-aligned with the offline step table sorted by (traj_id, step_id):
@@ -34,7 +34,7 @@ def save_features(folder: Path, arrays: dict[str, np.ndarray], ids: np.ndarray) 
 
 
 def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]:
-    """The stage-04 arrays of one VLM, memory-mapped, checked against each other and against the step table.
+    """The stage-05 arrays of one VLM, memory-mapped, checked against each other and against the step table.
 
     Raises:
         DataError: naming the file that is missing, unreadable, of the wrong shape, holds a non-finite

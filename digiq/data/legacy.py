@@ -12,7 +12,7 @@ The output folder is a :class:`~digiq.data.trajectories.TrajectoryStore`
 (screenshots copied under ``images/``), plus, when the file has them:
 
 - ``candidates.parquet``: the stage-02 contract (``traj_id``, ``step_id``,
-  ``action_list``, ``valid_list``), so the pipeline can start at stage 03;
+  ``action_list``, ``valid_list``), so the pipeline can start at stage 04;
 - ``image_features.npy`` / ``next_image_features.npy`` (S, 1408): the BLIP-2
   features AutoUI reads, in step-table order;
 - ``q_rep_out_list.npy`` (S, N, D): Digi-Q's candidate representations.

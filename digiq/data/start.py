@@ -1,4 +1,4 @@
-"""Start the pipeline from imported data: at stage 02, 03 or 05 instead of collecting on the simulator.
+"""Start the pipeline from imported data: at stage 02, 04 or 06 instead of collecting on the simulator.
 
 ``import-legacy`` turns a released file into a dataset folder (steps,
 screenshots, and for Digi-Q files the candidates and features). This module
@@ -7,7 +7,7 @@ their outputs:
 
 - ``augment_actions`` (02): the steps into ``data/offline`` (stage 01's output);
 - ``vlm_finetune`` (03): also the candidates into ``data/candidates`` (stage 02's);
-- ``critic`` (05): also the features into ``data/features/finetuned`` (stage 04's):
+- ``critic`` (05): also the features into ``data/features/finetuned`` (stage 05's):
   ``image_features`` as the state, ``next_image_features`` as the next
   state, ``q_rep_out_list`` as the candidates' representations.
 

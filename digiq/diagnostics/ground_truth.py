@@ -220,7 +220,7 @@ def expert_equivalent(device: SimDevice, task: Task, candidates: Sequence[str]) 
 def expert_kind(device: SimDevice, task: Task) -> str:
     """The kind of action the noiseless expert takes here (``DUAL_POINT``, ``TYPE``, ``PRESS_HOME`` ...).
 
-    Stage 07 groups its support and keep diagnostics by it: a kind the base
+    Stage 08 groups its support and keep diagnostics by it: a kind the base
     never samples, or one the critic never picks, shows up across families.
     """
     return next_action(device, task).type.name

@@ -182,7 +182,7 @@ def tapped_elements(
     The element is the last one in the dump, so the one drawn on top, that can
     be tapped or typed into and whose bounds hold the point; system bars count
     (their Back button is a tap of its own). All of a screen's candidates are
-    looked up in one parse: stages 05 and 06 read 16 candidates of every
+    looked up in one parse: stages 06 and 07 read 16 candidates of every
     stored screen.
 
     Raises:

@@ -1,4 +1,4 @@
-"""What the critic reads: stage 04's VLM features and, as in Digi-Q, text features of the goal and the actions.
+"""What the critic reads: stage 05's VLM features and, as in Digi-Q, text features of the goal and the actions.
 
 Digi-Q's critic does not rely on the VLM representation alone. In its
 release Q reads the goal, the previous action's type and typed text, and the
@@ -135,7 +135,7 @@ def distinct_actions(action_lists: Sequence[Sequence[str]], targets: Sequence[st
 
     Half of the 16 candidates repeat another (Back alone is a quarter of
     them). A term that sums over the list counts an action as often as it was
-    sampled, so stage 05's conservative term scores only these. An action is
+    sampled, so stage 06's conservative term scores only these. An action is
     its parsed decision (a garbled plan before it changes nothing) and, with
     ``targets`` (:func:`tap_targets`, flat over the states' candidates), a tap
     is the element it lands on, wherever inside it. A candidate that does not
@@ -190,14 +190,14 @@ def critic_inputs(
     typed: bool = False,
     entries: bool = False,
 ) -> dict[str, np.ndarray]:
-    """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 05's critic trains on.
+    """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 06's critic trains on.
 
-    Stage 04's features of ``vlm``; with ``text``, followed by the
+    Stage 05's features of ``vlm``; with ``text``, followed by the
     :data:`STATE_TEXT` features (s' has the step's own action as its previous
     one) and, per candidate, the :data:`ACTION_TEXT` features, read by the
     base policy in ``paths.base_policy``; with ``targets``, :data:`TAP_TARGET`,
     with ``typed``, the two :data:`TYPED_MATCH` numbers, and with ``entries``, the two
-    :data:`LIST_ENTRY` numbers last. Stages 05 and 06 and the Q/V viewer
+    :data:`LIST_ENTRY` numbers last. Stages 06 and 07 and the Q/V viewer
     all call this, so the critic always sees the inputs it was trained on.
     """
     feats = load_features(paths, vlm)
@@ -236,12 +236,12 @@ def critic_inputs(
 
 
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
-    """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 06, the Q/V viewer)."""
+    """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 07, the Q/V viewer)."""
     return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
 
 
 def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Each stage-05 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
+    """Each stage-06 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
 
     Rows whose critics read the same VLM's features with the same options
     share one build (the paper's row and its ablations over N, for instance).

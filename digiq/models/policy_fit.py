@@ -1,7 +1,7 @@
 """Fit the policy by (weighted) negative log-likelihood of chosen actions.
 
 One loop serves the base policy's SFT on demonstrations (stage 00) and the
-actors of stage 06 (Best-of-N picks, Filtered BC, offline DigiRL): they
+actors of stage 07 (Best-of-N picks, Filtered BC, offline DigiRL): they
 differ only in which (state, action, weight) rows they hand in.
 """
 
@@ -62,7 +62,7 @@ def fit_policy(
     """Train in place for ``epochs`` passes over ``rows`` or ``updates`` optimizer steps; returns the loss curve.
 
     A fixed number of ``updates`` gives every method the same training
-    budget whatever the number of rows it keeps (stage 06); the rows are
+    budget whatever the number of rows it keeps (stage 07); the rows are
     reshuffled each time they run out. Under ``accelerate launch`` each
     process takes its share of every batch and the gradients are averaged
     (:mod:`digiq.parallel`): the same steps as one process on the whole batch.

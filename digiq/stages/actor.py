@@ -10,7 +10,7 @@ imitate:
 - ``filtered_bc``: every step of the trajectories that succeeded.
 - ``digirl_offline``: the steps whose action beat a learned value baseline,
   MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
-- named variants (``digiq_cql``, ``digiq_hierarchy``): Best-of-N with a
+- named variants (e.g. ``digiq_hierarchy``): Best-of-N with a
   critic beyond the paper's (the critic stage, ``variants`` in params.yaml).
 - ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
   on the features of the pretrained VLM without the representation fine-tune
@@ -89,9 +89,9 @@ METHODS = ("digiq", "filtered_bc", "digirl_offline")
 
 
 def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
-    """Every Best-of-N policy stage 06 trains: name -> (whose critic, candidates per state).
+    """Every Best-of-N policy stage 07 trains: name -> (whose critic, candidates per state).
 
-    The critic is named by its row (stage 05, :func:`digiq.stages.critic.critic_specs`); ``None``
+    The critic is named by its row (stage 06, :func:`digiq.stages.critic.critic_specs`); ``None``
     candidates means ``actor.k_candidates`` (Digi-Q's own setting).
     """
     out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
@@ -244,7 +244,7 @@ def digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed:
 
 
 class ActorFitJob(NamedTuple):
-    """One policy of stage 06: the base policy fit on a method's ``rows`` for seed ``seed`` (``fit_seed`` seeds it)."""
+    """One policy of stage 07: the base policy fit on a method's ``rows`` for seed ``seed`` (``fit_seed`` seeds it)."""
 
     paths: Paths
     name: str
@@ -282,7 +282,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
     """
     plan = best_of_n_plan(ablations, variants)
-    critic_rows = sorted({row for row, _ in plan.values()})  # the stage-05 critics the Best-of-N policies use
+    critic_rows = sorted({row for row, _ in plan.values()})  # the stage-06 critics the Best-of-N policies use
     require("actor", paths.base_policy / "config.json",
             *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
     main, named, extra = policy_names(ablations, variants)
@@ -354,14 +354,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
         # candidates are all invalid.
         save_curve_plot(paths.plots / "actor_loss.png", curves,
-                        "Stage 06: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
+                        "Stage 07: actor NLL (seed 0)" + ("" if curves else ": no rows kept"))  # fmt: skip
         write_metrics(paths, "actor", metrics)
     parallel.barrier()
     return metrics
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
+    """Stage 07 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and ablations.perfect_critic:
         raise ValueError("ablations.perfect_critic must be false with devices.backend emulator: the perfect critic "

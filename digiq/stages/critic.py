@@ -1,4 +1,4 @@
-"""Stage 05: TD learning of double Q and V heads on frozen VLM features.
+"""Stage 06: TD learning of double Q and V heads on frozen VLM features.
 
 Q target: r + gamma * (1 - done) * V_target(s');  V target: Q_target(s, a_data)
 (pessimistic minima of the twin heads), target networks soft-updated with tau.
@@ -8,7 +8,7 @@ goal and the actions (``text_features``; :mod:`digiq.models.critic_inputs`).
 
 Beyond the paper, as named variants with their own rows (``variants`` in
 params.yaml): ``conservative``, a CQL term (Kumar et al. 2020). TD fits Q on
-the taken action only, yet stage 06 takes the argmax over 16 candidates, so
+the taken action only, yet stage 07 takes the argmax over 16 candidates, so
 it picks whichever untaken candidate the heads happen to overestimate; the
 term lowers the log-sum-exp of Q over a state's valid candidates against Q
 of the taken action. With ``tap_targets`` the term counts each distinct
@@ -125,7 +125,7 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
 
     With ``targets`` (``critic.tap_targets``) an action is what it does,
     taps on the same element being one (:func:`distinct_actions`), as for the
-    perfect critic (stage 06). Without them a tap is only its point; counting
+    perfect critic (stage 07). Without them a tap is only its point; counting
     distinct action strings would count taps a pixel apart as two and
     push the right tap down with its near copies, so every candidate stays.
     """
@@ -186,7 +186,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     """Train one critic by TD (seeded by ``seed``); the held-out V-vs-return correlation measures it.
 
     ``scored`` (states, N) marks the candidates the conservative term
-    (``cfg.conservative`` > 0) pushes down, which needs it: stage 05 passes
+    (``cfg.conservative`` > 0) pushes down, which needs it: stage 06 passes
     :func:`scored_candidates`.
     """
     if cfg.conservative > 0 and scored is None:
@@ -277,7 +277,7 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
 
 
 class CriticSpec(NamedTuple):
-    """One critic stage 05 trains: whose VLM features it reads, and its settings."""
+    """One critic stage 06 trains: whose VLM features it reads, and its settings."""
 
     vlm: str
     cfg: CriticConfig
@@ -296,7 +296,7 @@ def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], rows: 
 
 
 class CriticJob(NamedTuple):
-    """One critic of stage 05: a row's spec on one seed (``seed`` counts from 0; the fit's is ``cfg.seed + seed``)."""
+    """One critic of stage 06: a row's spec on one seed (``seed`` counts from 0; the fit's is ``cfg.seed + seed``)."""
 
     paths: Paths
     row: str
@@ -380,14 +380,14 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
         metrics["rewarded_steps"] = rewarded_fit(trained, spec_inputs(paths, specs["digiq"]), transitions(paths))
         metrics["by_critic"] = by_critic
     if parallel.is_main():
-        save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 05: TD losses (seed 0)")
+        save_curve_plot(paths.plots / "critic_td_loss.png", curves, "Stage 06: TD losses (seed 0)")
         write_metrics(paths, "critic", metrics)
     parallel.barrier()
     return metrics
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 05 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
+    """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
                          vlm_rows(load_section(AblationsConfig, "ablations", params)))  # fmt: skip
     return run_critic(

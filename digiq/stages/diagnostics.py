@@ -1,7 +1,7 @@
-"""Stage 07: the critics' picks judged against what only the simulator knows.
+"""Stage 08: the critics' picks judged against what only the simulator knows.
 
-Nothing here feeds a policy: stage 06 trains the actors without waiting for
-it, and stage 08 evaluates them. On stored states of the offline data:
+Nothing here feeds a policy: stage 07 trains the actors without waiting for
+it, and stage 09 evaluates them. On stored states of the offline data:
 
 - **true values** (:func:`oracle_sample`): a sample of ``oracle_states``
   states is rebuilt, each candidate is taken on copies of it and the noisy
@@ -15,7 +15,7 @@ it, and stage 08 evaluates them. On stored states of the offline data:
   critic's top candidate does what the expert would (``expert_pick``), where
   it goes instead (``critic_wrong_picks``), whether the candidates hold the
   expert's action at all (``expert_support``), and how many of each policy's
-  imitated rows are the expert's (``rows_expert_share``, from stage 06's
+  imitated rows are the expert's (``rows_expert_share``, from stage 07's
   picks; rows counted by their weight in the fit).
 - **linear probes** of every VLM's (state, action) features
   (:mod:`~digiq.diagnostics.representation`): whether an action changes the
@@ -218,7 +218,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                     policies: Sequence[str], threshold: float, workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
 
-    ``policies`` are the ones stage 06 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
+    ``policies`` are the ones stage 07 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
     row of a task set on a seed has no share there (``None``). ``threshold`` is the VLM fine-tune's
     (``vlm_finetune.threshold``): the probes' "changes the screen" is the label that VLM learnt.
     """
@@ -271,7 +271,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         expert_probes = {f"probe_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes, seed=cfg.seed)
                          for vlm, f in by_vlm.items()}  # fmt: skip
 
-        # The rows each policy of stage 06 imitates: how many are the expert's.
+        # The rows each policy of stage 07 imitates: how many are the expert's.
         shares: dict[str, list[dict[str, float | None]]] = {}
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # over seeds
         by_key = dict(iter(picks.groupby(["policy", "seed"], sort=True)))
@@ -311,7 +311,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
 
 
 def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 07 as ``params.yaml`` sets it."""
+    """Stage 08 as ``params.yaml`` sets it."""
     cfg = load_section(DiagnosticsConfig, "diagnostics", params)
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and cfg.oracle_states:
         raise ValueError("diagnostics.oracle_states must be 0 with devices.backend emulator: the diagnostics "

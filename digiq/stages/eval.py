@@ -1,4 +1,4 @@
-"""Stage 08: roll every policy out on held-out test tasks; success by task set and family.
+"""Stage 09: roll every policy out on held-out test tasks; success by task set and family.
 
 Protocol (docs/experiments.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
@@ -95,7 +95,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
 
     Every policy for every seed, so that each comparison pairs the same
-    seeds. Variants are Digi-Q with changes beyond the paper (``digiq_cql``...):
+    seeds. Variants are Digi-Q with changes beyond the paper (``digiq_hierarchy``...):
     their rows stand beside the main ones, compared as "variant - digiq" like
     the ablations. The train-task columns cover the paper's rows (the base
     and ``main``); the expert-skill diagnostic the protocol's first 96 test tasks.

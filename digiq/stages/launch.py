@@ -1,6 +1,6 @@
 """Run a training stage in this process or in several (``accelerate launch``): ``python -m digiq.stages.launch MODULE``.
 
-The notebooks of stages 00, 03, 05 and 06 call :func:`run_stage` with their
+The notebooks of stages 00, 04, 06 and 07 call :func:`run_stage` with their
 module's ``from_params``. With ``compute.processes: 1`` the stage runs right
 there, in the notebook's kernel. With N > 1 it starts ``accelerate launch
 --num_processes N -m digiq.stages.launch MODULE`` (data parallel,

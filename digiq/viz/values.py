@@ -1,7 +1,7 @@
 """Q and V values of the pipeline's data, ready to look at.
 
 :func:`load_values` reads what the pipeline wrote (the offline steps, the
-candidates, the stage-04 features and one seed's self-describing critic
+candidates, the stage-05 features and one seed's self-describing critic
 checkpoint) and scores every step and every candidate once: V(s), Q(s, a),
 the advantage Q - V, the VLM's P(Yes), and which candidate Best-of-N keeps.
 The viewers (:mod:`digiq.viz.viewers`) only index into these tables, so a
@@ -80,7 +80,7 @@ class ValueData:
 
 
 def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq") -> ValueData:
-    """Score the pipeline's data with seed ``seed``'s critic of ``row`` (stage 05: ``digiq``, a variant...) in one call."""
+    """Score the pipeline's data with seed ``seed``'s critic of ``row`` (stage 06: ``digiq``, a variant...) in one call."""
     paths = Paths(Path(root) if root else ROOT)
     require("viewer", paths.critic(seed, row) / "config.json", paths.offline, paths.candidates)
     params = load_params(paths.root / "params.yaml")

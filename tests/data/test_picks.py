@@ -1,4 +1,4 @@
-"""``digiq.data.picks``: the rows each policy imitates, written by stage 06 and read back by stage 07."""
+"""``digiq.data.picks``: the rows each policy imitates, written by stage 07 and read back by stage 08."""
 
 import numpy as np
 import pyarrow as pa

@@ -1,4 +1,4 @@
-"""Starting the pipeline from imported data at stage 02, 03 or 05: files placed, then a real `dvc repro`."""
+"""Starting the pipeline from imported data at stage 02, 04 or 06: files placed, then a real `dvc repro`."""
 
 import json
 import os
@@ -19,7 +19,7 @@ from digiq.data.legacy import import_legacy
 from digiq.data.start import place_imported
 from digiq.paths import ROOT, Paths
 
-pytestmark = pytest.mark.slow  # stages 05-08 under DVC on imported data
+pytestmark = pytest.mark.slow  # stages 06-09 under DVC on imported data
 
 OFF = {
     "diagnostics": {"oracle_states": 0},

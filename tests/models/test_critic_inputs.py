@@ -1,4 +1,4 @@
-"""The critic's inputs: stage 04's features, then text features of the goal and the actions (Digi-Q's critic)."""
+"""The critic's inputs: stage 05's features, then text features of the goal and the actions (Digi-Q's critic)."""
 
 import shutil
 

@@ -80,7 +80,7 @@ def test_released_llava_is_asked_in_its_chat_format(llava_hf):
 
 
 def _stage_03(llava_hf, values_root, tmp_path, **changes) -> tuple[Paths, VLMFinetuneConfig]:
-    """A copy of the small pipeline root and stage 03's params for one quick epoch on the llava-hf folder."""
+    """A copy of the small pipeline root and stage 04's params for one quick epoch on the llava-hf folder."""
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
     cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
@@ -238,7 +238,7 @@ def test_original_loss_is_llavas_next_token_loss_on_the_answer_and_end_token(lla
 
 
 def test_stage_03_and_04_with_the_real_preset(llava_hf, values_root, tmp_path):
-    """Stages 03 and 04 on the tiny llava-hf folder with every setting the real preset makes (a third of an epoch)."""
+    """Stages 04 and 05 on the tiny llava-hf folder with every setting the real preset makes (a third of an epoch)."""
     real = {}
     for groups in read_preset(ROOT / "params" / "presets" / "real.yaml").values():
         real |= groups.get("vlm_finetune", {})

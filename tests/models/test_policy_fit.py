@@ -26,7 +26,7 @@ def test_a_policy_fits_any_number_of_steps(rows):
 
 
 def test_a_fixed_number_of_updates_runs_over_the_rows_as_often_as_it_takes():
-    """Stage 06's budget: 7 updates of 2 rows over 5 rows are 3 batches a pass, the passes reshuffled."""
+    """Stage 07's budget: 7 updates of 2 rows over 5 rows are 3 batches a pass, the passes reshuffled."""
     tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
     torch.manual_seed(0)
     policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.0), tok)

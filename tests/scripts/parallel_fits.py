@@ -29,7 +29,7 @@ def main(out: Path) -> None:
     vlm.model.to(parallel.device())
     opt = torch.optim.AdamW(vlm.model.parameters(), lr=1e-3)
     images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(5)]
-    for step in range(3):  # stage 03's step: this process's share of the batch, then averaged gradients
+    for step in range(3):  # stage 04's step: this process's share of the batch, then averaged gradients
 
         def loss(batch: list[int], step: int = step) -> dict[str, torch.Tensor]:
             prompts = [f"<image>\nTask: t{i}\nDoes tapping change the screen? Answer:" for i in batch]

@@ -1,4 +1,4 @@
-"""Stage 05's TD critic: the update, the conservative term and its gate, the fit diagnostics."""
+"""Stage 06's TD critic: the update, the conservative term and its gate, the fit diagnostics."""
 
 import shutil
 from pathlib import Path

@@ -37,7 +37,7 @@ TINY = {
 VARIANTS = {"digiq_hierarchy": {"conservative": 0.3, "conservative_gate": True, "tap_targets": True,
                                 "typed_match": True, "list_entries": True}}  # fmt: skip
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-STAGES = [n for n in NOTEBOOKS if n != "09_explore_values.ipynb"]
+STAGES = [n for n in NOTEBOOKS if n != "10_explore_values.ipynb"]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
         assert set(sets) == {"general", "webshop"} and all(r["n_episodes"] == 5 for r in sets.values())
         seeds = len({**ablations, **report}[policy]["general"]["per_seed"])  # as many seeds as on the test tasks
         assert all(len(r["per_seed"]) == seeds for r in sets.values())
-    # params.yaml's compute.workers: stage 07's evaluations ran in worker processes spawned from the kernel
+    # params.yaml's compute.workers: stage 08's evaluations ran in worker processes spawned from the kernel
     assert json.loads((workspace / "metrics" / "eval_timing.json").read_text())["workers"] == 2
     skills = json.loads((workspace / "metrics" / "skills.json").read_text())
     assert set(skills) == {"policy", "seed", "none", "type", "tap", "action_type"}
@@ -172,7 +172,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
 
 def test_the_values_notebook_draws_both_viewers_headless(workspace):
     out = workspace / "executed_09.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / "09_explore_values.ipynb"), str(out), kernel_name="python3",
+    pm.execute_notebook(str(ROOT / "notebooks" / "10_explore_values.ipynb"), str(out), kernel_name="python3",
                         parameters={"root": str(workspace), "headless": True}, progress_bar=False, cwd=str(workspace))  # fmt: skip
     cells = json.loads(out.read_text())["cells"]
     outputs = [o for c in cells if c["cell_type"] == "code" for o in c["outputs"]]
@@ -181,7 +181,7 @@ def test_the_values_notebook_draws_both_viewers_headless(workspace):
 
 
 def test_a_stage_without_its_input_names_what_is_missing(tmp_path):
-    nb = ROOT / "notebooks" / "05_critic.ipynb"
+    nb = ROOT / "notebooks" / "06_critic.ipynb"
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     with pytest.raises(pm.PapermillExecutionError, match="stage critic: missing input .*offline"):
         pm.execute_notebook(
@@ -199,7 +199,7 @@ def test_a_params_key_of_the_wrong_type_is_named(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(pm.PapermillExecutionError, match=r"critic\.epochs must be int"):
         pm.execute_notebook(
-            str(ROOT / "notebooks" / "05_critic.ipynb"),
+            str(ROOT / "notebooks" / "06_critic.ipynb"),
             str(tmp_path / "out.ipynb"),
             kernel_name="python3",
             progress_bar=False,
