@@ -33,7 +33,7 @@ from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_s
 from digiq.data.screen_corpus import LabelledScreen, labelled_screens, record_screens, screen_images
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS
-from digiq.io import atomic_write_text, require
+from digiq.io import StageError, atomic_write_text, require
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
@@ -100,10 +100,16 @@ def run_vlm_pretrain(cfg: VLMPretrainConfig, finetune: VLMFinetuneConfig, env: E
                                                dynamics=Dynamics.of(env), width=env.width)  # fmt: skip
             train = labelled_screens(stores["train"])
             held = labelled_screens(stores["val"], exclude=train)
+            if not train:
+                raise StageError("stage vlm_pretrain: no train screen shows a labelled element; the view hierarchies "
+                                 f"under {paths.screens / 'train'} list nothing to ask about")  # fmt: skip
             bases = vlm.recipe.base(screen_images(stores["train"], train))
-            held_bases = vlm.recipe.base(screen_images(stores["val"], held))
+            held_bases = vlm.recipe.base(screen_images(stores["val"], held)) if held else []
         rng = random.Random(cfg.seed)
-        evals = {o: questions([o], held, held_bases, vlm, cfg.eval_questions, rng) for o in cfg.objectives}
+        # Held-out accuracy needs validation screens unlike every training screen; a tiny run may have none.
+        evals = (
+            {o: questions([o], held, held_bases, vlm, cfg.eval_questions, rng) for o in cfg.objectives} if held else {}
+        )
         before = {o: round(accuracy(vlm, q), 4) for o, q in evals.items()}
         curve = _train(vlm, cfg, train, bases, rng) if cfg.objectives else []
         after = {o: round(accuracy(vlm, q), 4) for o, q in evals.items()}

@@ -19,7 +19,8 @@ TINY = {
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
     "collect": {"tasks_per_set": 8, "n_envs": 8},
     "augment": {"n_candidates": 4, "max_resample": 1},
-    "vlm_finetune": {"epochs": 1, "hidden": 64},
+    "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
+    "vlm_finetune": {"epochs": 1},
     "critic": {"epochs": 2, "hidden": 64},
     "actor": {
         "updates": 3,
@@ -31,7 +32,7 @@ TINY = {
     "diagnostics": {"oracle_states": 6, "oracle_rollouts": 2, "behaviour_rollouts": 2},
     "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
     "experiment": {"seeds": 2},
-    "ablations": {"untuned_vlm": True, "n_candidates": [1]},
+    "ablations": {"untuned_vlm": True, "blind_vlm": True, "n_candidates": [1]},
 }
 # One named variant, with both of the critic's additions beyond the paper (replaces params.yaml's variants).
 VARIANTS = {"digiq_hierarchy": {"conservative": 0.3, "conservative_gate": True, "tap_targets": True,
@@ -51,7 +52,7 @@ def workspace(tmp_path_factory) -> Path:
     paths = Paths(root)
     paths.tasks.mkdir(parents=True)
     for ts in ("general", "webshop"):
-        for split, n in (("train", 16), ("test", 6)):
+        for split, n in (("train", 16), ("val", 2), ("test", 6)):
             paths.task_list(ts, split).write_text("\n".join(generate_tasks(ts, split, n)) + "\n")
     return root
 
@@ -64,7 +65,7 @@ def test_notebooks_are_committed_without_outputs():
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
-    assert len(STAGES) == 9
+    assert len(STAGES) == 10
     os.environ.setdefault("TQDM_DISABLE", "1")
     for name in STAGES:
         pm.execute_notebook(
@@ -78,8 +79,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"}
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
-    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_perfect_critic", "digiq_awr",
-                              "digiq_reinforce"}  # fmt: skip
+    assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_blind", "digiq_perfect_critic",
+                              "digiq_awr", "digiq_reinforce"}  # fmt: skip
     for sets in [*report.values(), *ablations.values()]:
         assert set(sets) == {"general", "webshop"}
         for r in sets.values():  # every row on both seeds, the ablations too
@@ -109,7 +110,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     models = workspace / "data" / "models"
     for s in (0, 1):  # one critic per row that needs one, on every seed
         assert sorted(p.name for p in (models / "critic" / f"seed{s}").iterdir()) == [
-            "digiq", "digiq_hierarchy", "digiq_untuned"]  # fmt: skip
+            "digiq", "digiq_blind", "digiq_hierarchy", "digiq_untuned"]  # fmt: skip
     assert sorted(p.name for p in (models / "actors" / "seed1").iterdir()) == sorted({*report, *ablations} - {"base"})
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())
     perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
@@ -138,24 +139,26 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert all(0.0 <= k["kept"] <= 1.0 for kinds in kept.values() for k in kinds.values())
     oracle = diag  # true values of sampled states' candidates
     assert oracle["states"] == 6 and len(oracle["per_seed"]) == 2
-    assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned"}
+    assert set(oracle["candidate_variance_within_state"]) == {"finetuned", "untuned", "blind"}
     behaviour = oracle["behaviour_values"]  # the same states continued by the base policy
     assert behaviour["rollouts"] == 2 and all(0.0 <= v["flat"] <= 1.0 for k, v in behaviour.items() if k == "all")
     if oracle["informative_states"]:
         assert "behaviour_value" in oracle["top1_hit_rate"]
     probes = diag["probes"]  # linear probes of each VLM's features, beside the control's
-    assert set(probes) == {"finetuned", "untuned", "control"}
+    assert set(probes) == {"finetuned", "untuned", "blind", "control"}
     assert all(set(r) == {"changes_screen", "tap_on_goal_element"} for r in probes.values())
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:
         assert set(pick["hit_rate"]) == {"random", "critic_digiq", "critic_digiq_hierarchy", "critic_digiq_untuned",
-                                         "taken_action", "probe_finetuned", "probe_untuned"}  # fmt: skip
+                                         "critic_digiq_blind", "taken_action", "probe_finetuned", "probe_untuned",
+                                         "probe_blind"}  # fmt: skip
     assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in (
         "base_policy",
         "collect",
         "augment_actions",
+        "vlm_pretrain",
         "vlm_finetune",
         "embed",
         "critic",
@@ -171,7 +174,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
 
 
 def test_the_values_notebook_draws_both_viewers_headless(workspace):
-    out = workspace / "executed_09.ipynb"
+    out = workspace / "executed_10.ipynb"
     pm.execute_notebook(str(ROOT / "notebooks" / "10_explore_values.ipynb"), str(out), kernel_name="python3",
                         parameters={"root": str(workspace), "headless": True}, progress_bar=False, cwd=str(workspace))  # fmt: skip
     cells = json.loads(out.read_text())["cells"]
