@@ -78,7 +78,7 @@ class Paths:
         return self.vlm / "blind"
 
     def features(self, vlm: str = "finetuned") -> Path:
-        """Stage-05 arrays from the fine-tuned VLM, or from the ``untuned`` one (an ablation)."""
+        """Stage-05 arrays from the fine-tuned VLM, or from an ablation's (``untuned``, ``blind``)."""
         return self.data / "features" / vlm
 
     @property
@@ -87,7 +87,7 @@ class Paths:
         return self._output("critics", self.data / "models" / "critic")
 
     def critic(self, seed: int, row: str = "digiq") -> Path:
-        """Stage-06 critic of ``row`` (``digiq``, a variant, or ``digiq_untuned``) for one seed."""
+        """Stage-06 critic of ``row`` (``digiq``, a variant, or a VLM ablation's) for one seed."""
         return self.critics / f"seed{seed}" / row
 
     @property

@@ -1,6 +1,6 @@
 """Stage 05's feature arrays: VLM representations of every state and (state, candidate) pair.
 
-One folder per VLM (``data/features/finetuned``, ``data/features/untuned``),
+One folder per VLM (``data/features/finetuned``; ``untuned`` and ``blind`` for the VLM ablations),
 row-aligned with the offline step table sorted by (traj_id, step_id):
 ``state.npy`` (S, H), ``next_state.npy`` (S, H), ``candidates.npy`` (S, N, H')
 (H' = H for the VLMs here; released data may differ),

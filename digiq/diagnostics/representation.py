@@ -43,7 +43,6 @@ as the VLM fine-tune does, and each stored view hierarchy with a drawn tap.
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -57,7 +56,7 @@ from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
 from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.catalog import stable_int
-from digiq.env.hierarchy import xml_text
+from digiq.env.hierarchy import node_bounds, parse_dump
 from digiq.models.vlm import effect_label
 from digiq.paths import Paths
 
@@ -72,7 +71,6 @@ CONTROL_WORDS, CONTROL_PAIRS, GRID = 128, 512, 8
 CONTROL = "control"  # the key of the control's probes beside the VLMs'
 
 _WORD = re.compile(r"\w+")
-_BOUNDS = re.compile(r"^\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]$")
 
 
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
@@ -154,20 +152,14 @@ def labels_at(xml: str, points: Sequence[tuple[float, float]], size: tuple[int, 
     Raises:
         ValueError: ``xml`` is not well-formed, or a labelled node's bounds are malformed.
     """
-    try:
-        root = ET.fromstring(xml_text(xml))
-    except ET.ParseError as e:
-        raise ValueError(f"the view hierarchy is not well-formed XML: {e}") from None
+    root = parse_dump(xml)
     width, height = size
     boxes = []
     for node in root.iter("node"):
         label = (node.get("text") or "").strip() or (node.get("content-desc") or "").strip()
         if not label:
             continue
-        m = _BOUNDS.match(node.get("bounds", ""))
-        if m is None:
-            raise ValueError(f"node {label!r} has bounds {node.get('bounds')!r}, expected [x0,y0][x1,y1]")
-        x0, y0, x1, y1 = map(int, m.groups())
+        x0, y0, x1, y1 = node_bounds(node)
         boxes.append(((x1 - x0) * (y1 - y0), x0, y0, x1, y1, label))
     out = []
     for y, x in points:

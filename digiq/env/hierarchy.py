@@ -30,7 +30,7 @@ from digiq.env.screens import NOOP
 from digiq.env.ui import ABOVE_DIALOG, SCREEN_H, SCREEN_W, Widget
 
 __all__ = ["DUMP_TRAILER", "Element", "Tapped", "hierarchy_xml", "describe", "screen_elements", "tapped_elements",
-           "strip_dump_trailer", "xml_text"]  # fmt: skip
+           "strip_dump_trailer", "xml_text", "parse_dump", "node_bounds"]  # fmt: skip
 
 # What `uiautomator dump /dev/tty` prints after the XML.
 DUMP_TRAILER = "UI hierchary dumped to: /dev/tty"
@@ -135,7 +135,7 @@ def _label(node: ET.Element) -> str:
     return " ".join(own.split()[:_MAX_WORDS])[:_MAX_CHARS].strip()
 
 
-def _parse(xml: str) -> ET.Element:
+def parse_dump(xml: str) -> ET.Element:
     """The dump's root; characters XML cannot hold are read as "." (dumps stored before the writer replaced them)."""
     try:
         root = ET.fromstring(xml_text(xml))
@@ -146,7 +146,7 @@ def _parse(xml: str) -> ET.Element:
     return root
 
 
-def _bounds(node: ET.Element) -> tuple[int, int, int, int]:
+def node_bounds(node: ET.Element) -> tuple[int, int, int, int]:
     m = _BOUNDS.match(node.get("bounds", ""))
     if m is None:
         raise ValueError(f"node {node.get('resource-id') or node.get('class')!r} has bounds "
@@ -189,9 +189,9 @@ def tapped_elements(
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
     width, height = size
-    root = _parse(xml)
+    root = parse_dump(xml)
     parent = {child: node for node in root.iter() for child in node}
-    boxes = [(_bounds(node), node) for node in root.iter("node") if _actionable(node)]
+    boxes = [(node_bounds(node), node) for node in root.iter("node") if _actionable(node)]
     out = []
     for y, x in points:
         hits = [node for (x0, y0, x1, y1), node in boxes if x0 <= x * width < x1 and y0 <= y * height < y1]
@@ -236,7 +236,7 @@ def screen_elements(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> l
     Raises:
         ValueError: ``xml`` is not a view hierarchy, or a node's bounds are malformed.
     """
-    root = _parse(xml)
+    root = parse_dump(xml)
     width, height = size
     out: list[Element] = []
 
@@ -244,7 +244,7 @@ def screen_elements(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> l
         if node.get("package") == _SYSTEM_UI:
             return
         if _actionable(node):
-            x0, y0, x1, y1 = _bounds(node)
+            x0, y0, x1, y1 = node_bounds(node)
             element = Element(_label(node), (y0 / height, x0 / width, y1 / height, x1 / width))
             y, x = element.center
             if element.label and 0 <= x < 1 and 0 <= y < 1:

@@ -186,12 +186,10 @@ class ScreenVLM:
 
         The ``tiny`` recipe's is the last layer's hidden state at the answer
         slot next to the hidden states averaged over every layer and every
-        non-padding position. The tiny VLM has no pretraining, so a fine-tune
-        on one Yes/No question reduces its answer slot to little more than
-        that answer: a TD critic on it alone tracked held-out returns with
-        correlation 0.05 (0.48 on the untuned model's). The pooled states keep
-        what the model read of the screen and the task (a ridge fit of returns
-        from state features: 0.47 with them, 0.29 without).
+        non-padding position. A fine-tune on one Yes/No question can reduce
+        the answer slot of a tiny VLM to little more than that answer (most
+        of all one that was never pretrained, the blind ablation's); the
+        pooled states keep what the model read of the screen and the task.
         """
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
         if self.recipe.name == "original":
