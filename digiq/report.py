@@ -38,6 +38,7 @@ __all__ = [
     "update_readme",
     "save_results_chart",
     "expert_pick_table",
+    "representation_probe_table",
     "fill_block",
     "pct",
 ]
@@ -319,6 +320,23 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
 
 
+def representation_probe_table(probes: dict[str, Any]) -> list[str]:
+    """Held-out AUROC of the linear probes on each VLM's (state, action) features and on the control (stage 08)."""
+    if not probes:
+        return ["Representation probes off (`diagnostics.oracle_states: 0`)."]
+    names = list(next(iter(probes.values())))
+
+    def cell(r: dict[str, Any]) -> str:
+        return "-" if "absent" in r else f"{r['auroc']:.3f} ({r['n_test']})"
+
+    out = ["| features | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    out += [f"| {vlm} | " + " | ".join(cell(r[name]) for name in names) + " |" for vlm, r in probes.items()]
+    return out + ["", "Held-out AUROC (rows scored) of a linear probe on each VLM's features of the data's "
+                  "(state, action) pairs (changes_screen: the fine-tune's own label) and of tap candidates "
+                  "(tap_on_goal_element: the tap lands on an element the goal names); control: features of the "
+                  "goal's words and the tap's place only, no screen. A VLM above the control reads the screen."]
+
+
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
     """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 08; notebook 07)."""
     if not wrong:
@@ -504,6 +522,10 @@ def diagnostics_markdown(paths: Paths) -> str:
         )
     if "expert_pick" in diag:
         out += ["", "Expert picks over all stored states (stage 08):", ""] + expert_pick_table(diag["expert_pick"])
+    if "probes" in diag:
+        out += ["", "What each VLM's features carry (stage 08, linear probes):", ""] + representation_probe_table(
+            diag["probes"]
+        )
     wrong = diag.get("critic_wrong_picks")
     if wrong:
         out += ["", "Where Digi-Q's critic's picks go wrong (stage 08):", ""] + wrong_pick_table(wrong)

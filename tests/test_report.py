@@ -15,6 +15,7 @@ from digiq.report import (
     claims_table,
     diagnostics_markdown,
     expert_pick_table,
+    representation_probe_table,
     results_markdown,
     rewarded_table,
     save_results_chart,
@@ -67,6 +68,10 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                                     "hit_rate": {"random": 0.4, "critic_finetuned": 0.55},
                                                     "hit_rate_general": {"random": 0.3, "critic_finetuned": 0.35},
                                                     "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}},
+                                    "probes": {"finetuned": {"changes_screen": {"auroc": 0.91234, "n_test": 300},
+                                                             "tap_on_goal_element": {"absent": "no taps"}},
+                                               "control": {"changes_screen": {"auroc": 0.6, "n_test": 300},
+                                                           "tap_on_goal_element": {"auroc": 0.7, "n_test": 80}}},
                                     "critic_wrong_picks": {"general": {"wrong_picks": 610.3, "kinds": {
                                         "PRESS_BACK": {"critic": 0.373, "data": 0.2228, "expert": 0.0}}}}})  # fmt: skip
     write_metrics(paths, "skills", {"policy": "base", "seed": 0,
@@ -92,10 +97,11 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
+    assert "| finetuned | 0.912 (300) | - |" in md and "| control | 0.600 (300) | 0.700 (80) |" in md  # the probes
     assert expert_pick_table({}) == [
         "Expert picks off (`diagnostics.oracle_states: 0`)."
     ]  # notebook 07 with the stage off
-    assert "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
+    assert "off" in representation_probe_table({})[0] and "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
     readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     experiments.write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
 from digiq.io import atomic_path, require
 from digiq.paths import Paths
 
@@ -57,8 +57,7 @@ def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]
         if out[name].shape != shape:
             raise DataError(f"feature file {folder / name}.npy has shape {out[name].shape}, expected {shape} "
                             f"(from state.npy's {S} rows of width {H} and candidates.npy); rerun embed")  # fmt: skip
-    steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id"])
-    table = np.stack([steps.column(c).to_numpy() for c in ("traj_id", "step_id")], 1)
+    table = step_ids(TrajectoryStore(paths.offline).read())
     if table.shape != out["ids"].shape or not np.array_equal(table, out["ids"]):
         k = next((i for i in range(min(len(table), S)) if tuple(table[i]) != tuple(out["ids"][i])), min(len(table), S))
         raise DataError(f"the rows of {folder} are not the steps of {paths.offline}: {S} rows for {len(table)} steps, "

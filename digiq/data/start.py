@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from digiq.config import CriticConfig, load_section, load_variants
 from digiq.data.candidates import CANDIDATE_FIELDS
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
 from digiq.io import atomic_folder
 from digiq.paths import Paths
 
@@ -159,6 +159,6 @@ def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: 
             # The released files keep no P(Yes) of the VLM's answer: NaN says "unknown" to the viewers.
             np.save(tmp / "p_yes.npy", np.full(features["q_rep_out_list"].shape[:2], np.nan, np.float32))
             merged = pa.concat_tables(steps_out)
-            np.save(tmp / "ids.npy", np.stack([merged.column(c).to_numpy() for c in ("traj_id", "step_id")], 1))
+            np.save(tmp / "ids.npy", step_ids(merged))
         placed["features"] = str(paths.features())
     return placed

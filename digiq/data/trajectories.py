@@ -37,6 +37,7 @@ __all__ = [
     "mc_returns",
     "observation_text",
     "split_trajectories",
+    "step_ids",
 ]
 
 
@@ -195,6 +196,11 @@ class TrajectoryStore:
                 return np.asarray(im.convert("RGB"))
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read screenshot {path}: {e}") from None
+
+
+def step_ids(table: pa.Table) -> np.ndarray:
+    """(rows, 2) int64 array of a table's (traj_id, step_id): how feature files name and check their rows."""
+    return np.stack([table.column(c).to_numpy() for c in ("traj_id", "step_id")], 1).astype(np.int64)
 
 
 def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[int]:

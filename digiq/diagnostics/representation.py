@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
-from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
+from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories, step_ids
 from digiq.env.actions import Action, ActionType, parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.hierarchy import node_bounds, parse_dump
@@ -263,8 +263,7 @@ def representation_probes(paths: Paths, vlms: Sequence[str], *, threshold: float
     store = TrajectoryStore(paths.offline)
     steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path"]).to_pandas()
     cands = read_candidates(paths)
-    ids = np.stack([cands.column(c).to_numpy() for c in ("traj_id", "step_id")], 1)
-    if not np.array_equal(ids, steps[["traj_id", "step_id"]].to_numpy()):
+    if not np.array_equal(step_ids(cands), steps[["traj_id", "step_id"]].to_numpy()):
         raise DataError(f"the rows of {paths.candidates} are not the steps of {paths.offline}; rerun augment_actions")
     action_lists = cands.column("action_list").to_pylist()
     held = steps.traj_id.isin(split_trajectories(steps.traj_id.tolist(), HOLDOUT, seed)).to_numpy()
