@@ -331,10 +331,13 @@ def representation_probe_table(probes: dict[str, Any]) -> list[str]:
 
     out = ["| features | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     out += [f"| {vlm} | " + " | ".join(cell(r[name]) for name in names) + " |" for vlm, r in probes.items()]
-    return out + ["", "Held-out AUROC (rows scored) of a linear probe on each VLM's features of the data's "
-                  "(state, action) pairs (changes_screen: the fine-tune's own label) and of tap candidates "
-                  "(tap_on_goal_element: the tap lands on an element the goal names); control: features of the "
-                  "goal's words and the tap's place only, no screen. A VLM above the control reads the screen."]
+    return out + [
+        "",
+        "Held-out AUROC (rows scored) of a linear probe on each VLM's features of the data's "
+        "(state, action) pairs (changes_screen: the fine-tune's own label) and of tap candidates "
+        "(tap_on_goal_element: the tap lands on an element the goal names); control: features of the "
+        "goal's words and the tap's place only, no screen. A VLM above the control reads the screen.",
+    ]
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:

@@ -101,7 +101,11 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert expert_pick_table({}) == [
         "Expert picks off (`diagnostics.oracle_states: 0`)."
     ]  # notebook 07 with the stage off
-    assert "off" in representation_probe_table({})[0] and "off" in wrong_pick_table({})[0] and "No rewarded step" in rewarded_table({})[0]  # notebooks 06 and 05
+    assert (
+        "off" in representation_probe_table({})[0]
+        and "off" in wrong_pick_table({})[0]
+        and "No rewarded step" in rewarded_table({})[0]
+    )  # notebooks 06 and 05
     readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     experiments.write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
+from digiq import parallel
 from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_section
 from digiq.data.screen_corpus import LabelledScreen, labelled_screens, record_screens, screen_images
 from digiq.env.state import Dynamics
@@ -92,6 +93,7 @@ def run_vlm_pretrain(cfg: VLMPretrainConfig, finetune: VLMFinetuneConfig, env: E
         vlm = ScreenVLM.tiny(PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer"),
                              VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden, recipe=finetune.recipe),
                              seed=0)  # fmt: skip
+        vlm.model.to(parallel.device())  # a GPU when there is one
         stores = {}
         with timed(metrics, "screens_time_s"):
             for split in ("train", "val"):
