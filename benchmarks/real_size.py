@@ -170,7 +170,7 @@ def _llava_rows(images: list[np.ndarray], prompts: list[str], train_batch: int) 
     vlm = screen_vlm_7b()
     with torch.no_grad():
         dt, peak = timed(lambda: vlm.embed(images, prompts), 3)
-    rows = [("04 embed", f"LLaVA-1.5-7B `ScreenVLM.embed`, tiny recipe, batch {len(images)}", len(images) / dt, peak)]
+    rows = [("05 embed", f"LLaVA-1.5-7B `ScreenVLM.embed`, tiny recipe, batch {len(images)}", len(images) / dt, peak)]
     rows += _original_rows(vlm, len(images), train_batch)
     images, prompts = images[:train_batch], prompts[:train_batch]
     labels = torch.tensor([i % 2 for i in range(train_batch)])
@@ -184,9 +184,9 @@ def _llava_rows(images: list[np.ndarray], prompts: list[str], train_batch: int) 
             label = f"LLaVA-1.5-7B, {what}{', checkpointing' if recompute else ''}, AdamW step, batch {train_batch}"
             try:
                 dt, peak = timed(_train_step(vlm, params, images, prompts, labels), 3)
-                rows.append(("03 fine-tune", label, train_batch / dt, peak))
+                rows.append(("04 fine-tune", label, train_batch / dt, peak))
             except torch.OutOfMemoryError:
-                rows.append(("03 fine-tune", label, float("nan"), float("inf")))
+                rows.append(("04 fine-tune", label, float("nan"), float("inf")))
             for p in vlm.model.parameters():
                 p.grad = None
             torch.cuda.empty_cache()
@@ -203,16 +203,16 @@ def _original_rows(vlm: ScreenVLM, batch: int, train_batch: int) -> list[tuple[s
     prompts = [original.recipe.question(a, "") for a in actions]
     with torch.no_grad():
         dt, peak = timed(lambda: original.embed(images, prompts), 3)
-    rows = [("04 embed", f"LLaVA-1.5-7B `ScreenVLM.embed`, original recipe, batch {batch}", batch / dt, peak)]
+    rows = [("05 embed", f"LLaVA-1.5-7B `ScreenVLM.embed`, original recipe, batch {batch}", batch / dt, peak)]
     labels = torch.tensor([i % 2 for i in range(train_batch)])
     params = trainable(original, 4)
     checkpoint_layers(original)
     label = f"LLaVA-1.5-7B, original recipe's loss, last 4 layers, checkpointing, AdamW step, batch {train_batch}"
     try:
         dt, peak = timed(_train_step(original, params, images[:train_batch], prompts[:train_batch], labels), 3)
-        rows.append(("03 fine-tune", label, train_batch / dt, peak))
+        rows.append(("04 fine-tune", label, train_batch / dt, peak))
     except torch.OutOfMemoryError:
-        rows.append(("03 fine-tune", label, float("nan"), float("inf")))
+        rows.append(("04 fine-tune", label, float("nan"), float("inf")))
     original.model.activation_checkpointing_disable()
     for p in original.model.parameters():
         p.grad = None
@@ -228,7 +228,7 @@ def _autoui_rows(goals: list[str]) -> list[tuple[str, str, float, float]]:
     steps = policy.cfg.max_action_tokens  # random weights never write the end token: every sample runs this long
     rows = []
     with torch.no_grad():
-        for n, stage in ((1, "01 collect, 07 eval"), (16, "02 augment")):
+        for n, stage in ((1, "01 collect, 09 eval"), (16, "02 augment")):
             dt, peak = timed(lambda n=n: policy.sample(goals, feats, n=n), 3)
             rows.append((stage, f"Auto-UI-Base sampling, {batch} states x {n}, tokens", batch * n * steps / dt, peak))
     return rows

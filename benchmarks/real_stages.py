@@ -112,8 +112,8 @@ def main() -> None:
             gradient_checkpointing=True,
         )
         for name, run in (
-            ("03 vlm_finetune", lambda: run_vlm_finetune(cfg, paths)),
-            ("04 embed", lambda: run_embed(EmbedConfig(batch_size=args.batch), paths, untuned=True)),
+            ("04 vlm_finetune", lambda: run_vlm_finetune(cfg, paths)),
+            ("05 embed", lambda: run_embed(EmbedConfig(batch_size=args.batch), paths, ("finetuned", "untuned"))),
         ):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
