@@ -8,7 +8,7 @@ import sys
 
 from digiq.config import load_params
 from digiq.data.legacy import IMAGE_PREFIX, import_legacy
-from digiq.data.start import START_STAGES, place_imported
+from digiq.data.start import START_STAGES, place_imported, upstream_stages
 from digiq.data.trajectories import DataError
 from digiq.paths import Paths
 
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             paths = Paths(args.root)
             params = load_params(paths.root / "params.yaml")
             summary = place_imported(args.folders, paths, args.stage, params)
-            summary["next"] = ["dvc repro base_policy", f"dvc repro --downstream {args.stage}"]
+            summary["next"] = [
+                f"dvc repro {' '.join(upstream_stages(args.stage))}",
+                f"dvc repro --downstream {args.stage}",
+            ]
     except DataError as e:
         print(f"{args.command}: {e}", file=sys.stderr)
         return 2

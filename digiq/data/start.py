@@ -6,14 +6,16 @@ places one or more such folders where the skipped stages would have written
 their outputs:
 
 - ``augment_actions`` (02): the steps into ``data/offline`` (stage 01's output);
-- ``vlm_finetune`` (03): also the candidates into ``data/candidates`` (stage 02's);
-- ``critic`` (05): also the features into ``data/features/finetuned`` (stage 05's):
+- ``vlm_finetune`` (04): also the candidates into ``data/candidates`` (stage 02's);
+- ``critic`` (06): also the features into ``data/features/finetuned`` (stage 05's):
   ``image_features`` as the state, ``next_image_features`` as the next
   state, ``q_rep_out_list`` as the candidates' representations.
 
-Then ``dvc repro base_policy`` (the policy the actors start from: set
-``base_policy.checkpoint`` for the released AutoUI) and ``dvc repro
---downstream STAGE`` run the rest (``make repro-from`` does all three).
+Then ``dvc repro`` of the stages the skipped ones do not replace
+(:func:`upstream_stages`: the base policy, which the actors start from, so
+set ``base_policy.checkpoint`` for the released AutoUI; and below the
+critic, the VLM pretraining, which the fine-tune starts from) and ``dvc
+repro --downstream STAGE`` run the rest (``make repro-from`` does all three).
 
 Several folders (General and Web Shopping are released as separate files)
 are merged; each keeps its screenshots in its own subfolder, and trajectory
@@ -37,7 +39,7 @@ from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
 from digiq.io import atomic_folder
 from digiq.paths import Paths
 
-__all__ = ["START_STAGES", "place_imported"]
+__all__ = ["START_STAGES", "place_imported", "upstream_stages"]
 
 # Stage -> what the imported folders must hold for the pipeline to start there.
 START_STAGES = {
@@ -67,6 +69,13 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
         if stage == "critic" and params.get("ablations", {}).get(ablation, False):
             raise DataError(f"ablations.{ablation} must be false when starting at the critic: the released files "
                             "hold only the fine-tuned VLM's features (start at vlm_finetune to compute others)")  # fmt: skip
+
+
+def upstream_stages(stage: str) -> list[str]:
+    """The stages to run before ``dvc repro --downstream stage`` on imported data: what it needs but no import holds."""
+    if stage not in START_STAGES:
+        raise DataError(f"cannot start at {stage!r}: choose one of {sorted(START_STAGES)}")
+    return ["base_policy"] if stage == "critic" else ["base_policy", "vlm_pretrain"]
 
 
 def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str, np.ndarray]]:

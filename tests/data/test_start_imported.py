@@ -16,7 +16,7 @@ from digiq.data import DataError, TrajectoryStore
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.legacy import import_legacy
-from digiq.data.start import place_imported
+from digiq.data.start import place_imported, upstream_stages
 from digiq.paths import ROOT, Paths
 
 pytestmark = pytest.mark.slow  # stages 06-09 under DVC on imported data
@@ -86,6 +86,11 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     with pytest.raises(DataError, match="not 'embed'"):
         place_imported([digirl], paths, "embed", OFF)
     assert not paths.offline.exists()  # nothing written by a refused call
+    # The fine-tune starts from stage 03's VLM, which no import holds; the critic on imported features does not.
+    assert upstream_stages("vlm_finetune") == upstream_stages("augment_actions") == ["base_policy", "vlm_pretrain"]
+    assert upstream_stages("critic") == ["base_policy"]
+    with pytest.raises(DataError, match="cannot start at 'embed'"):
+        upstream_stages("embed")
     placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02
     assert placed["steps"] == 9 and "candidates" not in placed
 
