@@ -1,0 +1,161 @@
+"""DigiRL's learning rule: two success classifiers, the doubly-robust step advantage and two hard filters.
+
+DigiRL (Bai et al., 2024) improves a policy from episodes whose only reward
+is the outcome, 1 at the step that completes the instruction and 0 elsewhere:
+
+- the **instruction-level value** V_inst(c) is the probability that an
+  episode of instruction c succeeds: a classifier of the outcome on the
+  instruction's features. An episode's ``r - V_inst(c)`` says how much it
+  teaches: a success on an instruction that usually fails teaches most, a
+  success on one that always succeeds teaches nothing. Ranking episodes by
+  it and replaying the top share is DigiRL's automatic curriculum;
+- the **step-level value** V_step(s, c) is the probability that the episode
+  succeeds from state s: a classifier of the outcome on the state's
+  features, trained on s and on the next state with the same label. Two
+  heads are trained and the smaller read, DigiRL's guard against
+  overestimation;
+- the **step advantage** mixes the trajectory's outcome with a one-step
+  value difference (:func:`step_advantages`): at step h of an episode of
+  T steps with outcome r,
+  ``A_h = w_h + (1 - w_h) (r_h + V(s_{h+1}) - V(s_h))`` with
+  ``w_h = lam ** (T - 1 - h) * r``. Near the end of a success the outcome
+  dominates; early on, and all through a failure, the value difference
+  does. Steps with ``A_h > 1 / H`` (H the task set's step limit) are kept,
+  and the policy is fit to them by maximum likelihood (weight 0 or 1).
+
+The paper's values are the defaults (``lam`` 0.5, the 1/H threshold, the
+top tenth of episodes). The classifiers read frozen features; which ones is
+the caller's choice (the online stage uses the base policy's own encoder, as
+DigiRL reads the frozen BLIP-2 and RoBERTa features beside its policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from digiq.models.critic import mlp
+
+__all__ = [
+    "SuccessClassifier",
+    "fit_success_classifier",
+    "step_advantages",
+    "trajectory_advantages",
+    "keep_steps",
+    "instruction_priorities",
+    "curriculum",
+]
+
+
+class SuccessClassifier(nn.Module):
+    """``heads`` MLP classifiers of success from the same features; the smallest probability is the value."""
+
+    def __init__(self, feature_dim: int, hidden: int = 256, heads: int = 1) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError(f"a success classifier needs at least one head, got heads={heads}")
+        self.heads = nn.ModuleList(mlp(feature_dim, hidden) for _ in range(heads))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(len(x), heads) logits of success."""
+        return torch.cat([h(x) for h in self.heads], 1)
+
+    @torch.no_grad()
+    def value(self, x: np.ndarray | torch.Tensor, batch: int = 4096) -> np.ndarray:
+        """P(success) of each row by the most pessimistic head, as float32."""
+        x = torch.as_tensor(np.asarray(x, np.float32))
+        out = [torch.sigmoid(self.logits(x[i : i + batch])).min(1).values for i in range(0, len(x), batch)]
+        return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
+
+
+def fit_success_classifier(net: SuccessClassifier, x: np.ndarray, success: np.ndarray, *, updates: int, batch: int,
+                           lr: float, seed: int) -> list[float]:  # fmt: skip
+    """``updates`` AdamW steps of binary cross-entropy on minibatches drawn with replacement; the loss curve.
+
+    Every head sees the same minibatch: they differ by their initialisation,
+    as DigiRL's two heads do.
+    """
+    if len(x) != len(success):
+        raise ValueError(f"{len(x)} feature rows for {len(success)} success labels")
+    if len(x) == 0:
+        raise ValueError("no rows to fit a success classifier on")
+    xs = torch.as_tensor(np.asarray(x, np.float32))
+    ys = torch.as_tensor(np.asarray(success, np.float32))
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    gen = np.random.default_rng(seed)
+    curve = []
+    net.train()
+    for _ in range(updates):
+        idx = torch.from_numpy(gen.integers(0, len(xs), batch))
+        logits = net.logits(xs[idx])
+        loss = F.binary_cross_entropy_with_logits(logits, ys[idx, None].expand_as(logits))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    net.eval()
+    return curve
+
+
+def step_advantages(rewards: Sequence[float], v: Sequence[float], v_next: Sequence[float], lam: float) -> np.ndarray:
+    """DigiRL's doubly-robust advantage of each step of one episode, in step order.
+
+    ``rewards`` are the step rewards (the outcome is their sum: 1 for a
+    success, 0 for a failure); ``v`` and ``v_next`` are V_step of each step's
+    state and next state. See the module docstring for the formula.
+    """
+    r = np.asarray(rewards, np.float64)
+    v, v_next = np.asarray(v, np.float64), np.asarray(v_next, np.float64)
+    if not len(r) == len(v) == len(v_next):
+        raise ValueError(f"one episode needs as many rewards ({len(r)}), values ({len(v)}) and next values "
+                         f"({len(v_next)})")  # fmt: skip
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must lie in [0, 1], got {lam}")
+    outcome = float(r.sum())
+    if outcome not in (0.0, 1.0):
+        raise ValueError(f"DigiRL's advantage needs an outcome reward of 0 or 1 per episode, got a sum of {outcome}")
+    w = lam ** np.arange(len(r) - 1, -1, -1, dtype=np.float64) * outcome
+    return w + (1.0 - w) * (r + v_next - v)
+
+
+def trajectory_advantages(traj_ids: np.ndarray, rewards: np.ndarray, v: np.ndarray, v_next: np.ndarray,
+                          lam: float) -> np.ndarray:  # fmt: skip
+    """:func:`step_advantages` of every step of a step table sorted by (trajectory, step), in its row order."""
+    traj_ids = np.asarray(traj_ids)
+    if len(traj_ids) and (np.diff(traj_ids) < 0).any():
+        raise ValueError("the steps must be sorted by trajectory (and by step within one)")
+    out = np.empty(len(traj_ids), np.float64)
+    starts = np.flatnonzero(np.r_[True, traj_ids[1:] != traj_ids[:-1]]) if len(traj_ids) else np.zeros(0, int)
+    for a, b in zip(starts, np.r_[starts[1:], len(traj_ids)], strict=True):
+        out[a:b] = step_advantages(rewards[a:b], v[a:b], v_next[a:b], lam)
+    return out
+
+
+def keep_steps(advantages: np.ndarray, horizons: np.ndarray) -> np.ndarray:
+    """DigiRL's hard step filter: the advantage exceeds 1 / H, H each step's task-set step limit (a bool mask)."""
+    return np.asarray(advantages) > 1.0 / np.asarray(horizons, np.float64)
+
+
+def instruction_priorities(outcomes: np.ndarray, v_inst: np.ndarray) -> np.ndarray:
+    """r - V_inst(c) of each episode: how much more it did than its instruction's episodes usually do."""
+    return np.asarray(outcomes, np.float64) - np.asarray(v_inst, np.float64)
+
+
+def curriculum(outcomes: np.ndarray, v_inst: np.ndarray, top: float) -> np.ndarray:
+    """The episodes DigiRL replays: indices of the top ``top`` share by :func:`instruction_priorities`, best first.
+
+    Ties at the cut are all kept (as a percentile threshold keeps them), so
+    at least ``ceil(top * n)`` episodes come back; ties keep their order.
+    """
+    if not 0.0 < top <= 1.0:
+        raise ValueError(f"the replayed share must lie in (0, 1], got {top}")
+    priority = instruction_priorities(outcomes, v_inst)
+    if len(priority) == 0:
+        return np.zeros(0, int)
+    order = np.argsort(-priority, kind="stable")
+    cut = priority[order[int(np.ceil(top * len(priority))) - 1]]
+    return order[priority[order] >= cut]

@@ -1,0 +1,79 @@
+"""digiq.models.digirl: DigiRL's advantage, filters, curriculum and success classifiers, checked by hand."""
+
+import numpy as np
+import pytest
+import torch
+
+from digiq.models.digirl import (
+    SuccessClassifier,
+    curriculum,
+    fit_success_classifier,
+    keep_steps,
+    step_advantages,
+    trajectory_advantages,
+)
+
+
+def test_advantage_of_a_success_mixes_the_outcome_with_value_differences():
+    # w_h = 0.5 ** (2 - h): 0.25, 0.5, 1; A_h = w_h + (1 - w_h) (r_h + V(s_{h+1}) - V(s_h)), worked by hand.
+    adv = step_advantages([0, 0, 1], v=[0.2, 0.5, 0.8], v_next=[0.5, 0.8, 0.9], lam=0.5)
+    assert adv == pytest.approx([0.25 + 0.75 * 0.3, 0.5 + 0.5 * 0.3, 1.0])
+
+
+def test_advantage_of_a_failure_is_the_value_difference_alone():
+    adv = step_advantages([0, 0, 0], v=[0.4, 0.3, 0.1], v_next=[0.3, 0.1, 0.05], lam=0.5)
+    assert adv == pytest.approx([-0.1, -0.2, -0.05])
+    # lam = 0: the outcome counts only at the step that earned it; lam = 1: at every step of a success.
+    assert step_advantages([0, 1], [0.5, 0.5], [0.5, 0.5], lam=0.0) == pytest.approx([0.0, 1.0])
+    assert step_advantages([0, 1], [0.9, 0.5], [0.1, 0.5], lam=1.0) == pytest.approx([1.0, 1.0])
+
+
+def test_advantage_refuses_what_is_not_an_outcome_reward():
+    with pytest.raises(ValueError, match="outcome reward of 0 or 1"):
+        step_advantages([1, 1], [0, 0], [0, 0], lam=0.5)
+    with pytest.raises(ValueError, match="lam must lie in"):
+        step_advantages([0, 1], [0, 0], [0, 0], lam=1.5)
+    with pytest.raises(ValueError, match="as many rewards"):
+        step_advantages([0, 1], [0], [0, 0], lam=0.5)
+
+
+def test_a_step_table_gets_each_episode_s_own_advantages():
+    ids = np.array([3, 3, 3, 7, 7])
+    r = np.array([0, 0, 1, 0, 0.0])
+    v, v_next = np.array([0.2, 0.5, 0.8, 0.4, 0.3]), np.array([0.5, 0.8, 0.9, 0.3, 0.1])
+    adv = trajectory_advantages(ids, r, v, v_next, lam=0.5)
+    assert adv[:3] == pytest.approx(step_advantages(r[:3], v[:3], v_next[:3], 0.5))
+    assert adv[3:] == pytest.approx([-0.1, -0.2])
+    with pytest.raises(ValueError, match="sorted by trajectory"):
+        trajectory_advantages(ids[::-1], r, v, v_next, lam=0.5)
+
+
+def test_the_step_filter_keeps_advantages_above_one_over_the_horizon():
+    adv = np.array([0.11, 0.09, 0.06, 0.04])
+    assert keep_steps(adv, np.array([10, 10, 20, 20])).tolist() == [True, False, True, False]
+
+
+def test_curriculum_replays_the_most_surprising_episodes_first():
+    outcomes = np.array([1, 1, 0, 1, 0])
+    v_inst = np.array([0.9, 0.2, 0.1, 0.5, 0.9])  # r - V: 0.1, 0.8, -0.1, 0.5, -0.9
+    assert curriculum(outcomes, v_inst, top=0.4).tolist() == [1, 3]
+    assert curriculum(outcomes, v_inst, top=1.0).tolist() == [1, 3, 0, 2, 4]
+    assert curriculum(np.array([1, 1, 0]), np.array([0.5, 0.5, 0.5]), top=0.1).tolist() == [0, 1]  # a tie at the cut
+    with pytest.raises(ValueError, match="replayed share"):
+        curriculum(outcomes, v_inst, top=0.0)
+
+
+def test_success_classifier_learns_and_reads_its_most_pessimistic_head():
+    gen = np.random.default_rng(0)
+    x = gen.normal(size=(400, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32)
+    net = SuccessClassifier(6, hidden=32, heads=2)
+    curve = fit_success_classifier(net, x, y, updates=300, batch=64, lr=3e-3, seed=0)
+    assert np.mean(curve[-20:]) < 0.5 * np.mean(curve[:20])
+    v = net.value(x)
+    assert v.shape == (400,) and ((v > 0.5) == (y > 0)).mean() > 0.8  # chance: 0.5
+    with torch.no_grad():
+        heads = torch.sigmoid(net.logits(torch.from_numpy(x))).numpy()
+    assert v == pytest.approx(heads.min(1), abs=1e-6)
+    with pytest.raises(ValueError, match="400 feature rows for 3"):
+        fit_success_classifier(net, x, y[:3], updates=1, batch=8, lr=1e-3, seed=0)
