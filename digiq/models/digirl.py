@@ -39,8 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from digiq.models.critic import mlp
+from digiq.models.policy import AutoUIPolicy
 
 __all__ = [
+    "state_features",
+    "instruction_features",
     "SuccessClassifier",
     "fit_success_classifier",
     "step_advantages",
@@ -49,6 +52,26 @@ __all__ = [
     "instruction_priorities",
     "curriculum",
 ]
+
+
+@torch.no_grad()
+def state_features(policy: AutoUIPolicy, prompts: list[str], screenshots: np.ndarray, batch: int = 64) -> np.ndarray:
+    """(B, d_model) float32: the policy's fused encoder states (prompt and screen) averaged over the prompt's tokens.
+
+    What V_step reads. Take them from a frozen copy of the base policy, so
+    that the features of a state do not drift as the policy learns.
+    """
+    out = []
+    for i in range(0, len(prompts), batch):
+        enc = policy.encode(prompts[i : i + batch], screenshots[i : i + batch])
+        mask = enc["mask"][..., None].to(enc["states"].dtype)
+        out.append(((enc["states"] * mask).sum(1) / mask.sum(1).clamp(min=1)).float().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, policy.cfg.d_model), np.float32)
+
+
+def instruction_features(policy: AutoUIPolicy, instructions: list[str]) -> np.ndarray:
+    """(B, d_model) float32: the policy's text encoder on each instruction alone: what V_inst reads."""
+    return policy.text_features(instructions).float().cpu().numpy()
 
 
 class SuccessClassifier(nn.Module):

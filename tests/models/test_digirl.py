@@ -8,10 +8,14 @@ from digiq.models.digirl import (
     SuccessClassifier,
     curriculum,
     fit_success_classifier,
+    instruction_features,
     keep_steps,
+    state_features,
     step_advantages,
     trajectory_advantages,
 )
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
 
 
 def test_advantage_of_a_success_mixes_the_outcome_with_value_differences():
@@ -77,3 +81,16 @@ def test_success_classifier_learns_and_reads_its_most_pessimistic_head():
     assert v == pytest.approx(heads.min(1), abs=1e-6)
     with pytest.raises(ValueError, match="400 feature rows for 3"):
         fit_success_classifier(net, x, y[:3], updates=1, batch=8, lr=1e-3, seed=0)
+
+
+def test_value_features_come_from_the_policy_s_encoder_batch_by_batch():
+    policy = AutoUIPolicy(PolicyConfig(d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),
+                          train_tokenizer(default_corpus(n_tasks=20))).eval()  # fmt: skip
+    prompts = ["Previous Actions: Goal: open the clock app", "Previous Actions: PRESS_HOME Goal: search for news"] * 2
+    shots = np.random.default_rng(0).integers(0, 256, (4, 228, 108, 3), np.uint8)
+    whole = state_features(policy, prompts, shots)
+    assert whole.shape == (4, 16) and whole.dtype == np.float32
+    assert state_features(policy, prompts, shots, batch=1) == pytest.approx(whole, abs=1e-5)  # padding changes nothing
+    assert not np.allclose(whole[0], state_features(policy, prompts[:1], shots[1:2])[0])  # the screen counts
+    goals = instruction_features(policy, ["open the clock app", "search for news"])
+    assert goals.shape == (2, 16) and not np.allclose(goals[0], goals[1])
