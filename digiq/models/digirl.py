@@ -32,6 +32,7 @@ DigiRL reads the frozen BLIP-2 and RoBERTa features beside its policy).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,6 +52,8 @@ __all__ = [
     "keep_steps",
     "instruction_priorities",
     "curriculum",
+    "DigiRLValues",
+    "digirl_steps",
 ]
 
 
@@ -182,3 +185,54 @@ def curriculum(outcomes: np.ndarray, v_inst: np.ndarray, top: float) -> np.ndarr
     order = np.argsort(-priority, kind="stable")
     cut = priority[order[int(np.ceil(top * len(priority))) - 1]]
     return order[priority[order] >= cut]
+
+
+class DigiRLValues:
+    """V_inst on instruction features and V_step (two heads) on state features, trained together between rounds."""
+
+    def __init__(self, feature_dim: int, hidden: int = 256, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.instruction = SuccessClassifier(feature_dim, hidden, heads=1)
+        self.step = SuccessClassifier(feature_dim, hidden, heads=2)
+
+    def fit(self, instructions: np.ndarray, outcomes: np.ndarray, states: np.ndarray, next_states: np.ndarray,
+            step_outcomes: np.ndarray, *, updates: int, batch: int, lr: float, seed: int) -> dict[str, list[float]]:  # fmt: skip
+        """``updates`` steps of each classifier: V_inst on (instruction, outcome) per episode; V_step on each
+        step's state and next state, both labelled with the episode's outcome. The loss curves."""
+        return {
+            "instruction": fit_success_classifier(self.instruction, instructions, outcomes, updates=updates,
+                                                  batch=batch, lr=lr, seed=seed),
+            "step": fit_success_classifier(self.step, np.concatenate([states, next_states]),
+                                           np.concatenate([step_outcomes, step_outcomes]), updates=updates,
+                                           batch=batch, lr=lr, seed=seed + 1),
+        }  # fmt: skip
+
+    def save(self, folder: Path) -> None:
+        torch.save({"instruction": self.instruction.state_dict(), "step": self.step.state_dict()},
+                   folder / "values.pt")  # fmt: skip
+
+    def load_state(self, folder: Path) -> None:
+        state = torch.load(folder / "values.pt", weights_only=True)
+        self.instruction.load_state_dict(state["instruction"])
+        self.step.load_state_dict(state["step"])
+
+
+def digirl_steps(episode: np.ndarray, rewards: np.ndarray, horizons: np.ndarray, v: np.ndarray, v_next: np.ndarray,
+                 v_inst: np.ndarray, *, lam: float, top: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The steps DigiRL fits the policy to (row indices) and every step's advantage.
+
+    Rows are steps sorted by episode and step; ``episode`` numbers them,
+    ``rewards`` are the step rewards, ``horizons`` each step's step limit,
+    ``v``/``v_next`` V_step of its state and next state and ``v_inst`` V_inst of
+    its instruction. A step is kept when its episode is among the replayed
+    ones (:func:`curriculum` over the episodes here) and its advantage
+    exceeds 1 / H (:func:`keep_steps`).
+    """
+    episode = np.asarray(episode)
+    adv = trajectory_advantages(episode, rewards, v, v_next, lam)
+    first = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if len(episode) else np.zeros(0, int)
+    outcomes = np.add.reduceat(np.asarray(rewards, np.float64), first) if len(first) else np.zeros(0)
+    replayed = np.zeros(len(first), bool)
+    replayed[curriculum(outcomes, np.asarray(v_inst)[first], top)] = True
+    in_replay = np.repeat(replayed, np.diff(np.r_[first, len(episode)]))
+    return np.flatnonzero(in_replay & keep_steps(adv, horizons)), adv

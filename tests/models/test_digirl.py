@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from digiq.models.digirl import (
+    DigiRLValues,
     SuccessClassifier,
     curriculum,
+    digirl_steps,
     fit_success_classifier,
     instruction_features,
     keep_steps,
@@ -94,3 +96,31 @@ def test_value_features_come_from_the_policy_s_encoder_batch_by_batch():
     assert not np.allclose(whole[0], state_features(policy, prompts[:1], shots[1:2])[0])  # the screen counts
     goals = instruction_features(policy, ["open the clock app", "search for news"])
     assert goals.shape == (2, 16) and not np.allclose(goals[0], goals[1])
+
+
+def test_digirl_keeps_good_steps_of_the_replayed_episodes_only():
+    # Episodes 0 (success, surprising: V_inst 0.1), 1 (success, expected: V_inst 0.9), 2 (failure).
+    episode = np.array([0, 0, 1, 1, 2, 2])
+    rewards = np.array([0, 1, 0, 1, 0, 0.0])
+    v, v_next = np.array([0.2, 0.6, 0.5, 0.7, 0.3, 0.8]), np.array([0.6, 0.9, 0.7, 0.9, 0.8, 0.2])
+    v_inst = np.array([0.1, 0.1, 0.9, 0.9, 0.5, 0.5])
+    horizons = np.full(6, 10)
+    kept, adv = digirl_steps(episode, rewards, horizons, v, v_next, v_inst, lam=0.5, top=1 / 3)
+    assert kept.tolist() == [0, 1]  # only episode 0 is replayed, and both its steps clear 1/H
+    assert adv[4] == pytest.approx(0.5)  # a failure's step that raised the value clears 1/H ...
+    kept, _ = digirl_steps(episode, rewards, horizons, v, v_next, v_inst, lam=0.5, top=1.0)
+    assert kept.tolist() == [0, 1, 2, 3, 4]  # ... and is kept once its episode is replayed; step 5 lowered it
+
+
+def test_digirl_values_fit_save_and_load(tmp_path):
+    gen = np.random.default_rng(1)
+    x, y = gen.normal(size=(64, 5)).astype(np.float32), gen.integers(0, 2, 64).astype(np.float32)
+    values = DigiRLValues(5, hidden=16, seed=0)
+    curves = values.fit(x[:8], y[:8], x, x + 0.1, y, updates=3, batch=16, lr=1e-3, seed=0)
+    assert len(curves["instruction"]) == len(curves["step"]) == 3
+    values.save(tmp_path)
+    other = DigiRLValues(5, hidden=16, seed=9)
+    assert not np.allclose(other.step.value(x), values.step.value(x))
+    other.load_state(tmp_path)
+    assert other.step.value(x) == pytest.approx(values.step.value(x))
+    assert other.instruction.value(x) == pytest.approx(values.instruction.value(x))
