@@ -305,7 +305,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
 
 
 def expert_pick_table(pick: dict[str, Any]) -> list[str]:
-    """How often each ranking picks the expert's action, over every stored state (stage 08; notebook 07)."""
+    """How often each ranking picks the expert's action, over every stored state (stage 08; notebook 08)."""
     if not pick:
         return ["Expert picks off (`diagnostics.oracle_states: 0`)."]
     if "hit_rate" not in pick:
@@ -327,7 +327,8 @@ def representation_probe_table(probes: dict[str, Any]) -> list[str]:
     names = list(next(iter(probes.values())))
 
     def cell(r: dict[str, Any]) -> str:
-        return "-" if "absent" in r else f"{r['auroc']:.3f} ({r['n_test']})"
+        # A probe that could not be fit, or whose scored rows hold one class only, has no AUROC.
+        return "-" if r.get("auroc") is None else f"{r['auroc']:.3f} ({r['n_test']})"
 
     out = ["| features | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     out += [f"| {vlm} | " + " | ".join(cell(r[name]) for name in names) + " |" for vlm, r in probes.items()]
@@ -341,7 +342,7 @@ def representation_probe_table(probes: dict[str, Any]) -> list[str]:
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
-    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 08; notebook 07)."""
+    """Where the critic's argmax is not the expert's: the kind it picks, beside the data's and the expert's (stage 08; notebook 08)."""
     if not wrong:
         return ["Wrong picks off (`diagnostics.oracle_states: 0`), or the critic never missed the expert."]
     columns = [(f"{head} (%)", lambda ts, kind, r, key=key: pct(r[key])) for head, key in
@@ -354,7 +355,7 @@ def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:
 
 
 def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
-    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 06; notebook 05)."""
+    """Per family: the rewarded steps the critics trained on and their Q of the taken action (stage 06; notebook 06)."""
     if not rewarded:
         return ["No rewarded step among the transitions the critics trained on."]
     columns: list[tuple[str, Cell]] = [("rewarded steps trained on", lambda ts, fam, r: f"{r['steps']:g}"),

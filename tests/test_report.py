@@ -70,6 +70,8 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                                     "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}},
                                     "probes": {"finetuned": {"changes_screen": {"auroc": 0.91234, "n_test": 300},
                                                              "tap_on_goal_element": {"absent": "no taps"}},
+                                               "blind": {"changes_screen": {"auroc": None, "n_test": 4},
+                                                         "tap_on_goal_element": {"auroc": 0.5, "n_test": 8}},
                                                "control": {"changes_screen": {"auroc": 0.6, "n_test": 300},
                                                            "tap_on_goal_element": {"auroc": 0.7, "n_test": 80}}},
                                     "critic_wrong_picks": {"general": {"wrong_picks": 610.3, "kinds": {
@@ -98,6 +100,7 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
     assert "| finetuned | 0.912 (300) | - |" in md and "| control | 0.600 (300) | 0.700 (80) |" in md  # the probes
+    assert "| blind | - | 0.500 (8) |" in md  # scored rows of one class only: no AUROC
     assert expert_pick_table({}) == [
         "Expert picks off (`diagnostics.oracle_states: 0`)."
     ]  # notebook 07 with the stage off
