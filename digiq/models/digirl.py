@@ -127,6 +127,11 @@ def fit_success_classifier(net: SuccessClassifier, x: np.ndarray, success: np.nd
     return curve
 
 
+def _episode_starts(ids: np.ndarray) -> np.ndarray:
+    """The row where each episode begins, in a step table sorted by episode."""
+    return np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else np.zeros(0, int)
+
+
 def step_advantages(rewards: Sequence[float], v: Sequence[float], v_next: Sequence[float], lam: float) -> np.ndarray:
     """DigiRL's doubly-robust advantage of each step of one episode, in step order.
 
@@ -155,7 +160,7 @@ def trajectory_advantages(traj_ids: np.ndarray, rewards: np.ndarray, v: np.ndarr
     if len(traj_ids) and (np.diff(traj_ids) < 0).any():
         raise ValueError("the steps must be sorted by trajectory (and by step within one)")
     out = np.empty(len(traj_ids), np.float64)
-    starts = np.flatnonzero(np.r_[True, traj_ids[1:] != traj_ids[:-1]]) if len(traj_ids) else np.zeros(0, int)
+    starts = _episode_starts(traj_ids)
     for a, b in zip(starts, np.r_[starts[1:], len(traj_ids)], strict=True):
         out[a:b] = step_advantages(rewards[a:b], v[a:b], v_next[a:b], lam)
     return out
@@ -230,7 +235,7 @@ def digirl_steps(episode: np.ndarray, rewards: np.ndarray, horizons: np.ndarray,
     """
     episode = np.asarray(episode)
     adv = trajectory_advantages(episode, rewards, v, v_next, lam)
-    first = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1]]) if len(episode) else np.zeros(0, int)
+    first = _episode_starts(episode)
     outcomes = np.add.reduceat(np.asarray(rewards, np.float64), first) if len(first) else np.zeros(0)
     replayed = np.zeros(len(first), bool)
     replayed[curriculum(outcomes, np.asarray(v_inst)[first], top)] = True
