@@ -37,6 +37,8 @@ __all__ = [
     "CriticConfig",
     "load_variants",
     "ActorConfig",
+    "DigiRLConfig",
+    "ONLINE_ROWS",
     "DiagnosticsConfig",
     "EvalConfig",
     "SECTIONS",
@@ -641,13 +643,61 @@ class ActorConfig:
     )
     awr_max_weight: float = _help("AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", 20.0,
                                   above=0)  # fmt: skip
-    digirl_threshold: float = _help("offline DigiRL keeps a step when MC return - V(s) exceeds this", 0.7)
-    digirl_value_epochs: int = _help("passes of DigiRL's value baseline (regressed on MC returns)", 30, at_least=1)
     seed: int = _help("seed", 5)
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
+
+
+# DigiRL's online rows (stage 09): how each starts and what its actor imitates.
+ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
+
+
+@knobs
+class DigiRLConfig:
+    """DigiRL's learning rule: offline on the collected data (stage 07) and online on train tasks (stage 09)."""
+
+    lam: float = _help(
+        "weight of the outcome in the doubly-robust step advantage, lam ** (steps to the end) x outcome (DigiRL: 0.5)",
+        0.5,
+        at_least=0,
+        at_most=1,
+    )
+    replay_top: float = _help(
+        "share of episodes the actor learns from, the top by outcome - V_inst (DigiRL's curriculum: 0.1)",
+        0.1,
+        above=0,
+        at_most=1,
+    )
+    value_updates: int = _help("optimizer steps of V_inst and of V_step per fit (offline once, online every round)",
+                               200, at_least=1)  # fmt: skip
+    value_batch: int = _help("rows per step of the value functions", 128, at_least=1)
+    value_lr: float = _help("learning rate of the value functions", 0.001, above=0)
+    online: list[str] = _help(
+        "online rows of stage 09: digirl_online (from the base) | digirl_off2on (from offline DigiRL, with the "
+        "offline data in its buffer) | filtered_bc_online (from the base, imitating its successful episodes); [] = off",
+        list(ONLINE_ROWS),
+    )
+    rounds: int = _help("most rounds of each online run: collect, fit the values, filter, update the actor", 12,
+                        at_least=1)  # fmt: skip
+    episodes_per_round: int = _help("episodes collected per round, half per task set, with the current policy",
+                                    64, at_least=2)  # fmt: skip
+    env_steps: int | None = _help(
+        "environment-step budget of each online run: no round starts once its episodes have taken this many "
+        "(null: rounds alone)",
+        8000,
+        at_least=1,
+    )
+    actor_updates: int = _help("optimizer steps of the actor per round (DigiRL's code: 20)", 20, at_least=1)
+    temperature: float = _help("sampling temperature of the online episodes (collect's)", 0.8, above=0)
+    n_envs: int = _help("devices stepped together", 32, at_least=1)
+    seed: int = _help("seed of the task draws, the devices and the fits", 11)
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.online if r not in ONLINE_ROWS]
+        if unknown:
+            raise ValueError(f"online: unknown rows {unknown}; known: {list(ONLINE_ROWS)}")
 
 
 @knobs
@@ -668,13 +718,13 @@ class DiagnosticsConfig:
     seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
 
 
-# What stage 09's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
+# What stage 10's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
 @knobs
 class EvalConfig:
-    """Stage 09: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
+    """Stage 10: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int | None = _help(
         "first tasks of each test list; null: the whole list, which carries the intervals "
@@ -720,6 +770,7 @@ SECTIONS: dict[str, type] = {
     "ablations": AblationsConfig,
     "critic": CriticConfig,
     "actor": ActorConfig,
+    "digirl": DigiRLConfig,
     "diagnostics": DiagnosticsConfig,
     "eval": EvalConfig,
 }

@@ -104,6 +104,19 @@ class Paths:
         return self.actors / "picks.parquet"
 
     @property
+    def online(self) -> Path:
+        """Stage 09's output folder: DigiRL's online runs, each resumable from its last finished round."""
+        return self.data / "online"
+
+    def online_run(self, row: str, seed: int) -> Path:
+        """One online run: a trajectory store per round and ``latest/`` (policy, value functions, state)."""
+        return self.online / f"seed{seed}" / row
+
+    def online_policy(self, row: str, seed: int) -> Path:
+        """The policy an online run ended with (after its last finished round)."""
+        return self.online_run(row, seed) / "latest" / "policy"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics"
 

@@ -58,6 +58,7 @@ STAGES = (
     "critic",
     "actor",
     "diagnostics",
+    "digirl_online",
     "eval",
 )
 HEADLINES = {
@@ -68,6 +69,7 @@ HEADLINES = {
     "embed": ("states", "pairs_per_s"),
     "critic": ("v_mc_return_corr_heldout", "q_loss_last"),
     "actor": ("kept_fraction",),
+    "digirl_online": ("offline_env_steps",),
 }
 
 
@@ -134,7 +136,7 @@ def _family_table(results: dict[str, Any]) -> list[str]:
 
 
 def _comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[str]:
-    """The paired comparisons of stage 09 between ``rows``: difference in points and its 95% bootstrap interval.
+    """The paired comparisons of stage 10 between ``rows``: difference in points and its 95% bootstrap interval.
 
     Empty when no comparison has both its policies among ``rows`` (a table of its own per results table).
     """
@@ -221,6 +223,10 @@ PAPER_CLAIMS: tuple[Claim, ...] = (
     Claim("Best-of-16 is not below Best-of-1 (more candidates do not hurt)", "digiq_n1-digiq", "<=", "both"),
     Claim("Best-of-N beats AWR on the same critic", "digiq_awr-digiq", "<", "at least one"),
     Claim("Best-of-N beats a REINFORCE-style update on the same critic", "digiq_reinforce-digiq", "<", "at least one"),
+    Claim("Online DigiRL beats online Filtered BC (DigiRL paper)", "digirl_online-filtered_bc_online", ">",
+          "at least one"),
+    Claim("Off-to-online DigiRL beats offline DigiRL (DigiRL paper)", "digirl_off2on-digirl_offline", ">",
+          "at least one"),
 )  # fmt: skip
 
 
@@ -426,7 +432,7 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
 
 
 def _skills_table(skills: dict[str, Any]) -> list[str]:
-    """The base policy alone and with each skill lent by the expert, per task set (stage 09, first seed)."""
+    """The base policy alone and with each skill lent by the expert, per task set (stage 10, first seed)."""
     if "off" in skills:
         return [f"Expert-skill diagnostic off: {skills['off']}."]
     out = ["| base policy | General test | Web Shopping test |", "|---|---|---|"]
@@ -443,7 +449,7 @@ def results_markdown(paths: Paths) -> str:
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
         return "No `metrics/eval.json` yet: run `make repro`."
-    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 09."]
+    margins = _comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 10."]
     out = _success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + _success_table(ab)
@@ -456,9 +462,27 @@ def results_markdown(paths: Paths) -> str:
                     f"the simulator's expert would; {pct(perfect['states_with_expert_candidate'])}% of states have "
                     f"one, and the data's own action is it in {pct(perfect['taken_action_is_expert'])}%)."]  # fmt: skip
         out += _extraction_note({name: e for name, e in actor.get("extraction", {}).items() if name in ab})
+    online = _load(paths, "digirl_online")
+    if online and online.get("rows"):
+        out += ["", *env_steps_table(online, [p for p in ev if p not in online["rows"]])]
     if compared:
         out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
     return "\n".join(out)
+
+
+def env_steps_table(online: dict[str, Any], offline_rows: list[str]) -> list[str]:
+    """The environment steps each row learnt from: the offline data for the offline rows, the rounds' for the online
+    ones (off2on: both), with the online runs' rounds and wall time (means over seeds)."""
+    out = ["| policy | environment steps learnt from | of them online | rounds | online wall time (s) |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    data = online["offline_env_steps"]
+    out += [f"| {p} | {data:,} | 0 | - | - |" for p in offline_rows if p != "base"]
+    for row, entry in online["rows"].items():
+        rounds = np.mean([len(r) for r in entry["per_seed"]])
+        out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['online_env_steps']:,.0f} | {rounds:g} | "
+                   f"{entry['wall_time_s']:,.0f} |")  # fmt: skip
+    return out + ["", "The offline rows learn from the collected data (stage 01) alone; the online rows' steps are "
+                  "means over seeds, and their wall time is one run's (stage 09)."]  # fmt: skip
 
 
 # How each row of the extraction ablation weighs a drawn candidate of advantage A.
@@ -537,7 +561,7 @@ def diagnostics_markdown(paths: Paths) -> str:
     if rewarded:
         out += ["", "Digi-Q's critic at the data's rewarded steps (stage 06):", ""] + rewarded_table(rewarded)
     if skills:
-        out += ["", "Where the base policy loses (stage 09, first seed, the first 96 test tasks; success % with one "
+        out += ["", "Where the base policy loses (stage 10, first seed, the first 96 test tasks; success % with one "
                 "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
         out += _skills_table(skills)
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]

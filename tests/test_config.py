@@ -140,7 +140,7 @@ def test_layers_import_downward_only():
 
 # Knobs that may take any number: seeds, advantage thresholds, the floor of a conservative term; and the
 # adb port, whose range depends on the backend (its own check).
-ANY_NUMBER = {"seed", "split_seed", "threshold_general", "threshold_webshop", "digirl_threshold", "conservative_floor",
+ANY_NUMBER = {"seed", "split_seed", "threshold_general", "threshold_webshop", "conservative_floor",
               "adb_port"}  # fmt: skip
 
 

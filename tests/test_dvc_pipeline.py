@@ -13,7 +13,7 @@ PARAMS = config.load_params()
 METHOD = yaml.safe_load((ROOT / "params.yaml").read_text())  # the method's knobs alone
 
 
-EXPLORATION = {"10_explore_values.ipynb"}  # notebooks for people, run after the pipeline; not stages
+EXPLORATION = {"11_explore_values.ipynb"}  # notebooks for people, run after the pipeline; not stages
 
 
 def test_every_notebook_is_one_stage_that_depends_on_it():
@@ -45,7 +45,7 @@ def test_params_match_the_typed_configs_and_their_defaults():
 def test_params_yaml_holds_the_methods_knobs_and_params_the_machines():
     knobs = [k for group, keys in METHOD.items() for k in keys if group != "variants"]
     knobs += [k for changes in METHOD["variants"].values() for k in changes]
-    assert len(knobs) <= 47, f"params.yaml has {len(knobs)} knobs"
+    assert len(knobs) <= 50, f"params.yaml has {len(knobs)} knobs"
     assert not {"env", "devices", "judge", "compute"} & set(METHOD)  # in params/, beside it
     assert {p.name for p in config.params_files()[1:]} == {"compute.yaml", "devices.yaml", "released_models.yaml"}
 

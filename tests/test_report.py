@@ -179,6 +179,8 @@ def test_claims_table_judges_each_claim_by_its_intervals():
         "digiq_n1-digiq": "**reproduced**",
         "digiq_awr-digiq": "**no detectable difference**",
         "digiq_reinforce-digiq": "**not measured**",
+        "digirl_online-filtered_bc_online": "**not measured**",  # a run without the online stage
+        "digirl_off2on-digirl_offline": "**not measured**",
     }
     table = "\n".join(claims_table(comparisons))
     # cells are in the claim's direction: the untuned ablation's -5.0 [-8.0, -2.0] is Digi-Q's lead of +5.0

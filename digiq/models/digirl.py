@@ -32,13 +32,18 @@ DigiRL reads the frozen BLIP-2 and RoBERTa features beside its policy).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from digiq.config import DigiRLConfig
+from digiq.env.tasks import MAX_STEPS
 from digiq.models.critic import mlp
 from digiq.models.policy import AutoUIPolicy
 
@@ -54,6 +59,9 @@ __all__ = [
     "curriculum",
     "DigiRLValues",
     "digirl_steps",
+    "StepFeatures",
+    "step_features",
+    "fit_and_select",
 ]
 
 
@@ -241,3 +249,68 @@ def digirl_steps(episode: np.ndarray, rewards: np.ndarray, horizons: np.ndarray,
     replayed[curriculum(outcomes, np.asarray(v_inst)[first], top)] = True
     in_replay = np.repeat(replayed, np.diff(np.r_[first, len(episode)]))
     return np.flatnonzero(in_replay & keep_steps(adv, horizons)), adv
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """The frozen features DigiRL's value functions read, one row per step of a step table."""
+
+    state: np.ndarray  # (S, d): the step's state (prompt and screen)
+    next_state: np.ndarray  # (S, d): the state it led to
+    instruction: np.ndarray  # (S, d): its episode's instruction alone
+
+    def take(self, rows: np.ndarray) -> StepFeatures:
+        return StepFeatures(self.state[rows], self.next_state[rows], self.instruction[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[StepFeatures]) -> StepFeatures:
+        return StepFeatures(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("state", "next_state",
+                                                                                       "instruction")))  # fmt: skip
+
+
+def step_features(policy: AutoUIPolicy, steps: pd.DataFrame, screens: dict[str, torch.Tensor],
+                  key: str = "") -> StepFeatures:  # fmt: skip
+    """:class:`StepFeatures` of every row of ``steps`` from the frozen ``policy``.
+
+    ``screens`` holds each screenshot at the policy's input size under
+    ``key + image_path`` (:func:`~digiq.models.policy_fit.load_screens`).
+    """
+    if steps.empty:
+        d = policy.cfg.d_model
+        return StepFeatures(*(np.zeros((0, d), np.float32) for _ in range(3)))
+
+    def at(column: str) -> torch.Tensor:
+        return torch.stack([screens[key + p] for p in steps[column]])
+
+    return StepFeatures(state_features(policy, steps.observation.tolist(), at("image_path")),
+                        state_features(policy, steps.next_observation.tolist(), at("next_image_path")),
+                        instruction_features(policy, steps.task.tolist()))  # fmt: skip
+
+
+def fit_and_select(values: DigiRLValues, feats: StepFeatures, steps: pd.DataFrame, cfg: DigiRLConfig,
+                   seed: int) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
+    """Fit ``values`` on ``steps`` (sorted by ``episode``, then step) and pick the rows DigiRL imitates.
+
+    ``steps`` needs ``episode`` (one number per episode), ``reward``,
+    ``trajectory_reward`` and ``task_set``. Returns the kept row indices
+    (:func:`digirl_steps`) and what the fit and the filter did: the last
+    value losses, the mean advantage and the shares of episodes and steps kept.
+    """
+    episode = steps.episode.to_numpy()
+    first = _episode_starts(episode)
+    outcome = (steps.trajectory_reward.to_numpy() > 0).astype(np.float32)
+    losses = values.fit(feats.instruction[first], outcome[first], feats.state, feats.next_state, outcome,
+                        updates=cfg.value_updates, batch=cfg.value_batch, lr=cfg.value_lr, seed=seed)  # fmt: skip
+    horizons = steps.task_set.map(MAX_STEPS).to_numpy()
+    kept, adv = digirl_steps(episode, steps.reward.to_numpy(), horizons, values.step.value(feats.state),
+                             values.step.value(feats.next_state), values.instruction.value(feats.instruction),
+                             lam=cfg.lam, top=cfg.replay_top)  # fmt: skip
+    tail = max(1, cfg.value_updates // 10)
+    return kept, {
+        "value_loss_instruction": round(float(np.mean(losses["instruction"][-tail:])), 4),
+        "value_loss_step": round(float(np.mean(losses["step"][-tail:])), 4),
+        "mean_advantage": round(float(adv.mean()), 4) if len(adv) else 0.0,
+        "kept_steps": len(kept),
+        "kept_episodes": len(np.unique(episode[kept])),
+        "buffer_episodes": len(first),
+    }

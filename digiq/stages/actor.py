@@ -8,8 +8,10 @@ imitate:
   the action taken) are scored by the critic, A = Q(s, a) - V(s); the best
   valid one is kept when A clears a threshold (0.10 General, 0.05 Web Shopping).
 - ``filtered_bc``: every step of the trajectories that succeeded.
-- ``digirl_offline``: the steps whose action beat a learned value baseline,
-  MC return - V(s) > threshold (DigiRL's binary advantage filter, offline).
+- ``digirl_offline``: DigiRL's own rule on the same data (:mod:`digiq.models.digirl`):
+  success classifiers V_inst and V_step on the frozen base policy's
+  features, the doubly-robust step advantage, the 1/H filter, and the top
+  share of episodes by outcome - V_inst.
 - named variants (e.g. ``digiq_hierarchy``): Best-of-N with a
   critic beyond the paper's (the critic stage, ``variants`` in params.yaml).
 - ablations: Best-of-N over fewer candidates (``digiq_n1``, ``digiq_n4``),
@@ -37,7 +39,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from digiq import parallel
 from digiq.config import (
@@ -48,6 +49,7 @@ from digiq.config import (
     CollectConfig,
     ComputeConfig,
     DeviceConfig,
+    DigiRLConfig,
     EnvConfig,
     ExperimentConfig,
     load_section,
@@ -56,11 +58,12 @@ from digiq.config import (
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import Picks, write_picks
-from digiq.data.trajectories import TrajectoryStore, split_trajectories
+from digiq.data.trajectories import TrajectoryStore
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
-from digiq.models.critic import Critic, mlp
+from digiq.models.critic import Critic
 from digiq.models.critic_inputs import trained_inputs
+from digiq.models.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
@@ -79,7 +82,8 @@ __all__ = [
     "extraction_picks",
     "perfect_critic_picks",
     "filtered_bc_picks",
-    "digirl_picks",
+    "digirl_offline_picks",
+    "offline_step_features",
     "imitation_rows",
     "policy_names",
     "METHODS",
@@ -214,33 +218,26 @@ def filtered_bc_picks(steps: pd.DataFrame) -> Picks:
     return Picks.taken(np.flatnonzero(steps.trajectory_reward.to_numpy() > 0))
 
 
-def digirl_picks(cfg: ActorConfig, state: np.ndarray, steps: pd.DataFrame, seed: int) -> Picks:
-    """Steps whose Monte-Carlo return beats V(s) by the threshold.
+def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
+    """What offline DigiRL's value functions read: the frozen base policy's features of every stored step."""
+    base = AutoUIPolicy.load(paths.base_policy)
+    store = TrajectoryStore(paths.offline)
+    screens = load_screens(base, store, [*steps.image_path, *steps.next_image_path])
+    return step_features(base, steps, screens)
 
-    V is regressed on MC returns with 2-fold cross-fitting by trajectory: a
-    value fit on the very trajectories it judges would memorise their returns
-    and leave every advantage near zero.
+
+def digirl_offline_picks(cfg: DigiRLConfig, feats: StepFeatures, steps: pd.DataFrame,
+                         seed: int) -> tuple[Picks, dict[str, Any]]:  # fmt: skip
+    """Offline DigiRL's rows: its value functions fit on the offline data, then its step filter and curriculum.
+
+    ``feats`` is :func:`offline_step_features`. The taken action of each kept
+    step is imitated (weight 1); also what the fit and the filter did.
     """
-    torch.manual_seed(seed)
-    x = torch.from_numpy(np.asarray(state))
-    y = torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32)
-    fold = steps.traj_id.isin(split_trajectories(steps.traj_id.tolist(), 0.5, seed)).to_numpy()
-    v = np.zeros(len(steps), np.float32)
-    for held in (fold, ~fold):
-        train = np.flatnonzero(~held)
-        net = mlp(x.shape[1], 256)
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-        gen = np.random.default_rng(seed)
-        for _ in range(cfg.digirl_value_epochs):
-            for _b in range(0, len(train), 256):
-                idx = torch.from_numpy(train[gen.integers(0, len(train), 256)])
-                loss = F.mse_loss(net(x[idx])[:, 0], y[idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        with torch.no_grad():
-            v[held] = net(x[torch.from_numpy(np.flatnonzero(held))])[:, 0].numpy()
-    return Picks.taken(np.flatnonzero(steps.mc_return.to_numpy() - v > cfg.digirl_threshold))
+    order = np.lexsort((steps.step_id.to_numpy(), steps.traj_id.to_numpy()))
+    ordered = steps.iloc[order].assign(episode=steps.traj_id.to_numpy()[order])
+    values = DigiRLValues(feats.state.shape[1], seed=seed)
+    kept, stats = fit_and_select(values, feats.take(order), ordered, cfg, seed)
+    return Picks.taken(np.sort(order[kept])), stats
 
 
 class ActorFitJob(NamedTuple):
@@ -274,13 +271,16 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
 
 
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
-              collect: CollectConfig, variants: Sequence[str] = (), workers: int = 1) -> dict[str, Any]:  # fmt: skip
+              collect: CollectConfig, digirl: DigiRLConfig | None = None, variants: Sequence[str] = (),
+              workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Train every policy (the paper's comparison, the named ``variants``, the ablations) for every seed.
 
     The fits, all with the same number of updates, are shared among ``workers`` processes (:mod:`digiq.workers`).
+    ``digirl`` sets offline DigiRL's rule (default: the paper's values).
 
     Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
     """
+    digirl = digirl or DigiRLConfig()
     plan = best_of_n_plan(ablations, variants)
     critic_rows = sorted({row for row, _ in plan.values()})  # the stage-06 critics the Best-of-N policies use
     require("actor", paths.base_policy / "config.json",
@@ -294,6 +294,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         cands = read_candidates(paths).to_pandas()
         feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
         valid = np.stack(cands.valid_list.to_numpy())
+        with timed(parts, "digirl_features"):
+            digirl_feats = offline_step_features(paths, steps)
+        digirl_stats: list[dict[str, Any]] = []
         if ablations.perfect_critic:
             with timed(parts, "expert_matrix"):
                 right, _ = expert_matrix(env, collect.seed, steps, cands)
@@ -325,7 +328,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             if ablations.perfect_critic:
                 plans[PERFECT_CRITIC_ROW] = perfect
             plans["filtered_bc"] = filtered_bc_picks(steps)
-            plans["digirl_offline"] = digirl_picks(cfg, feats["digiq"]["state"], steps, seed)
+            plans["digirl_offline"], stats = digirl_offline_picks(digirl, digirl_feats, steps, seed)
+            digirl_stats.append(stats)
             for name, picks in plans.items():
                 rows = imitation_rows(steps, cands, picks)
                 every[(name, s)] = picks
@@ -350,6 +354,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
                              for name, per_seed in weighting.items()}  # fmt: skip
     metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
     metrics["best_of_n_kept_fraction_per_seed"] = by_set
+    metrics["digirl_offline_per_seed"] = digirl_stats  # value losses, mean advantage, what the filter kept
     if parallel.is_main():
         # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
         # candidates are all invalid.
@@ -368,5 +373,6 @@ def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
                          "replays the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
     return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
                      ablations=ablations, env=load_section(EnvConfig, "env", params),
-                     collect=load_section(CollectConfig, "collect", params), variants=list(load_variants(params)),
+                     collect=load_section(CollectConfig, "collect", params),
+                     digirl=load_section(DigiRLConfig, "digirl", params), variants=list(load_variants(params)),
                      workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

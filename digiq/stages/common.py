@@ -15,12 +15,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: stages run under papermill and DVC
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
 from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
-__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole"]
+__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
+           "online_curves_figure", "save_figure"]  # fmt: skip
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -116,6 +119,40 @@ def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylab
     if len(curves) > 1:
         ax.legend()
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None = None) -> Figure:
+    """Success of each online row's rounds against environment steps and wall time (mean over seeds, band: range).
+
+    ``rows`` is ``metrics/digirl_online.json``'s ``rows``; ``levels`` are other
+    policies' success rates drawn as horizontal lines (an offline method's
+    level on the same kind of tasks).
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for (row, entry), color in zip(rows.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False):
+        n = min(len(rounds) for rounds in entry["per_seed"])  # every seed's rounds, where all have them
+        if n == 0:
+            continue
+        success = np.array([[r["success"] for r in rounds[:n]] for rounds in entry["per_seed"]])
+        for ax, key in zip(axes, ("env_steps", "wall_time_s"), strict=True):
+            x = np.mean([np.cumsum([r[key] for r in rounds[:n]]) for rounds in entry["per_seed"]], 0)
+            ax.plot(x, success.mean(0), marker="o", ms=3, color=color, label=row)
+            ax.fill_between(x, success.min(0), success.max(0), color=color, alpha=0.15)
+    for (name, level), style in zip((levels or {}).items(), ("--", ":", "-.", (0, (5, 5))) * 4, strict=False):
+        for ax in axes:
+            ax.axhline(level, color="grey", linestyle=style, label=name)
+    axes[0].set(xlabel="environment steps collected online", ylabel="success of the round's episodes")
+    axes[1].set(xlabel="wall time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written whole; the figure is closed."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """Stage 08: the critics' picks judged against what only the simulator knows.
 
 Nothing here feeds a policy: stage 07 trains the actors without waiting for
-it, and stage 09 evaluates them. On stored states of the offline data:
+it, and stage 10 evaluates them. On stored states of the offline data:
 
 - **true values** (:func:`oracle_sample`): a sample of ``oracle_states``
   states is rebuilt, each candidate is taken on copies of it and the noisy

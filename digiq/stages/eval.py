@@ -1,4 +1,4 @@
-"""Stage 09: roll every policy out on held-out test tasks; success by task set and family.
+"""Stage 10: roll every policy out on held-out test tasks; success by task set and family.
 
 Protocol (docs/experiments.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
@@ -24,8 +24,8 @@ seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
   percentage points, for Digi-Q minus each other policy of ``eval.json`` and
   each variant or ablation minus Digi-Q.
 
-With ``eval.train_tasks`` it also rolls the base and the paper's comparison
-(``main``) out on train tasks, the tasks of the first trajectories per task set in the
+With ``eval.train_tasks`` it also rolls the base, the paper's comparison
+(``main``) and the online rows out on train tasks, the tasks of the first trajectories per task set in the
 offline data, into ``metrics/eval_train.json`` (same layout; ``{"off": why}``
 without them): the train columns of the paper's table, which tell a failure
 to generalise to unseen entities from a failure on the very tasks the data hold.
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.config import ONLINE_ROWS, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
@@ -57,11 +57,16 @@ from digiq.paths import Paths
 from digiq.stages.common import read_tasks, timed, write_metrics
 from digiq.stats import comparisons
 
-__all__ = ["run_eval", "train_tasks"]
+__all__ = ["run_eval", "train_tasks", "ONLINE_PAIRS"]
+
+# The DigiRL paper's comparisons among its own rows, as "A - B", beside Digi-Q minus each.
+ONLINE_PAIRS = (("digirl_online", "filtered_bc_online"), ("digirl_off2on", "digirl_offline"))
 
 
 def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
-    return paths.base_policy if policy == "base" else paths.actor(policy, seed)
+    if policy == "base":
+        return paths.base_policy
+    return paths.online_policy(policy, seed) if policy in ONLINE_ROWS else paths.actor(policy, seed)
 
 
 def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
@@ -90,9 +95,14 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
 
 
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             variants: Sequence[str] = (), devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
-             workers: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
+             variants: Sequence[str] = (), online: Sequence[str] = (), devices: DeviceConfig | None = None,
+             judge: JudgeConfig | None = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` + ``online`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
+
+    ``online`` are stage 09's rows (DigiRL online, off-to-online, Filtered BC
+    online), read from their runs' last policies; they are compared with
+    Digi-Q like the offline baselines, online DigiRL also with online Filtered
+    BC and off-to-online DigiRL with offline DigiRL (the DigiRL paper's comparisons).
 
     Every policy for every seed, so that each comparison pairs the same
     seeds. Variants are Digi-Q with changes beyond the paper (``digiq_hierarchy``...):
@@ -107,14 +117,15 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     from this process. Returns every policy's summary (:func:`summarize`) per task set.
     """
     devices = devices or DeviceConfig()
-    table_rows = ["base", *main, *variants]  # the rows of eval.json; the ablations go to ablations.json
+    baselines = [*main, *online]  # the paper's rows and DigiRL's online ones
+    table_rows = ["base", *baselines, *variants]  # the rows of eval.json; the ablations go to ablations.json
     policies = [*table_rows, *ablations]
     for s in range(seeds):
         for p in policies:
             require("eval", _checkpoint(paths, p, s) / "config.json")
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
-    train_rows = ["base", *main] if held_in else []
+    train_rows = ["base", *baselines] if held_in else []
     timing: dict[str, Any] = {}
     # Every policy here descends from the base: its prompts read the screen when the base's did.
     screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
@@ -145,7 +156,10 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     write_metrics(
         paths, "eval_outcomes", {p: {ts: outcome_strings(r) for ts, r in sets.items()} for p, sets in runs.items()}
     )
-    pairs = [("digiq", p) for p in ["base", *main] if p != "digiq"] + [(v, "digiq") for v in [*variants, *ablations]]
+    pairs = [("digiq", p) for p in ["base", *baselines] if p != "digiq"] + [
+        (v, "digiq") for v in [*variants, *ablations]
+    ]
+    pairs += [(a, b) for a, b in ONLINE_PAIRS if a in online and b in table_rows]
     arrays = {p: {ts: outcome_array(r) for ts, r in sets.items()} for p, sets in runs.items()}
     write_metrics(paths, "comparisons", comparisons(arrays, pairs))
     write_metrics(paths, "skills", skills)

@@ -19,7 +19,7 @@ from digiq.data.legacy import import_legacy
 from digiq.data.start import place_imported, upstream_stages
 from digiq.paths import ROOT, Paths
 
-pytestmark = pytest.mark.slow  # stages 06-09 under DVC on imported data
+pytestmark = pytest.mark.slow  # stages 06-10 under DVC on imported data
 
 OFF = {
     "diagnostics": {"oracle_states": 0},
@@ -115,9 +115,9 @@ TINY = {
         "k_candidates": 3,
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,
-        "digirl_value_epochs": 2,
     },  # fmt: skip
     "diagnostics": {"oracle_states": 0},
+    "digirl": {"online": []},
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
     "ablations": {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [1], "perfect_critic": False},

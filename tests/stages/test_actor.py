@@ -132,7 +132,7 @@ def actor_root(values_root, tmp_path):
     torch.manual_seed(1)
     Critic(CriticNetConfig(feature_dim=8, hidden=16)).save(Paths(root).critic(1), stage="critic", gamma=0.9)
     params = load_params(root / "params.yaml")
-    params["actor"].update({"updates": 2, "batch_size": 4, "k_candidates": 2, "digirl_value_epochs": 1})
+    params["actor"].update({"updates": 2, "batch_size": 4, "k_candidates": 2})
     params["ablations"] = {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [], "perfect_critic": False,
                            "extraction": ["awr", "reinforce"]}  # fmt: skip
     params["experiment"] = {"seeds": 2}

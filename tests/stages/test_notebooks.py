@@ -27,7 +27,14 @@ TINY = {
         "k_candidates": 4,
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,
-        "digirl_value_epochs": 2,
+    },
+    "digirl": {
+        "rounds": 2,
+        "episodes_per_round": 4,
+        "n_envs": 4,
+        "value_updates": 2,
+        "value_batch": 8,
+        "actor_updates": 2,
     },
     "diagnostics": {"oracle_states": 6, "oracle_rollouts": 2, "behaviour_rollouts": 2},
     "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
@@ -38,7 +45,7 @@ TINY = {
 VARIANTS = {"digiq_hierarchy": {"conservative": 0.3, "conservative_gate": True, "tap_targets": True,
                                 "typed_match": True, "list_entries": True}}  # fmt: skip
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-STAGES = [n for n in NOTEBOOKS if n != "10_explore_values.ipynb"]
+STAGES = [n for n in NOTEBOOKS if n != "11_explore_values.ipynb"]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +182,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
 
 def test_the_values_notebook_draws_both_viewers_headless(workspace):
     out = workspace / "executed_10.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / "10_explore_values.ipynb"), str(out), kernel_name="python3",
+    pm.execute_notebook(str(ROOT / "notebooks" / "11_explore_values.ipynb"), str(out), kernel_name="python3",
                         parameters={"root": str(workspace), "headless": True}, progress_bar=False, cwd=str(workspace))  # fmt: skip
     cells = json.loads(out.read_text())["cells"]
     outputs = [o for c in cells if c["cell_type"] == "code" for o in c["outputs"]]

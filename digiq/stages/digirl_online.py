@@ -1,0 +1,273 @@
+"""Stage 09: DigiRL online, in rounds on train tasks, beside Filtered BC online.
+
+Each online row (``digirl.online``) runs per seed, in rounds:
+
+1. **collect** ``digirl.episodes_per_round`` episodes of train tasks (half
+   per task set, drawn uniformly; the same draws for every row of a seed) with
+   the current policy, into the round's own trajectory store;
+2. **fit the value functions** V_inst and V_step on every episode collected
+   so far (the buffer), on the frozen base policy's features;
+3. **compute the advantages and filter**: DigiRL's doubly-robust step
+   advantage, the 1/H step filter and the curriculum's top share of episodes
+   (:func:`digiq.models.digirl.fit_and_select`);
+4. **update** the policy by maximum likelihood on the kept steps for
+   ``digirl.actor_updates`` optimizer steps.
+
+The rows differ in where they start and what they imitate:
+``digirl_online`` starts from the base policy; ``digirl_off2on`` from offline
+DigiRL's policy of the same seed (stage 07), with the offline data in its
+buffer; ``filtered_bc_online`` from the base, imitating every step of the
+buffer's successful episodes (DigiRL's online baseline).
+
+A run stops after ``digirl.rounds`` rounds, or before a round once its
+episodes have taken ``digirl.env_steps`` environment steps. After each round
+the policy, the value functions and the run's record are written whole to
+``latest/`` (:func:`digiq.io.swap_in`); an interrupted run resumes after its
+last finished round, and the round cut short resumes its store, so nothing
+already collected is lost.
+
+Writes ``metrics/digirl_online.json`` (per row and seed, each round's
+success, environment steps, kept rows and wall time) and the learning curves
+``plots/digirl_online.png``, with the base policy's success on the collected
+train tasks (stage 01) as a line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+
+from digiq.config import (
+    ActorConfig,
+    ComputeConfig,
+    DeviceConfig,
+    DigiRLConfig,
+    EnvConfig,
+    ExperimentConfig,
+    JudgeConfig,
+    load_section,
+)
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.backends import EnvFactory
+from digiq.env.state import Dynamics
+from digiq.env.tasks import TASK_SETS, Task
+from digiq.io import require, swap_in
+from digiq.judge import evaluator_for
+from digiq.models.agents import ModelPolicy
+from digiq.models.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
+from digiq.models.policy import AutoUIPolicy
+from digiq.models.policy_fit import FitRow, fit_policy, load_screens
+from digiq.paths import Paths
+from digiq.rollout import rollout
+from digiq.stages.common import online_curves_figure, read_tasks, save_figure, timed, write_metrics
+from digiq.workers import map_jobs
+
+__all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "start_checkpoint", "from_params"]
+
+OFFLINE = "offline"  # the buffer's name for the offline data (off2on)
+
+
+def start_checkpoint(paths: Paths, row: str, seed: int) -> Path:
+    """The policy an online row starts from: offline DigiRL's of the same seed for off2on, else the base."""
+    return paths.actor("digirl_offline", seed) if row == "digirl_off2on" else paths.base_policy
+
+
+def round_tasks(cfg: DigiRLConfig, train: dict[str, list[Task]], seed: int, round_: int) -> list[Task]:
+    """The round's episodes: half per task set, drawn uniformly without replacement from its train list.
+
+    The draw depends on the seed and the round only, so every row of a seed
+    sees the same tasks in the same round.
+    """
+    rng = np.random.default_rng([cfg.seed, seed, round_])
+    out: list[Task] = []
+    for i, ts in enumerate(TASK_SETS):
+        n = cfg.episodes_per_round // len(TASK_SETS) + (i < cfg.episodes_per_round % len(TASK_SETS))
+        listed = train[ts]
+        out += [listed[j] for j in rng.choice(len(listed), min(n, len(listed)), replace=False)]
+    return out
+
+
+class OnlineJob(NamedTuple):
+    """One online run: ``row`` for seed index ``seed``."""
+
+    paths: Paths
+    row: str
+    seed: int
+    cfg: DigiRLConfig
+    actor: ActorConfig
+    env: EnvConfig
+    devices: DeviceConfig
+    judge: JudgeConfig
+
+
+class _Buffer:
+    """Every episode a run learns from: the step tables, their frozen features and their screens, per source."""
+
+    def __init__(self, base: AutoUIPolicy) -> None:
+        self.base = base
+        self.steps: list[pd.DataFrame] = []
+        self.feats: list[StepFeatures] = []
+        self.screens: dict[str, Any] = {}
+
+    def add(self, name: str, store: TrajectoryStore) -> pd.DataFrame:
+        """Append the episodes of ``store`` under ``name``; their step table."""
+        t = store.read().to_pandas().sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
+        key = f"{name}/"
+        loaded = load_screens(self.base, store, [*t.image_path, *t.next_image_path])
+        self.screens.update({key + p: v for p, v in loaded.items()})
+        self.steps.append(t.assign(source=name, key=key + t.image_path))
+        self.feats.append(step_features(self.base, t, loaded))
+        return t
+
+    def table(self) -> tuple[pd.DataFrame, StepFeatures]:
+        """All steps, numbered by ``episode`` in buffer order, and their features."""
+        t = pd.concat(self.steps, ignore_index=True)
+        t["episode"] = t.groupby(["source", "traj_id"], sort=False).ngroup().to_numpy()
+        return t, StepFeatures.concat(self.feats)
+
+
+def _resume(run: Path) -> Path | None:
+    """The folder of the last finished round's state, if any (also one a kill left mid-swap)."""
+    if (run / "latest" / "state.json").exists():
+        return run / "latest"
+    left = sorted(run.glob(".latest.old-*"))  # swap_in moved the old state aside and was cut before the new one
+    return left[-1] if left and (left[-1] / "state.json").exists() else None
+
+
+def run_online_job(job: OnlineJob) -> dict[str, Any]:
+    """Run (or resume) one online run to its end; its record: ``{"rounds": [...], "start": ...}``."""
+    cfg, paths = job.cfg, job.paths
+    run = paths.online_run(job.row, job.seed)
+    run.mkdir(parents=True, exist_ok=True)
+    seed = cfg.seed + job.seed
+    base = AutoUIPolicy.load(paths.base_policy)  # frozen: the value functions' features
+    done = _resume(run)
+    start = start_checkpoint(paths, job.row, job.seed)
+    state: dict[str, Any] = (
+        json.loads((done / "state.json").read_text()) if done else {"rounds": [], "start": str(start)}
+    )
+    policy = AutoUIPolicy.load(done / "policy" if done else start)
+    values = DigiRLValues(base.cfg.d_model, seed=seed)
+    if done:
+        values.load_state(done)
+    buffer = _Buffer(base)
+    if job.row == "digirl_off2on":
+        buffer.add(OFFLINE, TrajectoryStore(paths.offline))
+    for r in range(len(state["rounds"])):
+        buffer.add(f"round{r:03d}", TrajectoryStore(run / f"round{r:03d}"))
+    train = {ts: read_tasks(paths, ts, "train", None, "digirl_online") for ts in TASK_SETS}
+    dynamics = Dynamics.of(job.env)
+
+    def spent() -> int:
+        return sum(r["env_steps"] for r in state["rounds"])
+
+    while len(state["rounds"]) < cfg.rounds and (cfg.env_steps is None or spent() < cfg.env_steps):
+        r = len(state["rounds"])
+        began = time.perf_counter()
+        name = f"round{r:03d}"
+        store = TrajectoryStore(run / name)
+        tasks = round_tasks(cfg, train, job.seed, r)
+        torch.manual_seed(seed * 1000 + r)  # the round's sampling: a resumed run draws what an unbroken one would
+        with EnvFactory(job.devices, dynamics, job.env.width, evaluator_for(job.devices, job.judge)) as make_env:
+            ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=seed * 1000 + r,
+                          dynamics=dynamics, width=job.env.width, store=store, desc=f"{job.row} {name}",
+                          env_factory=make_env, screen_text=policy.cfg.screen_text)  # fmt: skip
+        collected = buffer.add(name, store)
+        steps, feats = buffer.table()
+        if job.row == "filtered_bc_online":
+            kept = np.flatnonzero(steps.trajectory_reward.to_numpy() > 0)
+            stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
+        else:
+            kept, stats = fit_and_select(values, feats, steps, cfg, seed * 1000 + r)
+        rows = [FitRow(steps.observation.iat[i], steps.key.iat[i], steps.action.iat[i]) for i in kept]
+        if rows:
+            fit_policy(policy, rows, buffer.screens, updates=cfg.actor_updates, batch_size=job.actor.batch_size,
+                       lr=job.actor.lr, seed=seed * 1000 + r, desc=f"{job.row} {name} update")  # fmt: skip
+        episodes = collected.groupby("traj_id").trajectory_reward.first() > 0
+        abandoned = [e for e in ran if e.abandoned]
+        by_set = collected.groupby("traj_id").task_set.first()
+        state["rounds"].append({
+            "round": r,
+            "episodes": len(episodes) + len(abandoned),
+            "env_steps": len(collected) + sum(e.steps for e in abandoned),
+            "success": round(float(episodes.sum()) / max(1, len(episodes) + len(abandoned)), 4),
+            "success_by_task_set": {ts: round(float(episodes[by_set == ts].mean()), 4)
+                                    for ts in TASK_SETS if (by_set == ts).any()},
+            **stats,
+            "wall_time_s": round(time.perf_counter() - began, 2),
+        })  # fmt: skip
+        _save_round(run, policy, values, state, job, r)
+    return state
+
+
+def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: dict[str, Any], job: OnlineJob,
+                round_: int) -> None:  # fmt: skip
+    """Write the policy, the value functions and the record after a round, whole, as ``latest/``."""
+    partial = run / ".latest.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    policy.save(partial / "policy", stage="digirl_online", method=job.row, seed=job.cfg.seed + job.seed,
+                rounds=round_ + 1)  # fmt: skip
+    values.save(partial)
+    (partial / "state.json").write_text(json.dumps(state, indent=1))
+    swap_in(partial, run / "latest")
+    for left in run.glob(".latest.old-*"):  # a state a kill left mid-swap, now superseded
+        shutil.rmtree(left, ignore_errors=True)
+
+
+def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, paths: Paths, *, seeds: int,
+                      devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
+                      workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Every online row for every seed; writes ``metrics/digirl_online.json`` and the learning curves.
+
+    On the simulator the runs are shared among ``workers`` processes; real
+    devices are stepped from this process.
+    """
+    devices = devices or DeviceConfig()
+    require("digirl_online", paths.base_policy / "config.json",
+            *(start_checkpoint(paths, row, s) / "config.json" for row in cfg.online for s in range(seeds)))  # fmt: skip
+    if "digirl_off2on" in cfg.online:
+        require("digirl_online", paths.offline)
+    jobs = [OnlineJob(paths, row, s, cfg, actor, env, devices, judge or JudgeConfig())
+            for row in cfg.online for s in range(seeds)]  # fmt: skip
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        records = map_jobs(run_online_job, jobs, workers if devices.backend == "sim" else 1)
+    offline_steps = TrajectoryStore(paths.offline).read().num_rows if paths.offline.exists() else 0
+    rows: dict[str, Any] = {}
+    for job, record in zip(jobs, records, strict=True):
+        rows.setdefault(job.row, {"per_seed": []})["per_seed"].append(record["rounds"])
+    for row, entry in rows.items():
+        online = [sum(r["env_steps"] for r in rounds) for rounds in entry["per_seed"]]
+        entry["online_env_steps"] = round(float(np.mean(online)), 1)
+        # What the policy learnt from in all: off2on's offline data too.
+        entry["env_steps"] = entry["online_env_steps"] + (offline_steps if row == "digirl_off2on" else 0)
+        entry["wall_time_s"] = round(float(np.mean([sum(r["wall_time_s"] for r in rounds)
+                                                    for rounds in entry["per_seed"]])), 2)  # fmt: skip
+    metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": workers})
+    write_metrics(paths, "digirl_online", metrics)
+    collected = paths.metrics / "collect.json"
+    base = json.loads(collected.read_text())["success_rate_by_task_set"] if collected.exists() else {}
+    # The base on the offline data's train tasks, half per task set as a round's episodes are drawn.
+    fig = online_curves_figure(
+        rows, {"base (stage 01, train tasks)": float(np.mean(list(base.values())))} if base else {}
+    )
+    fig.suptitle("Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])"))
+    save_figure(fig, paths.plots / "digirl_online.png")
+    return metrics
+
+
+def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 09 as ``params.yaml`` sets it."""
+    return run_digirl_online(
+        load_section(DigiRLConfig, "digirl", params), load_section(ActorConfig, "actor", params),
+        load_section(EnvConfig, "env", params), paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+        devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
+        workers=load_section(ComputeConfig, "compute", params).workers,
+    )  # fmt: skip
