@@ -1,0 +1,129 @@
+"""Stage 09: DigiRL's online rounds at tiny size: the task draws, the rows, and a run resumed after a kill."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from digiq.config import ActorConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.taskgen import generate_tasks
+from digiq.env.tasks import TASK_SETS, parse_task
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.paths import Paths
+from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages.digirl_online import OnlineJob, round_tasks, run_digirl_online, run_online_job
+
+WIDTH = 108
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "online_run.py"
+
+
+def tiny_job(paths: Paths, row: str, rounds: int) -> OnlineJob:
+    """``row`` for seed 0 at tiny size: 4 episodes a round, a few updates of everything."""
+    cfg = DigiRLConfig(online=[row], rounds=rounds, episodes_per_round=4, env_steps=None, n_envs=4, value_updates=5,
+                       value_batch=16, actor_updates=2)  # fmt: skip
+    return OnlineJob(paths, row, 0, cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), DeviceConfig(),
+                     JudgeConfig())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def online_root(tmp_path_factory) -> Paths:
+    """Train lists, an untrained tiny base (also standing in for offline DigiRL's policy) and offline data from the
+    noisy expert, whose successes give off2on's filter steps to keep."""
+    paths = Paths(tmp_path_factory.mktemp("online"))
+    for ts in TASK_SETS:
+        paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
+        paths.task_list(ts, "train").write_text("\n".join(generate_tasks(ts, "train", 6, seed=3)) + "\n")
+    torch.manual_seed(0)
+    policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32),
+                          train_tokenizer(default_corpus(n_tasks=50), vocab_size=400))  # fmt: skip
+    policy.save(paths.base_policy)
+    policy.save(paths.actor("digirl_offline", 0))
+    tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 4, seed=5)]
+    rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
+    return paths
+
+
+def test_a_round_draws_half_its_episodes_from_each_task_set_the_same_for_every_row():
+    train = {ts: [parse_task(t, ts) for t in generate_tasks(ts, "train", 10, seed=3)] for ts in TASK_SETS}
+    cfg = DigiRLConfig(episodes_per_round=7)
+    drawn = round_tasks(cfg, train, seed=0, round_=0)
+    assert [t.task_set for t in drawn] == ["general"] * 4 + ["webshop"] * 3
+    assert len({t.instruction for t in drawn}) == 7  # without replacement within a round
+    assert drawn == round_tasks(cfg, train, 0, 0)  # a function of the seed and round alone, not of the row
+    assert drawn != round_tasks(cfg, train, 0, 1) and drawn != round_tasks(cfg, train, 1, 0)
+
+
+def _copy(paths: Paths, to: Path) -> Paths:
+    shutil.copytree(paths.root, to)
+    return Paths(to)
+
+
+def _records(state: dict) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in state["rounds"]]
+
+
+@pytest.mark.slow  # three runs of three rounds, one in a process killed part-way
+def test_an_online_run_killed_after_a_round_resumes_there_and_ends_as_an_unbroken_run(online_root, tmp_path):
+    row = "digirl_off2on"  # its buffer holds the expert's successes, so every round fits the policy
+    unbroken = _copy(online_root, tmp_path / "unbroken")
+    whole = run_online_job(tiny_job(unbroken, row, 3))
+    assert len(whole["rounds"]) == 3 and all(r["kept_steps"] > 0 for r in whole["rounds"])
+
+    broken = _copy(online_root, tmp_path / "broken")
+    run = broken.online_run(row, 0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(broken.root), row, "3"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    state = run / "latest" / "state.json"
+    deadline = time.monotonic() + 300
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # nothing flushed: the run is somewhere in its second round
+    proc.wait()
+    assert state.exists(), proc.stderr.read().decode()[-2000:]
+    finished = len(json.loads(state.read_text())["rounds"])
+    assert 1 <= finished < 3
+    first_round = TrajectoryStore(run / "round000").read()
+
+    resumed = run_online_job(tiny_job(broken, row, 3))
+    assert _records(resumed) == _records(whole)  # the same episodes, values, kept steps and successes
+    assert TrajectoryStore(run / "round000").read().equals(first_round)  # what was collected is kept, not redone
+    a, b = AutoUIPolicy.load(broken.online_policy(row, 0)), AutoUIPolicy.load(unbroken.online_policy(row, 0))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        # equal up to the order of float sums, which the killed process's thread count may change
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-5), name
+    assert not list(run.glob(".latest*"))  # no state left beside latest/
+
+
+def test_the_stage_runs_every_row_within_its_step_budget_and_counts_their_steps(online_root, tmp_path):
+    paths = _copy(online_root, tmp_path / "root")
+    cfg = DigiRLConfig(rounds=5, episodes_per_round=4, env_steps=30, n_envs=4, value_updates=3, value_batch=8,
+                       actor_updates=1)  # fmt: skip
+    out = run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1)
+    offline = TrajectoryStore(paths.offline).read().num_rows
+    assert set(out["rows"]) == set(cfg.online) and out["offline_env_steps"] == offline
+    for row, entry in out["rows"].items():
+        (rounds,) = entry["per_seed"]
+        steps = [r["env_steps"] for r in rounds]
+        assert sum(steps[:-1]) < 30 <= sum(steps) or len(rounds) == 5  # no round starts past the budget
+        assert entry["online_env_steps"] == sum(steps)
+        assert entry["env_steps"] == sum(steps) + (offline if row == "digirl_off2on" else 0)
+        stored = sum(TrajectoryStore(paths.online_run(row, 0) / f"round{r:03d}").read().num_rows
+                     for r in range(len(rounds)))  # fmt: skip
+        assert stored == sum(steps)
+        AutoUIPolicy.load(paths.online_policy(row, 0))
+    fbc = out["rows"]["filtered_bc_online"]["per_seed"][0]
+    assert all(r["kept_steps"] == 0 for r in fbc)  # an untrained base never succeeds: Filtered BC keeps nothing
+    assert (paths.plots / "digirl_online.png").stat().st_size > 0
+    assert json.loads((paths.metrics / "digirl_online.json").read_text())["rows"].keys() == out["rows"].keys()
+    assert np.isfinite(out["wall_time_s"])
