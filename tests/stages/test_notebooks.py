@@ -72,7 +72,7 @@ def test_notebooks_are_committed_without_outputs():
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
-    assert len(STAGES) == 10
+    assert len(STAGES) == 11
     os.environ.setdefault("TQDM_DISABLE", "1")
     for name in STAGES:
         pm.execute_notebook(
@@ -84,7 +84,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
             cwd=str(workspace),
         )
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
-    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"}
+    online = {"digirl_online", "digirl_off2on", "filtered_bc_online"}
+    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"} | online
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
     assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_blind", "digiq_perfect_critic",
                               "digiq_awr", "digiq_reinforce"}  # fmt: skip
@@ -100,9 +101,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert all(len(s) == 6 for sets in outcomes.values() for strings in sets.values() for s in strings)
     comparisons = json.loads((workspace / "metrics" / "comparisons.json").read_text())
     assert {"digiq-base", "digiq-filtered_bc", "digiq_hierarchy-digiq", "digiq_n1-digiq", "digiq_awr-digiq",
-            "digiq_reinforce-digiq"} <= set(comparisons["general"])  # fmt: skip
+            "digiq_reinforce-digiq", "digiq-digirl_off2on", "digirl_online-filtered_bc_online",
+            "digirl_off2on-digirl_offline"} <= set(comparisons["general"])  # fmt: skip
     train = json.loads((workspace / "metrics" / "eval_train.json").read_text())  # the paper's train columns
-    assert set(train) == set(report) - set(VARIANTS)  # the paper's rows only
+    assert set(train) == set(report) - set(VARIANTS)  # the paper's rows and the online ones
     for policy, sets in train.items():  # the tasks of the first 5 of each task set's 8 collected trajectories
         assert set(sets) == {"general", "webshop"} and all(r["n_episodes"] == 5 for r in sets.values())
         seeds = len({**ablations, **report}[policy]["general"]["per_seed"])  # as many seeds as on the test tasks
@@ -118,7 +120,14 @@ def test_pipeline_notebooks_run_in_order(workspace):
     for s in (0, 1):  # one critic per row that needs one, on every seed
         assert sorted(p.name for p in (models / "critic" / f"seed{s}").iterdir()) == [
             "digiq", "digiq_blind", "digiq_hierarchy", "digiq_untuned"]  # fmt: skip
-    assert sorted(p.name for p in (models / "actors" / "seed1").iterdir()) == sorted({*report, *ablations} - {"base"})
+    assert sorted(p.name for p in (models / "actors" / "seed1").iterdir()) == sorted(
+        {*report, *ablations} - {"base"} - online
+    )
+    runs = json.loads((workspace / "metrics" / "digirl_online.json").read_text())["rows"]
+    assert set(runs) == online and all(len(e["per_seed"]) == 2 for e in runs.values())  # every row on both seeds
+    for row in online:  # two rounds of 4 episodes each (TINY), the last policy where stage 10 read it
+        assert all(len(rounds) == 2 and all(r["episodes"] == 4 for r in rounds) for rounds in runs[row]["per_seed"])
+        assert (workspace / "data" / "online" / "seed1" / row / "latest" / "policy" / "config.json").exists()
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())
     perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
     assert actor["kept_rows"]["digiq_perfect_critic"] == round(
