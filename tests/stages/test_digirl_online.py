@@ -127,3 +127,13 @@ def test_the_stage_runs_every_row_within_its_step_budget_and_counts_their_steps(
     assert (paths.plots / "digirl_online.png").stat().st_size > 0
     assert json.loads((paths.metrics / "digirl_online.json").read_text())["rows"].keys() == out["rows"].keys()
     assert np.isfinite(out["wall_time_s"])
+
+
+def test_an_online_round_runs_on_phones_over_adb_through_the_env_factory(online_root, tmp_path):
+    paths = _copy(online_root, tmp_path / "root")
+    job = tiny_job(paths, "digirl_online", 1)._replace(
+        devices=DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=4)  # an in-process adb server of 4 phones
+    )
+    (record,) = run_online_job(job)["rounds"]
+    stored = TrajectoryStore(paths.online_run("digirl_online", 0) / "round000").read()
+    assert record["episodes"] == 4 and record["env_steps"] == stored.num_rows > 0
