@@ -66,6 +66,7 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
 from digiq.rollout import rollout
+from digiq.stages.actor import filtered_bc_picks
 from digiq.stages.common import online_curves_figure, read_tasks, save_figure, timed, write_metrics
 from digiq.workers import map_jobs
 
@@ -170,26 +171,27 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
 
     while len(state["rounds"]) < cfg.rounds and (cfg.env_steps is None or spent() < cfg.env_steps):
         r = len(state["rounds"])
+        round_seed = seed * 1000 + r  # the round's draws, devices and fits: a resumed run repeats an unbroken one
         began = time.perf_counter()
         name = f"round{r:03d}"
         store = TrajectoryStore(run / name)
         tasks = round_tasks(cfg, train, job.seed, r)
-        torch.manual_seed(seed * 1000 + r)  # the round's sampling: a resumed run draws what an unbroken one would
+        torch.manual_seed(round_seed)  # the policy's sampling
         with EnvFactory(job.devices, dynamics, job.env.width, evaluator_for(job.devices, job.judge)) as make_env:
-            ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=seed * 1000 + r,
+            ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=round_seed,
                           dynamics=dynamics, width=job.env.width, store=store, desc=f"{job.row} {name}",
                           env_factory=make_env, screen_text=policy.cfg.screen_text)  # fmt: skip
         collected = buffer.add(name, store)
         steps, feats = buffer.table()
         if job.row == "filtered_bc_online":
-            kept = np.flatnonzero(steps.trajectory_reward.to_numpy() > 0)
+            kept = filtered_bc_picks(steps).states
             stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
         else:
-            kept, stats = fit_and_select(values, feats, steps, cfg, seed * 1000 + r)
+            kept, stats = fit_and_select(values, feats, steps, cfg, round_seed)
         rows = [FitRow(steps.observation.iat[i], steps.key.iat[i], steps.action.iat[i]) for i in kept]
         if rows:
             fit_policy(policy, rows, buffer.screens, updates=cfg.actor_updates, batch_size=job.actor.batch_size,
-                       lr=job.actor.lr, seed=seed * 1000 + r, desc=f"{job.row} {name} update")  # fmt: skip
+                       lr=job.actor.lr, seed=round_seed, desc=f"{job.row} {name} update")  # fmt: skip
         episodes = collected.groupby("traj_id").trajectory_reward.first() > 0
         abandoned = [e for e in ran if e.abandoned]
         by_set = collected.groupby("traj_id").task_set.first()
