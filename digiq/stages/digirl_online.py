@@ -28,8 +28,8 @@ already collected is lost.
 
 Writes ``metrics/digirl_online.json`` (per row and seed, each round's
 success, environment steps, kept rows and wall time) and the learning curves
-``plots/digirl_online.png``, with the base policy's success on the collected
-train tasks (stage 01) as a line.
+``plots/digirl_online.png``, with the offline data's success on its train
+tasks as a line (the base policy's, where stage 01 collected them).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 
 from digiq.config import (
@@ -209,6 +210,16 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     return state
 
 
+def _offline_success(offline: pa.Table) -> float:
+    """The offline data's success, the mean of its task sets' as a round draws half its episodes from each.
+
+    Collected by the base policy this is the level ``digirl_online`` starts
+    from; imported, it is whatever policy collected the file.
+    """
+    episodes = offline.select(["traj_id", "task_set", "trajectory_reward"]).to_pandas().drop_duplicates("traj_id")
+    return float(episodes.groupby("task_set").trajectory_reward.apply(lambda r: (r > 0).mean()).mean())
+
+
 def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: dict[str, Any], job: OnlineJob,
                 round_: int) -> None:  # fmt: skip
     """Write the policy, the value functions and the record after a round, whole, as ``latest/``."""
@@ -236,12 +247,14 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
             *(start_checkpoint(paths, row, s) / "config.json" for row in cfg.online for s in range(seeds)))  # fmt: skip
     if "digirl_off2on" in cfg.online:
         require("digirl_online", paths.offline)
+    paths.online.mkdir(parents=True, exist_ok=True)  # the stage's output, empty when digirl.online is []
     jobs = [OnlineJob(paths, row, s, cfg, actor, env, devices, judge or JudgeConfig())
             for row in cfg.online for s in range(seeds)]  # fmt: skip
     metrics: dict[str, Any] = {}
     with timed(metrics):
         records = map_jobs(run_online_job, jobs, workers if devices.backend == "sim" else 1)
-    offline_steps = TrajectoryStore(paths.offline).read().num_rows if paths.offline.exists() else 0
+    offline = TrajectoryStore(paths.offline).read() if paths.offline.exists() else None
+    offline_steps = offline.num_rows if offline is not None else 0
     rows: dict[str, Any] = {}
     for job, record in zip(jobs, records, strict=True):
         rows.setdefault(job.row, {"per_seed": []})["per_seed"].append(record["rounds"])
@@ -254,13 +267,9 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
                                                     for rounds in entry["per_seed"]])), 2)  # fmt: skip
     metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": workers})
     write_metrics(paths, "digirl_online", metrics)
-    collected = paths.metrics / "collect.json"
-    base = json.loads(collected.read_text())["success_rate_by_task_set"] if collected.exists() else {}
-    # The base on the offline data's train tasks, half per task set as a round's episodes are drawn.
-    fig = online_curves_figure(
-        rows, {"base (stage 01, train tasks)": float(np.mean(list(base.values())))} if base else {}
-    )
-    fig.suptitle("Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])"))
+    levels = {"offline data (train tasks)": _offline_success(offline)} if offline is not None else {}
+    title = "Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])")
+    fig = online_curves_figure(rows, levels, title)
     save_figure(fig, paths.plots / "digirl_online.png")
     return metrics
 
