@@ -122,7 +122,7 @@ def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylab
     return save_figure(fig, path)
 
 
-def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None = None, title: str = "") -> Figure:
+def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None = None) -> Figure:
     """Success of each online row's rounds against environment steps and wall time (mean over seeds, band: range).
 
     ``rows`` is ``metrics/digirl_online.json``'s ``rows``; ``levels`` are other
@@ -147,9 +147,7 @@ def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None =
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8, loc="best")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()  # after the title, which it then leaves room for
+    fig.tight_layout()
     return fig
 
 

@@ -268,8 +268,9 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": workers})
     write_metrics(paths, "digirl_online", metrics)
     levels = {"offline data (train tasks)": _offline_success(offline)} if offline is not None else {}
-    title = "Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])")
-    fig = online_curves_figure(rows, levels, title)
+    fig = online_curves_figure(rows, levels)
+    fig.suptitle("Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])"))
+    fig.tight_layout()  # again, to leave room for the title
     save_figure(fig, paths.plots / "digirl_online.png")
     return metrics
 
