@@ -479,7 +479,7 @@ def env_steps_table(online: dict[str, Any], offline_rows: list[str]) -> list[str
     out += [f"| {p} | {data:,} | 0 | - | - |" for p in offline_rows if p != "base"]
     for row, entry in online["rows"].items():
         rounds = np.mean([len(r) for r in entry["per_seed"]])
-        out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['online_env_steps']:,.0f} | {rounds:.1f} | "
+        out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['online_env_steps']:,.0f} | {rounds:g} | "
                    f"{entry['wall_time_s']:,.0f} |")  # fmt: skip
     return out + ["", "The offline rows learn from the collected data (stage 01) alone; the online rows' steps are "
                   "means over seeds, and their wall time is one run's (stage 09)."]  # fmt: skip
