@@ -14,6 +14,10 @@ with the client's exponential backoff (honouring ``Retry-After``). The key,
 if the endpoint needs one, comes from an environment variable, never from
 params.
 
+The verdict is read from the reply's last ``Status:`` line, or from a reply
+that is nothing but the word (:func:`verdict`); a negation, an echo of the
+format or anything else is no verdict, never a success.
+
 What goes wrong is told apart by what it means for the run:
 
 - the endpoint refuses the key (:class:`JudgeAuthError`) or redirects
@@ -21,16 +25,24 @@ What goes wrong is told apart by what it means for the run:
   naming why;
 - a step that gets no verdict (:class:`NoVerdict`): an HTTP 400 for a
   setting the model rejects, an empty or unparsable answer, or no answer
-  within the retries and each request's deadline. It is a fault of that
+  within the retries and each request's deadline, or a reply that is no
+  chat completion (an HTML page, other JSON). It is a fault of that
   episode only: the episode starts again or counts as failed
   (``judge.bad_reply``) and the fault is logged in ``faults.jsonl``. Only
   ``judge.max_bad_in_a_row`` of them in a row, which say the endpoint or its
   settings are wrong, stop the stage.
 
-Every request has a deadline of ``judge.timeout_s`` as a whole, body
-included: a server that trickles its answer cannot hold a device forever.
-The client's waits are capped: a ``Retry-After`` above a minute is not
-waited for, and that step gets no verdict at once.
+Every request has a deadline of ``judge.timeout_s`` as a whole, from the
+connection to the body's last byte: a server that trickles its headers or
+its answer cannot hold a device forever. The client's waits are capped: a
+``Retry-After`` above a minute is not waited for, and that step gets no
+verdict at once.
+
+No secret is ever written: every message the judge raises, which the
+rollout copies into ``faults.jsonl`` and the log, has the key's value, any
+``Authorization``/``Bearer`` material and a URL's user and password
+replaced by ``[redacted]`` (:func:`redact`), since many proxies echo the
+request's headers in their error bodies.
 
 A :class:`VLMJudge` is an :class:`~digiq.env.adb_env.Evaluator`: pass it to
 :class:`~digiq.env.backends.EnvFactory` for the ``emulator`` backend.
@@ -45,11 +57,11 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import numpy as np
 import openai
@@ -61,7 +73,7 @@ from digiq.env.tasks import Task
 
 __all__ = [
     "JudgeError", "JudgeAuthError", "NoVerdict", "VLMJudge", "Example", "read_examples", "verdict",
-    "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "evaluator_for",
+    "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "REDACTED", "redact", "evaluator_for",
 ]  # fmt: skip
 
 SYSTEM_PROMPT = (
@@ -76,7 +88,23 @@ REPLY_FORMAT = (
     "Status: success or failure"
 )
 NO_KEY = "EMPTY"
-_STATUS = re.compile(r"status\W*(success|failure)\b", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+# The words that are a verdict, and nothing else: "unsuccessful", "not success" or "success or failure" are none.
+_VERDICT_WORDS = {"success": True, "successful": True, "failure": False, "failed": False, "fail": False}
+# A Status line: "Status: failure", "**Status:** success", "- status = Failure." (markdown and a final stop allowed).
+_STATUS_LINE = re.compile(r"^[\s*_#>`-]*status[\s*_`]*[:=-](?P<value>.*)$", re.IGNORECASE | re.MULTILINE)
+_DECORATION = " \t*_`'\".!"
+
+# Credentials as servers echo them: an Authorization-like header or field and its value (with or without a
+# scheme word), a bare "Bearer <token>", and a URL's user:password@.
+_CREDENTIALS = re.compile(
+    r"""(?P<field>(?:proxy-)?authorization|x-api-key|api[-_]?key)(?P<sep>["']?\s*[:=]\s*["']?)"""
+    r"""(?:(?:bearer|basic|token)\s+)?[^\s"',;}\]]+"""
+    r"""|(?P<scheme>\bbearer\s+)[^\s"',;}\]]+"""
+    r"""|(?P<userinfo>//)[^/\s@"']+@""",
+    re.IGNORECASE,
+)
 
 
 class JudgeError(RuntimeError):
@@ -136,14 +164,32 @@ def read_examples(path: Path | str) -> list[Example]:
 
 
 def verdict(reply: str) -> bool | None:
-    """The verdict a reply gives: its last Status line, else a reply naming one outcome only; None if neither."""
-    statuses = _STATUS.findall(reply)
-    if statuses:
-        return statuses[-1].lower() == "success"
-    words = reply.lower()
-    if ("success" in words) != ("failure" in words):
-        return "success" in words
-    return None
+    """The verdict a reply gives, or None.
+
+    Its last ``Status:`` line decides when it has one: the line must hold a
+    verdict word alone (``success``/``successful``, ``failure``/``failed``/
+    ``fail``, any case, markdown and a final stop allowed). Without a Status
+    line, the whole reply must be such a word. Anything else (a negation
+    such as ``not success`` or ``unsuccessful``, the format echoed, a
+    sentence) is no verdict: reading one into it would store a failed
+    episode with reward 1.
+    """
+    statuses = _STATUS_LINE.findall(reply)
+    return _VERDICT_WORDS.get((statuses[-1] if statuses else reply).strip(_DECORATION).lower())
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with each of ``secrets`` and any credential an echoed request carries replaced by [redacted]."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+
+    def hide(m: re.Match[str]) -> str:
+        if m["field"]:
+            return f"{m['field']}{m['sep']}{REDACTED}"
+        return f"{m['scheme']}{REDACTED}" if m["scheme"] else f"//{REDACTED}@"
+
+    return _CREDENTIALS.sub(hide, text)
 
 
 class VLMJudge:
@@ -157,9 +203,10 @@ class VLMJudge:
             if not key:
                 raise JudgeAuthError(f"the judge's endpoint key is read from ${self.cfg.api_key_env}, which is not set "
                                      "(set it, or api_key_env: '' for a local server without keys)")  # fmt: skip
+        self._secrets = (key,) if key else ()
         # A server without keys gets vLLM's placeholder key, never $OPENAI_API_KEY (the client's own default).
         # Redirects are not followed: a redirected request would carry the key to, and take a verdict from, another host.
-        http = httpx.Client(transport=_Deadline(httpx.HTTPTransport(), self.cfg.timeout_s), follow_redirects=False,
+        http = httpx.Client(transport=_DeadlineTransport(self.cfg.timeout_s), follow_redirects=False,
                             timeout=self.cfg.timeout_s)  # fmt: skip
         self.client = openai.OpenAI(base_url=self.cfg.base_url, api_key=key or NO_KEY, timeout=self.cfg.timeout_s,
                                     max_retries=self.cfg.retries, http_client=http)  # fmt: skip
@@ -180,7 +227,11 @@ class VLMJudge:
             JudgeError: a refused key, a redirect, or too many steps without a verdict in a row (the stage's end).
         """
         try:
-            reply = self._ask(task, screenshot)
+            try:
+                reply = self._ask(task, screenshot)
+            except JudgeError as e:  # the one place every message passes on its way to faults.jsonl and the log
+                e.args = (redact(str(e), self._secrets),)
+                raise
         except NoVerdict as e:
             with self._lock:
                 self._bad_in_a_row += 1
@@ -216,6 +267,7 @@ class VLMJudge:
         if self.cfg.temperature is not None:
             limits["temperature"] = self.cfg.temperature
         url = self.cfg.base_url.rstrip("/") + "/chat/completions"
+        count_failed = self.cfg.bad_reply == "fail"
         try:
             reply = self.client.chat.completions.create(
                 model=self.cfg.model, messages=self.messages(task, screenshot), **limits
@@ -226,23 +278,33 @@ class VLMJudge:
         except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
             last = f"HTTP {e.status_code}: {_detail(e)}" if isinstance(e, openai.APIStatusError) else _cause(e)
             raise NoVerdict(f"{url} gave no verdict (up to {self.cfg.retries + 1} tries); last: {last}",
-                            count_failed=self.cfg.bad_reply == "fail") from None  # fmt: skip
+                            count_failed=count_failed) from None  # fmt: skip
         except openai.APIStatusError as e:
             if 300 <= e.status_code < 400:
                 raise JudgeError(f"{url} redirects (HTTP {e.status_code}) to {e.response.headers.get('location')!r}; "
                                  "set judge.base_url to the endpoint itself (redirects are not followed, so the "
                                  "key never goes to another host)") from None  # fmt: skip
             # The request was refused as it is: 400, 404, 422, ...
-            raise NoVerdict(f"{url} answered HTTP {e.status_code}: {_detail(e)}",
-                                  count_failed=self.cfg.bad_reply == "fail") from None  # fmt: skip
+            raise NoVerdict(f"{url} answered HTTP {e.status_code}: {_detail(e)}", count_failed=count_failed) from None
         except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
-            raise NoVerdict(f"{url} sent no chat answer: {e}", count_failed=self.cfg.bad_reply == "fail") from None
-        text = reply.choices[0].message.content if reply.choices else None
-        found = verdict(text) if text else None
+            raise NoVerdict(f"{url} sent no chat answer: {e}", count_failed=count_failed) from None
+        text = _answer(reply)
+        if text is None:  # a 200 with an HTML page or other JSON: the client hands it over unchecked
+            raise NoVerdict(f"{url} sent no chat completion: {str(reply)[:200]!r}", count_failed=count_failed)
+        found = verdict(text)
         if found is None:
-            raise NoVerdict(f"the judge's answer gives no Status: success or failure: {str(text)[:200]!r}",
-                                  count_failed=self.cfg.bad_reply == "fail")  # fmt: skip
+            raise NoVerdict(f"the judge's answer gives no Status: success or failure: {text[:200]!r}",
+                            count_failed=count_failed)  # fmt: skip
         return found
+
+
+def _answer(reply: object) -> str | None:
+    """The text of a chat completion's first choice; None for anything that is not a chat completion."""
+    choices = getattr(reply, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        return None
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    return content if isinstance(content, str) else None
 
 
 def _image_part(screenshot: np.ndarray, max_side: int) -> dict[str, Any]:
@@ -266,40 +328,85 @@ def _cause(e: openai.APIConnectionError) -> str:
     return f"{type(cause).__name__}: {cause}"[:200]
 
 
-class _Deadline(httpx.BaseTransport):
-    """An httpx transport whose requests end after ``seconds`` in all, the body's reading included.
+class _RequestDeadline(httpcore.NetworkBackend):
+    """Sockets whose every connect, send and receive waits at most what is left of the request's deadline.
 
     httpx's time-outs bound each wait for bytes, not the whole request, so a
-    server sending one byte at a time would never time out. Past the
-    deadline the reading stops with :class:`httpx.ReadTimeout`, which the
-    openai client retries as it retries any time-out.
+    server sending its headers or its answer one byte at a time would never
+    time out. Here each thread's request has one deadline (:meth:`start`)
+    that covers the connection, the headers and the body alike; past it,
+    the socket operation ends with a time-out, which the openai client
+    retries as it retries any time-out.
     """
 
-    def __init__(self, inner: httpx.BaseTransport, seconds: float) -> None:
-        self.inner, self.seconds = inner, seconds
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.inner, self.local = seconds, httpcore.SyncBackend(), threading.local()
+
+    def start(self) -> None:
+        self.local.end = time.monotonic() + self.seconds
+
+    def left(self, timeout: float | None) -> float:
+        """The wait allowed now: ``timeout``, cut to the time left before the deadline."""
+        left = getattr(self.local, "end", time.monotonic() + self.seconds) - time.monotonic()
+        if left <= 0:
+            raise httpcore.ReadTimeout(f"no whole answer within {self.seconds} s")
+        return left if timeout is None else min(timeout, left)
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+        stream = self.inner.connect_tcp(host, port, self.left(timeout), local_address, socket_options)
+        return _DeadlineStream(stream, self)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:  # fmt: skip
+        return _DeadlineStream(self.inner.connect_unix_socket(path, self.left(timeout), socket_options), self)
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream, deadline: _RequestDeadline) -> None:
+        self.inner, self.deadline = inner, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            return self.inner.read(max_bytes, self.deadline.left(timeout))
+        except httpcore.ReadTimeout:
+            self.deadline.left(None)  # a wait cut short by the deadline is named as the deadline
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, self.deadline.left(timeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:  # fmt: skip
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname, self.deadline.left(timeout)),
+                               self.deadline)  # fmt: skip
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineTransport(httpx.HTTPTransport):
+    """httpx's own transport over sockets that keep one deadline per request (:class:`_RequestDeadline`)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.deadline = _RequestDeadline(seconds)
+        # httpx takes no network backend, so its pool is rebuilt over ours, with httpx's default limits.
+        if not isinstance(getattr(self, "_pool", None), httpcore.ConnectionPool):
+            raise RuntimeError(f"httpx {httpx.__version__} keeps no connection pool where the judge expects one")
+        self._pool = httpcore.ConnectionPool(ssl_context=httpx.create_ssl_context(), max_connections=100,
+                                             max_keepalive_connections=20, keepalive_expiry=5.0,
+                                             network_backend=self.deadline)  # fmt: skip
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        end = time.monotonic() + self.seconds
-        response = self.inner.handle_request(request)
-        response.stream = _DeadlineStream(response.stream, end, request, self.seconds)
-        return response
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class _DeadlineStream(httpx.SyncByteStream):
-    def __init__(self, inner: Any, end: float, request: httpx.Request, seconds: float) -> None:
-        self.inner, self.end, self.request, self.seconds = inner, end, request, seconds
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.inner:
-            if time.monotonic() > self.end:
-                raise httpx.ReadTimeout(f"no whole answer within {self.seconds} s", request=self.request)
-            yield chunk
-
-    def close(self) -> None:
-        self.inner.close()
+        self.deadline.start()  # the body is read later on this same thread, under the same deadline
+        return super().handle_request(request)
 
 
 def evaluator_for(devices: DeviceConfig, judge: JudgeConfig) -> VLMJudge | None:

@@ -22,6 +22,7 @@ from digiq.judge import (
     VLMJudge,
     evaluator_for,
     read_examples,
+    redact,
     verdict,
 )
 from digiq.rollout import FAULTS_FILE
@@ -32,8 +33,11 @@ class ChatServer:
     """Answers each POST with the next scripted (status, reply text or body, headers); records the requests.
 
     A status may also be a misbehaviour: ``"trickle"`` sends a success one
-    byte every 50 ms, ``"stall"`` sends nothing for 30 s, ``"garbage"`` answers
-    bytes that are not HTTP.
+    byte every 50 ms, ``"trickle_headers"`` sends its status line and
+    headers that way, ``"stall"`` sends nothing for 30 s, ``"garbage"``
+    answers bytes that are not HTTP, ``"html"`` a 200 with an HTML page and
+    ``"json"`` a 200 with the JSON object given. A reply given as a function
+    is called with the request's headers (an endpoint that echoes them).
     """
 
     def __init__(self, script):
@@ -42,35 +46,49 @@ class ChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
+                headers = {k.lower(): v for k, v in self.headers.items()}
                 owner.requests.append(
-                    (
-                        self.path,
-                        {k.lower(): v for k, v in self.headers.items()},
-                        json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
-                    )
+                    (self.path, headers, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 )
-                status, answer, headers = owner.script.pop(0)
+                status, answer, extra = owner.script.pop(0)
+                if callable(answer):
+                    answer = answer(headers)
                 if status == "garbage":
                     self.wfile.write(b"SSH-2.0-not-http\r\n\r\n")
                     return
                 if status == "stall":
                     time.sleep(30)
                     return
-                body = json.dumps(
-                    {"choices": [{"message": {"role": "assistant", "content": answer}}]}
-                    if status in (200, "trickle")
-                    else {"error": answer}
-                ).encode()
-                self.send_response(200 if status == "trickle" else status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                for i in range(len(body)) if status == "trickle" else [None]:
-                    self.wfile.write(body if i is None else body[i : i + 1])
+                if status == "html":
+                    body, kind = f"<html><body>{answer}</body></html>".encode(), "text/html"
+                elif status == "json":
+                    body, kind = json.dumps(answer).encode(), "application/json"
+                elif status in (200, "trickle", "trickle_headers"):
+                    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
+                    kind = "application/json"
+                else:
+                    body, kind = json.dumps({"error": answer}).encode(), "application/json"
+                head = [f"HTTP/1.1 {status if isinstance(status, int) else 200} OK", f"Content-Type: {kind}",
+                        f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in extra.items())]  # fmt: skip
+                head_bytes = ("\r\n".join(head) + "\r\n\r\n").encode()
+                try:
+                    if status == "trickle_headers":
+                        self._trickle(head_bytes)
+                        self.wfile.write(body)
+                    elif status == "trickle":
+                        self.wfile.write(head_bytes)
+                        self._trickle(body)
+                    else:
+                        self.wfile.write(head_bytes + body)
+                except OSError:  # the client gave up
+                    pass
+                self.close_connection = True
+
+            def _trickle(self, data):
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
                     self.wfile.flush()
-                    if i is not None:
-                        time.sleep(0.05)
+                    time.sleep(0.05)
 
             def log_message(self, *args):
                 pass
@@ -124,11 +142,39 @@ def test_verdicts_and_what_the_request_carries(serve, monkeypatch):
     assert _png(image["image_url"]["url"]).size == (485, 1024)  # downscaled, aspect kept
 
 
-def test_a_reply_gives_its_last_status_line_or_one_outcome():
-    assert verdict("Expected: results\nSeen: results for x\nStatus: success") is True
-    assert verdict("Status: success? No.\nStatus: Failure") is False  # the last Status line counts
-    assert verdict("failure.") is False and verdict("Success") is True
-    assert verdict("not a success, not a failure") is None and verdict("maybe") is None
+# Replies and the verdict each gives; the negations first: none of them may ever read as a success.
+VERDICTS = [
+    ("Status: unsuccessful", None),
+    ("Status: not success", None),
+    ("Status: not a success", None),
+    ("Status: no success", None),
+    ("The task was not a success.", None),
+    ("The agent was unsuccessful.", None),
+    ("The task was not successful", None),
+    ("not a success, not a failure", None),
+    ("Status: success or failure", None),  # the format echoed
+    ("Status: success? No.", None),
+    ("Status: success (partly)", None),
+    ("Expected: results\nSeen: results\nStatus: success\nStatus: unclear", None),  # the last Status line counts
+    ("Status:", None),
+    ("maybe", None),
+    ("", None),
+    ("Status: fail", False),
+    ("Status: failed", False),
+    ("Status: **failure**", False),
+    ("Status: success? No.\nStatus: Failure", False),
+    ("failure.", False),
+    ("Expected: the settings open\nSeen: the home screen\nStatus: failure", False),
+    ("Expected: results\nSeen: results for x\nStatus: success", True),
+    ("**Status:** Success.", True),
+    ("- status = successful", True),
+    ("Success", True),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), VERDICTS)
+def test_a_verdict_is_a_status_line_or_a_lone_word_and_nothing_else(reply, expected):
+    assert verdict(reply) is expected
 
 
 def test_limits_a_reasoning_model_refuses_are_not_sent(serve):
@@ -353,3 +399,81 @@ def test_collect_stage_takes_a_bad_reply_as_one_episodes_fault(serve, collect_ro
     else:  # the first episode ended failed at its first step
         assert faults[0]["then"] == "counted failed" and len(server.requests) == 4
         assert metrics["success_rate_by_task_set"] == {"general": 0.5, "webshop": 1.0}
+
+
+def test_a_server_trickling_its_headers_is_held_to_the_deadline(serve):
+    """The deadline covers the headers too: 200-odd header bytes at 20 a second would otherwise hold 10 s a try."""
+    server = serve(*[("trickle_headers", "Status: success", {"X-Padding": "x" * 120})] * 2)
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", timeout_s=0.5, retries=1))
+    start = time.monotonic()
+    with pytest.raises(NoVerdict, match=r"up to 2 tries\); last: .*no whole answer within 0.5 s"):
+        judge.judge("Open the settings", SCREEN)
+    assert time.monotonic() - start < 6 and len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"),
+    [("html", "Service temporarily unavailable"), ("json", {"detail": "ok"}), ("json", {"choices": "none"}),
+     ("json", {"choices": [{"message": {"content": ["not", "text"]}}]})],
+)  # fmt: skip
+def test_a_reply_that_is_no_chat_completion_is_the_episodes_fault(serve, status, answer):
+    server = serve((status, answer, {}), (200, "Status: success", {}))
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env=""))
+    with pytest.raises(NoVerdict, match="sent no chat completion"):
+        judge.judge("Open the settings", SCREEN)
+    assert judge.judge("Open the settings", SCREEN) is True
+
+
+KEY = "sk-live-0123456789abcdef"
+
+
+def _echo(headers):
+    """What an echoing proxy says: the request's headers as it saw them."""
+    return f"upstream said no; your request: {json.dumps(headers)} Authorization: {headers['authorization']}"
+
+
+def test_an_echoed_key_is_redacted_from_every_message(serve, monkeypatch):
+    monkeypatch.setenv("DIGIQ_TEST_KEY", KEY)
+    server = serve((400, _echo, {}), (503, _echo, {"Retry-After": "0.01"}), (503, _echo, {"Retry-After": "0.01"}),
+                   (200, _echo, {}), ("html", _echo, {}), (401, _echo, {}))  # fmt: skip
+    judge = _judge(server, retries=1)
+    messages = []
+    for error in (NoVerdict, NoVerdict, NoVerdict, NoVerdict, JudgeAuthError):
+        with pytest.raises(error) as caught:
+            judge.judge("Open the settings", SCREEN)
+        messages.append(str(caught.value))
+    assert all("[redacted]" in m for m in messages), messages
+    assert not any(KEY in m or KEY[3:12] in m for m in messages), messages
+    assert server.requests[0][1]["authorization"] == f"Bearer {KEY}"  # the request itself still carries it
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('{"authorization": "Bearer abc.def"}', '{"authorization": "[redacted]"}'),
+        ("Authorization: Basic dXNlcjpwYXNz rest", "Authorization: [redacted] rest"),
+        ("token was bearer xyz123, sorry", "token was bearer [redacted], sorry"),
+        ("x-api-key=k-1; api_key: 'k-2'", "x-api-key=[redacted]; api_key: '[redacted]'"),
+        ("http://user:pw@host/v1", "http://[redacted]@host/v1"),
+        ("the key sk-123 leaked", "the key [redacted] leaked"),
+    ],
+)
+def test_redact_hides_credentials_as_servers_echo_them(text, shown):
+    assert redact(text, ("sk-123",)) == shown
+
+
+def test_a_run_against_an_echoing_endpoint_writes_no_key(serve, collect_root, monkeypatch, caplog, capfd):
+    """Stage 01 with every reply echoing the request's headers: faults are logged and stored, the key nowhere."""
+    monkeypatch.setenv("DIGIQ_TEST_KEY", KEY)
+    paths = collect_root
+    server = serve((400, _echo, {}), (200, _echo, {}), *[(200, lambda h: _echo(h) + "\nStatus: success", {})] * 6)
+    devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
+    judge = JudgeConfig(base_url=server.url, api_key_env="DIGIQ_TEST_KEY", on_adb_sim=True)
+    with caplog.at_level("DEBUG"):
+        metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=1), EnvConfig(width=108), paths, devices, judge)
+    faults = (paths.offline / FAULTS_FILE).read_text()
+    assert len(faults.splitlines()) == 2 and faults.count("[redacted]") >= 2 and metrics["trajectories"] == 4
+    written = [p for p in paths.root.rglob("*") if p.is_file()]
+    assert not [p for p in written if KEY.encode() in p.read_bytes()]
+    out, err = capfd.readouterr()
+    assert KEY not in caplog.text + out + err + json.dumps(metrics)
