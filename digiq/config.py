@@ -14,6 +14,7 @@ anything wrong, so a typo stops a stage at once instead of deep in a run.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -61,6 +62,17 @@ class ConfigError(ValueError):
     """A params file or key is missing or has the wrong type."""
 
 
+# Upper bounds of the counts: far above what any run of this pipeline asks for (the released-model runs of
+# docs/real-models.md included) but finite, so that a stray digit stops the stage at once, naming its key,
+# instead of running for days or out of memory.
+MAX_TASKS = 100_000  # tasks, episodes, states or questions in one list or sample (AitW's largest split: ~9,000)
+MAX_CANDIDATES = 1024  # candidate actions per state (Digi-Q: 16)
+MAX_BATCH = 65_536  # rows of one batch
+MAX_STEPS = 10_000_000  # optimizer steps of one fit
+MAX_DEVICES = 1024  # devices stepped together, processes or workers
+MAX_SEED = 2**31 - 1  # what numpy's, torch's and Python's generators all take, with room for the offsets stages add
+
+
 def _help(text: str, default: Any, *, at_least: float | None = None, above: float | None = None,
           at_most: float | None = None, below: float | None = None) -> Any:  # fmt: skip
     """A knob: its help text, its default and the range it must lie in (checked whenever its group is built)."""
@@ -70,9 +82,20 @@ def _help(text: str, default: Any, *, at_least: float | None = None, above: floa
     return field(default=default, metadata=meta)
 
 
+def _seed(text: str, default: int) -> Any:
+    """A seed knob: any whole number from 0 to :data:`MAX_SEED`."""
+    return _help(text, default, at_least=0, at_most=MAX_SEED)
+
+
 def _out_of_range(f: dataclasses.Field, value: Any) -> str | None:
-    """Why ``value`` is outside ``f``'s range, or None (None values, the "off" of an optional knob, pass)."""
+    """Why ``value`` is outside ``f``'s range, or None (None values, the "off" of an optional knob, pass).
+
+    A float must be finite whatever its range: NaN fails every comparison, so a NaN threshold would
+    keep nothing, and an infinite rate or count would never end a run.
+    """
     at_least, above, at_most, below = f.metadata.get("range", (None,) * 4)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{f.name} must be a finite number, got {value}"
     if value is None or isinstance(value, (bool, str, list)):
         return None
     for bound, ok, word in ((at_least, value >= (at_least or 0), ">="), (above, value > (above or 0), ">"),
@@ -121,12 +144,14 @@ class DeviceConfig:
     adb_host: str = _help("adb server host", "127.0.0.1")
     adb_port: int = _help("adb server port; adb-sim: 0 starts an in-process simulator server", 5037)
     serials: list[str] = _help("devices to use, in order; empty: every device the server lists", [])
-    sim_devices: int = _help("adb-sim with adb_port 0: how many simulated phones the server has", 48, at_least=1)
+    sim_devices: int = _help(
+        "adb-sim with adb_port 0: how many simulated phones the server has", 48, at_least=1, at_most=1024
+    )
     snapshot: str = _help("emulator: the snapshot each episode starts from (make_snapshot.sh saves it)", "digiq_aitw")
     console_token_file: str = _help("emulator: the console auth token file", "~/.emulator_console_auth_token")
     timeout_s: float = _help("time-out of one adb call, seconds", 10.0, above=0)
     reset_timeout_s: float = _help("emulator: time-out of a snapshot load and boot wait, seconds", 120.0, above=0)
-    retries: int = _help("retries of a failed adb call, each on a new connection", 2, at_least=0)
+    retries: int = _help("retries of a failed adb call, each on a new connection", 2, at_least=0, at_most=100)
     settle_s: float = _help("emulator: pause after each input before the screenshot, seconds", 1.0, at_least=0)
 
     def __post_init__(self) -> None:
@@ -149,12 +174,16 @@ class JudgeConfig:
         "retries on rate limits (429), server errors and dropped connections (the openai client's backoff)",
         5,
         at_least=0,
+        at_most=100,
     )
-    max_image_side: int = _help("screenshots are downscaled to fit this many pixels before sending", 1024, at_least=1)
+    max_image_side: int = _help(
+        "screenshots are downscaled to fit this many pixels before sending", 1024, at_least=1, at_most=16_384
+    )
     max_completion_tokens: int = _help(
         "reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)",
         2048,
         at_least=0,
+        at_most=1_000_000,
     )
     temperature: float | None = _help(
         "sampling temperature; null: not sent (reasoning models accept only their default)", 0.0, at_least=0
@@ -166,7 +195,10 @@ class JudgeConfig:
         "a reply that is no verdict: retry (the episode starts again) | fail (the episode ends, failed)", "retry"
     )
     max_bad_in_a_row: int = _help(
-        "this many bad replies in a row end the stage: the endpoint or its settings are wrong", 10, at_least=1
+        "this many bad replies in a row end the stage: the endpoint or its settings are wrong",
+        10,
+        at_least=1,
+        at_most=10_000,
     )
     on_adb_sim: bool = _help("judge adb-sim phones too, instead of the simulator's ground truth", False)
 
@@ -179,13 +211,17 @@ class JudgeConfig:
 class TasksConfig:
     """Train, validation and test task lists from disjoint entities."""
 
-    n_train: int = _help("tasks per task set in the train lists", 400, at_least=1)
-    n_val: int = _help("tasks per task set in the validation lists (every choice is made on these)", 320, at_least=1)
-    n_test: int = _help("tasks in General's test list (the paper's protocol reads the first 96)", 320, at_least=1)
+    n_train: int = _help("tasks per task set in the train lists", 400, at_least=1, at_most=MAX_TASKS)
+    n_val: int = _help(
+        "tasks per task set in the validation lists (every choice is made on these)", 320, at_least=1, at_most=MAX_TASKS
+    )
+    n_test: int = _help(
+        "tasks in General's test list (the paper's protocol reads the first 96)", 320, at_least=1, at_most=MAX_TASKS
+    )
     n_test_webshop: int = _help("tasks in Web Shopping's test list: a third of its lines are the five go-to-site "
-                                "instructions, so it needs more lines than General's for as many distinct tasks", 450, at_least=1)  # fmt: skip
-    seed: int = _help("which tasks are drawn", 0)
-    split_seed: int = _help("which entities are in which split", 1)
+                                "instructions, so it needs more lines than General's for as many distinct tasks", 450, at_least=1, at_most=MAX_TASKS)  # fmt: skip
+    seed: int = _seed("which tasks are drawn", 0)
+    split_seed: int = _seed("which entities are in which split", 1)
 
 
 def help_text(cls: type) -> str:
@@ -282,34 +318,68 @@ def _check(value: Any, tp: Any) -> bool:
 def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, path: Path | str = PARAMS) -> T:
     """Build ``cls`` from group ``name`` of the params (read from ``path`` unless given).
 
-    Unknown keys and values of the wrong type raise :class:`ConfigError`
+    Unknown keys, values of the wrong type or out of range, and a group that
+    disagrees with another (:func:`_check_across`) raise :class:`ConfigError`
     naming the file, the group and the key; missing keys take the default.
     """
     params = load_params(path) if params is None else params
+    cfg = _build(cls, name, params, path)
+    _check_across(name, cfg, params, path)
+    return cfg
+
+
+def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
+    """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
+    raw, source = params.get(name, {}), getattr(params, "source", {})
+    keys = [key] if key else list(raw) if isinstance(raw, dict) else []
+    files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
+    return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
+
+
+def _build(cls: type[T], name: str, params: dict[str, Any], path: Path | str) -> T:
+    """Group ``name`` of ``params`` as ``cls``, its keys' names, types and ranges checked."""
     raw = params.get(name, {})
-    source = getattr(params, "source", {})
-
-    def where(key: str = "") -> str:
-        """The file that set ``key`` (or every file that set a key of the group) and the knob's name."""
-        keys = [key] if key else list(raw) if isinstance(raw, dict) else []
-        files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
-        return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
-
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where()} must be a mapping of keys, got {type(raw).__name__}")
+        raise ConfigError(f"{_where(params, name, path)} must be a mapping of keys, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{where(unknown[0])}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raise ConfigError(f"{_where(params, name, path, unknown[0])}: unknown key(s) {unknown}; "
+                          f"known keys: {sorted(known)}")  # fmt: skip
+    values = {}
     for key, value in raw.items():
         if not _check(value, hints[key]):
-            raise ConfigError(f"{where(key)} must be {_type_name(hints[key])}, got {value!r} ({type(value).__name__})")
-    values = {k: (float(v) if hints[k] is float else v) for k, v in raw.items()}
+            raise ConfigError(f"{_where(params, name, path, key)} must be {_type_name(hints[key])}, "
+                              f"got {value!r} ({type(value).__name__})")  # fmt: skip
+        to_float = value is not None and float in (hints[key], *typing.get_args(hints[key]))  # 1 for 1.0
+        try:
+            values[key] = float(value) if to_float else value
+        except OverflowError:  # a whole number too large for any float
+            raise ConfigError(f"{_where(params, name, path, key)} must be a finite number, got {value}") from None
     try:
         return cls(**values)
     except ValueError as e:  # a dataclass's own range checks
-        raise ConfigError(f"{where()}: {e}") from None
+        raise ConfigError(f"{_where(params, name, path)}: {e}") from None
+
+
+def _check_across(name: str, cfg: Any, params: dict[str, Any], path: Path | str) -> None:
+    """The rules between groups, checked whichever of a rule's groups a stage loads, so that no stage runs on
+    a pair of groups that disagree.
+
+    Best-of-N over N' candidates (``ablations.n_candidates``) draws them from
+    the N that stage 02 sampled per state (``augment.n_candidates``): an N'
+    above N would silently run over N.
+    """
+    if name not in ("augment", "ablations"):
+        return
+    augment = cfg if name == "augment" else _build(AugmentConfig, "augment", params, path)
+    ablations = cfg if name == "ablations" else _build(AblationsConfig, "ablations", params, path)
+    over = [n for n in ablations.n_candidates if n > augment.n_candidates]
+    if over:
+        raise ConfigError(f"{_where(params, 'ablations', path, 'n_candidates')} {over} exceed "
+                          f"{_where(params, 'augment', path, 'n_candidates')} ({augment.n_candidates}): "
+                          "Best-of-N over N' candidates draws them from the N that stage 02 sampled per state")  # fmt: skip
 
 
 @knobs
@@ -319,18 +389,18 @@ class BasePolicyConfig:
     # The base is weak by its slips more than by what it never saw: many demonstrated tasks, a large share of their
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
     # out (AitW's base, AutoUI, leaves much for Filtered BC to gain). How each value was set: docs/experiments.md.
-    demo_tasks: int = _help("demonstrated train tasks per task set", 200, at_least=1)
+    demo_tasks: int = _help("demonstrated train tasks per task set", 200, at_least=1, at_most=MAX_TASKS)
     expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4, at_least=0, at_most=1)
-    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024, at_least=64)
-    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128, at_least=1)
-    num_layers: int = _help("T5 encoder (and decoder) layers", 2, at_least=1)
-    epochs: int = _help("passes over the demonstrations", 12, at_least=1)
-    batch_size: int = _help("rows per optimizer step", 32, at_least=1)
+    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024, at_least=64, at_most=1_000_000)
+    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128, at_least=1, at_most=16_384)
+    num_layers: int = _help("T5 encoder (and decoder) layers", 2, at_least=1, at_most=256)
+    epochs: int = _help("passes over the demonstrations", 12, at_least=1, at_most=10_000)
+    batch_size: int = _help("rows per optimizer step", 32, at_least=1, at_most=MAX_BATCH)
     lr: float = _help("peak learning rate (one-cycle schedule)", 0.002, above=0)
     copy_augment: float = _help(
         "P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5, at_least=0, at_most=1
     )
-    seed: int = _help("seed of demonstrations, initialisation and batches", 1)
+    seed: int = _seed("seed of demonstrations, initialisation and batches", 1)
     checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
     blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
     screen_text: bool = _help("the prompt also lists the screen's tappable elements and their positions "
@@ -347,15 +417,15 @@ class BasePolicyConfig:
 class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
-    tasks_per_set: int = _help("train tasks rolled out per task set", 200, at_least=1)
+    tasks_per_set: int = _help("train tasks rolled out per task set", 200, at_least=1, at_most=MAX_TASKS)
     # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5, so at 1.0 it solves far
     # fewer train tasks than AutoUI does; a lower temperature brings its train success to AutoUI's (docs/experiments.md).
     temperature: float = _help(
         "sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8, at_least=0
     )
-    n_envs: int = _help("devices stepped together", 32, at_least=1)
+    n_envs: int = _help("devices stepped together", 32, at_least=1, at_most=MAX_DEVICES)
     gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95, above=0, at_most=1)
-    seed: int = _help("seed of the devices", 1)
+    seed: int = _seed("seed of the devices", 1)
     view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
                                  "reads; costs one more adb call per step on a device", True)  # fmt: skip
     # AutoUI solves its train tasks about as often as its test tasks (the Digi-Q paper's table). A base that
@@ -370,13 +440,17 @@ class CollectConfig:
 class AugmentConfig:
     """Stage 02: N candidate actions per state from the base policy."""
 
-    n_candidates: int = _help("candidates per state, index 0 = the action taken (Digi-Q: 16)", 16, at_least=1)
+    n_candidates: int = _help(
+        "candidates per state, index 0 = the action taken (Digi-Q: 16)", 16, at_least=1, at_most=MAX_CANDIDATES
+    )
     # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature), so a lower
     # temperature gives candidates that hold the expert's action more often (docs/experiments.md).
     temperature: float = _help("sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", 0.8, at_least=0)
-    max_resample: int = _help("times an invalid candidate is drawn again before it is kept as invalid", 2, at_least=0)
-    batch_states: int = _help("states per sampling batch", 64, at_least=1)
-    seed: int = _help("sampling seed", 2)
+    max_resample: int = _help(
+        "times an invalid candidate is drawn again before it is kept as invalid", 2, at_least=0, at_most=100
+    )
+    batch_states: int = _help("states per sampling batch", 64, at_least=1, at_most=MAX_BATCH)
+    seed: int = _seed("sampling seed", 2)
 
 
 # The VLM pretraining's questions (digiq.models.vlm_pretrain).
@@ -393,16 +467,21 @@ class VLMPretrainConfig:
     )
     expert_noise: float = _help("probability of a mistake in the expert's episodes the screens come from", 0.3,
                                 at_least=0, at_most=1)  # fmt: skip
-    steps: int = _help("optimizer steps", 1500, at_least=0)
-    batch_size: int = _help("questions per step", 32, at_least=1)
+    steps: int = _help("optimizer steps", 1500, at_least=0, at_most=MAX_STEPS)
+    batch_size: int = _help("questions per step", 32, at_least=1, at_most=MAX_BATCH)
     lr: float = _help("learning rate (AdamW)", 0.001, above=0)
     warmup: float = _help("fraction of the steps with a linear warm-up, then a cosine decay", 0.05, at_least=0, below=1)
-    eval_questions: int = _help("held-out questions per objective, on validation screens", 200, at_least=1)
-    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16)
-    hidden: int = _help(
-        "language-model width (tiny recipe's representation: twice this; original's: this)", 128, at_least=8
+    eval_questions: int = _help(
+        "held-out questions per objective, on validation screens", 200, at_least=1, at_most=MAX_TASKS
     )
-    seed: int = _help("seed", 3)
+    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16, at_most=4096)
+    hidden: int = _help(
+        "language-model width (tiny recipe's representation: twice this; original's: this)",
+        128,
+        at_least=8,
+        at_most=16384,
+    )
+    seed: int = _seed("seed", 3)
 
     def __post_init__(self) -> None:
         unknown = [o for o in self.objectives if o not in PRETRAIN_OBJECTIVES]
@@ -422,9 +501,9 @@ class VLMFinetuneConfig:
         "tiny",
     )
     epochs: float = _help(
-        "passes over the labelled transitions (a fraction stops part-way through the first)", 3, above=0
+        "passes over the labelled transitions (a fraction stops part-way through the first)", 3, above=0, at_most=10_000
     )
-    batch_size: int = _help("pairs per optimizer step", 32, at_least=1)
+    batch_size: int = _help("pairs per optimizer step", 32, at_least=1, at_most=MAX_BATCH)
     lr: float = _help("learning rate", 0.001, above=0)
     weight_decay: float = _help("AdamW weight decay", 0.01, at_least=0)
     warmup: float = _help(
@@ -434,10 +513,10 @@ class VLMFinetuneConfig:
     checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
     dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
     train_last_layers: int = _help(
-        "0: train every weight; N: only the projector and the last N LM layers", 1, at_least=0
+        "0: train every weight; N: only the projector and the last N LM layers", 1, at_least=0, at_most=1000
     )
     lora_rank: int = _help(
-        "0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0, at_least=0
+        "0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0, at_least=0, at_most=4096
     )
     lora_alpha: float = _help(
         "LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0, above=0
@@ -451,7 +530,7 @@ class VLMFinetuneConfig:
         "with compute.processes N > 1: each process keeps 1/N of the weights, gradients and optimizer state (FSDP2, ZeRO-3's layout)",
         False,
     )
-    seed: int = _help("seed", 3)
+    seed: int = _seed("seed", 3)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -471,7 +550,7 @@ class VLMFinetuneConfig:
 class EmbedConfig:
     """Stage 05: VLM representations of every (state, candidate) pair."""
 
-    batch_size: int = _help("pairs per forward pass", 256, at_least=1)
+    batch_size: int = _help("pairs per forward pass", 256, at_least=1, at_most=MAX_BATCH)
 
 
 @knobs
@@ -479,7 +558,10 @@ class ComputeConfig:
     """How stages use the machine: data-parallel processes (stages 00, 04, 06, 07) or workers for independent jobs (05-09)."""
 
     processes: int = _help(
-        "data-parallel processes (1: in the notebook's own process; N: accelerate launch)", 1, at_least=1
+        "data-parallel processes (1: in the notebook's own process; N: accelerate launch)",
+        1,
+        at_least=1,
+        at_most=MAX_DEVICES,
     )
     cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
     workers: int = _help(
@@ -488,6 +570,7 @@ class ComputeConfig:
         "stage's own process)",
         2,
         at_least=1,
+        at_most=MAX_DEVICES,
     )
 
     def __post_init__(self) -> None:
@@ -500,7 +583,9 @@ class ComputeConfig:
 class ExperimentConfig:
     """Repeats of the learning stages (critic, actors, their evaluation)."""
 
-    seeds: int = _help("independent repeats; eval reports the mean and standard deviation over them", 3, at_least=1)
+    seeds: int = _help(
+        "independent repeats; eval reports the mean and standard deviation over them", 3, at_least=1, at_most=1000
+    )
 
 
 # Policy extractions from Digi-Q's critic beside Best-of-N (the actor stage): each weighs every drawn candidate.
@@ -549,17 +634,22 @@ class CriticConfig:
 
     gamma: float = _help("discount (Digi-Q: 0.95)", 0.95, above=0, at_most=1)
     tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1, above=0, at_most=1)
-    hidden: int = _help("MLP width", 256, at_least=1)
+    hidden: int = _help("MLP width", 256, at_least=1, at_most=16_384)
     epochs: int = _help(
-        "passes over the transitions (TD needs many to carry values back from the goal)", 100, at_least=1
+        "passes over the transitions (TD needs many to carry values back from the goal)",
+        100,
+        at_least=1,
+        at_most=100_000,
     )
-    batch_size: int = _help("transitions per step", 256, at_least=1)
+    batch_size: int = _help("transitions per step", 256, at_least=1, at_most=MAX_BATCH)
     lr: float = _help("learning rate", 0.0003, above=0)
     holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2, at_least=0, below=1)
     conservative: float = _help(
         "weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.0, at_least=0
     )
-    penalty_states: int = _help("states of each batch that the CQL term scores all candidates of", 16, at_least=1)
+    penalty_states: int = _help(
+        "states of each batch that the CQL term scores all candidates of", 16, at_least=1, at_most=MAX_BATCH
+    )
     conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
                                              "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
     conservative_gate: bool = _help("the CQL term lifts the data's action only at steps that moved forward (one-step "
@@ -572,7 +662,7 @@ class CriticConfig:
                               "text_features)", False)  # fmt: skip
     list_entries: bool = _help("also read, per tap candidate, which entry of a list it lands on (the first result or "
                                "a later one), from the view hierarchy (needs tap_targets)", False)  # fmt: skip
-    seed: int = _help("seed", 4)
+    seed: int = _seed("seed", 4)
 
     def __post_init__(self) -> None:
         for name in ("tap_targets", "typed_match"):
@@ -625,15 +715,18 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
 class ActorConfig:
     """Stage 07: Best-of-N policy extraction and the offline baselines."""
 
-    k_candidates: int = _help("candidates drawn per state from the N (always with the taken action)", 16, at_least=1)
+    k_candidates: int = _help(
+        "candidates drawn per state from the N (always with the taken action)", 16, at_least=1, at_most=MAX_CANDIDATES
+    )
     threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
     threshold_webshop: float = _help("the same for Web Shopping", 0.05)
     updates: int = _help(
         "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps",
         80,
         at_least=1,
+        at_most=MAX_STEPS,
     )
-    batch_size: int = _help("rows per step", 32, at_least=1)
+    batch_size: int = _help("rows per step", 32, at_least=1, at_most=MAX_BATCH)
     lr: float = _help("learning rate", 0.0005, above=0)
     awr_beta: float = _help(
         "AWR's temperature: each drawn valid candidate is imitated with weight exp(A / beta); 0.1 is the scale of "
@@ -643,7 +736,7 @@ class ActorConfig:
     )
     awr_max_weight: float = _help("AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", 20.0,
                                   above=0)  # fmt: skip
-    seed: int = _help("seed", 5)
+    seed: int = _seed("seed", 5)
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""
@@ -671,8 +764,8 @@ class DigiRLConfig:
         at_most=1,
     )
     value_updates: int = _help("optimizer steps of V_inst and of V_step per fit (offline once, online every round)",
-                               200, at_least=1)  # fmt: skip
-    value_batch: int = _help("rows per step of the value functions", 128, at_least=1)
+                               200, at_least=1, at_most=MAX_STEPS)  # fmt: skip
+    value_batch: int = _help("rows per step of the value functions", 128, at_least=1, at_most=MAX_BATCH)
     value_lr: float = _help("learning rate of the value functions", 0.001, above=0)
     online: list[str] = _help(
         "online rows of stage 09: digirl_online (from the base) | digirl_off2on (from offline DigiRL, with the "
@@ -680,19 +773,22 @@ class DigiRLConfig:
         list(ONLINE_ROWS),
     )
     rounds: int = _help("most rounds of each online run: collect, fit the values, filter, update the actor", 12,
-                        at_least=1)  # fmt: skip
+                        at_least=1, at_most=10_000)  # fmt: skip
     episodes_per_round: int = _help("episodes collected per round, half per task set, with the current policy",
-                                    64, at_least=2)  # fmt: skip
+                                    64, at_least=2, at_most=MAX_TASKS)  # fmt: skip
     env_steps: int | None = _help(
         "environment-step budget of each online run: no round starts once its episodes have taken this many "
         "(null: rounds alone)",
         8000,
         at_least=1,
+        at_most=1_000_000_000,
     )
-    actor_updates: int = _help("optimizer steps of the actor per round (DigiRL's code: 20)", 20, at_least=1)
+    actor_updates: int = _help(
+        "optimizer steps of the actor per round (DigiRL's code: 20)", 20, at_least=1, at_most=MAX_STEPS
+    )
     temperature: float = _help("sampling temperature of the online episodes (collect's)", 0.8, above=0)
-    n_envs: int = _help("devices stepped together", 32, at_least=1)
-    seed: int = _help("seed of the task draws, the devices and the fits", 11)
+    n_envs: int = _help("devices stepped together", 32, at_least=1, at_most=MAX_DEVICES)
+    seed: int = _seed("seed of the task draws, the devices and the fits", 11)
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.online if r not in ONLINE_ROWS]
@@ -705,17 +801,23 @@ class DiagnosticsConfig:
     """Stage 08: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
 
     oracle_states: int = _help(
-        "stored states whose candidates get true values from rollouts (0: the stage is off)", 200, at_least=0
+        "stored states whose candidates get true values from rollouts (0: the stage is off)",
+        200,
+        at_least=0,
+        at_most=MAX_TASKS,
     )
-    oracle_rollouts: int = _help("continuation rollouts of the noisy expert per distinct candidate", 32, at_least=1)
+    oracle_rollouts: int = _help(
+        "continuation rollouts of the noisy expert per distinct candidate", 32, at_least=1, at_most=10_000
+    )
     oracle_noise: float = _help("mistake rate of the continuation expert", 0.1, at_least=0, at_most=1)
     oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05, at_least=0)
     behaviour_rollouts: int = _help(
         "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)",
         8,
         at_least=0,
+        at_most=10_000,
     )
-    seed: int = _help("seed of the sampled states, the rollouts and the probes", 5)
+    seed: int = _seed("seed of the sampled states, the rollouts and the probes", 5)
 
 
 # What stage 10's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
@@ -731,16 +833,18 @@ class EvalConfig:
         "(its first 96 are the paper's protocol)",
         None,
         at_least=1,
+        at_most=MAX_TASKS,
     )
     train_tasks: int = _help(
         "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
         "columns (0 = off)",
         96,
         at_least=0,
+        at_most=MAX_TASKS,
     )
     temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8, at_least=0)
-    n_envs: int = _help("devices stepped together", 48, at_least=1)
-    seed: int = _help("seed of the devices", 7)
+    n_envs: int = _help("devices stepped together", 48, at_least=1, at_most=MAX_DEVICES)
+    seed: int = _seed("seed of the devices", 7)
     expert_skills: list[str] = _help(
         "sim: also run the base policy (first seed) with each of these skills taken "
         "from the expert: type | tap | action_type; [] = off",

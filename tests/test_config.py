@@ -11,6 +11,7 @@ from digiq.config import (
     SECTIONS,
     AblationsConfig,
     ActorConfig,
+    AugmentConfig,
     BasePolicyConfig,
     ComputeConfig,
     ConfigError,
@@ -138,10 +139,9 @@ def test_layers_import_downward_only():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# Knobs that may take any number: seeds, advantage thresholds, the floor of a conservative term; and the
-# adb port, whose range depends on the backend (its own check).
-ANY_NUMBER = {"seed", "split_seed", "threshold_general", "threshold_webshop", "conservative_floor",
-              "adb_port"}  # fmt: skip
+# Knobs that may take any finite number: advantage thresholds, the floor of a conservative term; and the adb
+# port, whose range depends on the backend (its own check).
+ANY_NUMBER = {"threshold_general", "threshold_webshop", "conservative_floor", "adb_port"}
 
 
 def _ranged():
@@ -151,15 +151,74 @@ def _ranged():
                 yield group, cls, f
 
 
-@pytest.mark.parametrize(("group", "cls", "f"), list(_ranged()), ids=lambda x: getattr(x, "name", str(x)))
-def test_every_ranged_knob_refuses_a_value_outside_and_names_it(group, cls, f, tmp_path):
+def _outside(f):
+    """A value just outside each bound of ``f``'s range: below the lower one, above the upper one."""
     at_least, above, at_most, below = f.metadata["range"]
-    bad = at_least - 1 if at_least is not None else above if above is not None else at_most + 1 if at_most is not None \
-        else below  # fmt: skip
-    bad = float(bad) if f.type in (float, "float") else int(bad)
+    lower = at_least - 1 if at_least is not None else above
+    upper = at_most + 1 if at_most is not None else below
+    return [b for b in (lower, upper) if b is not None]
+
+
+def _numbers_of(cls):
+    """``cls``'s fields that hold a number (or null): (field, float or int).
+
+    Not lists: their numbers have their group's own checks (``ablations.n_candidates``: at most ``augment``'s).
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if typing.get_origin(hints[f.name]) is list:
+            continue
+        kinds = {hints[f.name]} | set(typing.get_args(hints[f.name]))
+        for kind in (float, int):
+            if kind in kinds:
+                yield f, kind
+
+
+@pytest.mark.parametrize(
+    ("group", "cls", "f", "bad"),
+    [(group, cls, f, bad) for group, cls, f in _ranged() for bad in _outside(f)],
+    ids=lambda x: getattr(x, "name", str(x)),
+)
+def test_every_ranged_knob_refuses_a_value_outside_and_names_it(group, cls, f, bad, tmp_path):
+    bad = float(bad) if typing.get_type_hints(cls)[f.name] is float else int(bad)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {f.name: bad}}))
     with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{f.name} must be"):
         load_section(cls, group, path=tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize(
+    ("group", "cls", "f"),
+    [(group, cls, f) for group, cls in SECTIONS.items() for f, kind in _numbers_of(cls) if kind is float],
+    ids=lambda x: getattr(x, "name", str(x)),
+)
+def test_every_float_knob_refuses_nan_and_infinity_and_names_it(group, cls, f, tmp_path):
+    """NaN passes no comparison (a NaN threshold keeps nothing) and an infinity ends no run: both stop at once."""
+    for bad in (float("nan"), float("inf"), float("-inf"), 10**400):  # the last: a whole number no float holds
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {f.name: bad}}))
+        with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{f.name} must be a finite number"):
+            load_section(cls, group, path=tmp_path / "params.yaml")
+
+
+def test_every_whole_number_knob_has_an_upper_bound():
+    """A count, size or seed with no maximum takes a stray digit as a run of days or an out-of-memory error."""
+    unbounded = [f"{group}.{f.name}" for group, cls in SECTIONS.items() for f, kind in _numbers_of(cls)
+                 if kind is int and f.metadata["range"][2:] == (None, None) and f.name not in ANY_NUMBER]  # fmt: skip
+    assert unbounded == []
+
+
+def test_ablation_candidates_may_not_exceed_the_candidates_stage_02_drew(tmp_path):
+    """Best-of-N over N' candidates draws from the N per state stage 02 sampled: every stage that loads either
+    group refuses an N' above N, naming both keys and their files."""
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\n")
+    (tmp_path / "params" / "ablation.yaml").write_text("ablations:\n  n_candidates: [1, 4, 8]\n")
+    message = (r"ablation.yaml: ablations.n_candidates \[8\] exceed params.yaml: augment.n_candidates \(4\): "
+               "Best-of-N over N' candidates draws them from the N")  # fmt: skip
+    for cls, group in ((AblationsConfig, "ablations"), (AugmentConfig, "augment")):
+        with pytest.raises(ConfigError, match=message):
+            load_section(cls, group, path=tmp_path / "params.yaml")
+    (tmp_path / "params" / "ablation.yaml").write_text("ablations:\n  n_candidates: [1, 4]\n")
+    assert load_section(AblationsConfig, "ablations", path=tmp_path / "params.yaml").n_candidates == [1, 4]
 
 
 def test_every_count_rate_and_size_has_a_range():
@@ -177,6 +236,9 @@ def test_every_count_rate_and_size_has_a_range():
         ({"critic": {"epochs": -1}}, r"critic: epochs must be >= 1, got -1"),
         ({"critic": {"batch_size": 0}}, r"critic: batch_size must be >= 1, got 0"),
         ({"eval": {"n_tasks": -1}}, r"eval: n_tasks must be >= 1, got -1"),
+        ({"experiment": {"seeds": 10**12}}, r"experiment: seeds must be <= 1000, got 1000000000000"),
+        ({"actor": {"threshold_webshop": float("nan")}}, r"actor: threshold_webshop must be a finite number, got nan"),
+        ({"tasks": {"seed": -1}}, r"tasks: seed must be >= 0, got -1"),
     ],  # fmt: skip
 )
 def test_out_of_range_values_that_once_passed(params, message, tmp_path):
