@@ -29,6 +29,7 @@ __all__ = [
     "device",
     "is_main",
     "barrier",
+    "broadcast",
     "shard",
     "average_gradients",
     "global_mean",
@@ -71,6 +72,16 @@ def barrier() -> None:
         torch.distributed.barrier()
     else:
         s.wait_for_everyone()
+
+
+def broadcast(value: T) -> T:
+    """The main process's ``value``, in every process (with one process, ``value`` itself)."""
+    s = state()
+    if s.num_processes == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def shard(rows: Sequence[T], weights: Sequence[float] | None = None) -> tuple[list[T], float]:

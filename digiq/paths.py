@@ -116,6 +116,10 @@ class Paths:
         """The policy an online run ended with (after its last finished round)."""
         return self.online_run(row, seed) / "latest" / "policy"
 
+    def lock(self, stage: str) -> Path:
+        """``stage``'s run lock (:mod:`digiq.lock`): held by the run of the stage that is writing its outputs."""
+        return self.data / f".{stage}.lock"
+
     @property
     def metrics(self) -> Path:
         return self.root / "metrics"

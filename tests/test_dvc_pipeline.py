@@ -1,11 +1,18 @@
 """dvc.yaml and params.yaml agree with the notebooks and the typed configs."""
 
 import dataclasses
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 
+import pytest
 import yaml
 
 from digiq import config
+from digiq.env.taskgen import generate_tasks
 from digiq.paths import ROOT
 
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -83,12 +90,48 @@ def test_stage_params_are_declared():
                 assert all(g in declared for g in groups), (file, groups)
 
 
-def test_every_value_dvc_yaml_interpolates_is_in_params_yaml():
-    """DVC fills ${group.key} from params.yaml alone: a knob a command reads must be written there."""
-    used = set(re.findall(r"\$\{(\w+)\.(\w+)\}", (ROOT / "dvc.yaml").read_text()))
-    assert used, "dvc.yaml interpolates nothing"
-    missing = sorted(f"{group}.{key}" for group, key in used if key not in METHOD.get(group, {}))
-    assert not missing, f"dvc.yaml reads {missing}, which params.yaml does not set"
+def test_no_stage_command_pastes_a_params_value_into_the_shell():
+    """DVC pastes ${group.key} into a command before any type check: a params value would run as shell code.
+
+    Stages read their knobs through the typed configs instead (digiq.config.load_section).
+    """
+    text = (ROOT / "dvc.yaml").read_text()
+    assert "${" not in text, [line.strip() for line in text.splitlines() if "${" in line]
+
+
+@pytest.mark.slow  # a real `dvc repro`
+def test_a_params_value_is_never_run_by_the_shell(tmp_path):
+    """`dvc repro tasks` with a command in place of a number: the stage stops, naming the key, and runs nothing;
+    with numbers, it writes the lists the generator gives."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "digiq", repo / "digiq", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".dvc").mkdir()
+    for rel in ("dvc.yaml", ".dvcignore", ".dvc/config"):
+        shutil.copy2(ROOT / rel, repo / rel)
+    marker = tmp_path / "ran"
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tasks"].update({"n_train": f"$(touch {marker})16", "n_val": 2, "n_test": 3, "n_test_webshop": 4})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # dvc's `python`
+
+    def repro() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dvc", "repro", "tasks"], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+
+    done = repro()
+    assert done.returncode != 0 and not marker.exists(), done.stdout + done.stderr
+    assert "params.yaml: tasks.n_train must be int, got '$(touch" in done.stderr, done.stderr
+    params["tasks"]["n_train"] = 5
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    done = repro()
+    assert done.returncode == 0, done.stdout + done.stderr
+    seeds = params["tasks"]["seed"], params["tasks"]["split_seed"]
+    for ts in ("general", "webshop"):
+        for split, n in (("train", 5), ("val", 2), ("test", 3 if ts == "general" else 4)):
+            listed = (repo / "data" / "tasks" / f"{ts}_{split}.txt").read_text()
+            assert listed == "\n".join(generate_tasks(ts, split, n, *seeds)) + "\n"
+    assert json.loads((repo / "metrics" / "tasks.json").read_text())["expert_success"] == 2 * (5 + 2) + 3 + 4
 
 
 def test_the_digiq_row_is_the_papers_critic_and_the_variants_go_beyond_it():

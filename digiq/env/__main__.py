@@ -1,4 +1,4 @@
-"""Command line: ``python -m digiq.env {check-tasks,render-demo,generate-tasks,adb-server}``."""
+"""Command line: ``python -m digiq.env {check-tasks,render-demo,generate-tasks,generate-task-lists,adb-server}``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from typing import Any
 
 from PIL import Image
 
-from digiq.config import TasksConfig
+from digiq.config import ConfigError, TasksConfig, load_section
 from digiq.env.adb_server import AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.taskgen import FAMILY_WEIGHTS, PROTOCOL_TASKS, SPLITS, generate_tasks
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
-from digiq.io import atomic_path, atomic_write_text
+from digiq.io import StageError, atomic_path, atomic_write_text
+from digiq.lock import stage_lock
+from digiq.paths import Paths
 from digiq.viz.draw import contact_sheet, draw_action
 
 
@@ -80,6 +82,33 @@ def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str 
         atomic_write_text(Path(metrics), json.dumps(out, indent=2) + "\n")
     print(json.dumps(result))
     return result
+
+
+def generate_task_lists(root: Path) -> None:
+    """The tasks stage: every task list as ``params.yaml``'s ``tasks`` group sets it, then their check.
+
+    The group is read through its typed config (:func:`digiq.config.load_section`), never pasted into a
+    shell command: a value that is not a number in its range stops the stage, naming the file and the key,
+    before anything runs. Writes ``data/tasks/{general,webshop}_{train,val,test}.txt`` and, from
+    :func:`check_tasks`, ``metrics/tasks.json``, holding the stage's lock (:mod:`digiq.lock`) meanwhile.
+    """
+    paths = Paths(root)
+    try:
+        cfg = load_section(TasksConfig, "tasks", path=paths.root / "params.yaml")
+        with stage_lock(paths.lock("tasks"), "tasks"):
+            lists = []
+            for split in SPLITS:
+                for task_set in FAMILY_WEIGHTS:
+                    test = cfg.n_test if task_set == "general" else cfg.n_test_webshop
+                    n = {"train": cfg.n_train, "val": cfg.n_val, "test": test}[split]
+                    out = paths.task_list(task_set, split)
+                    lines = generate_tasks(task_set, split, n, cfg.seed, cfg.split_seed)
+                    atomic_write_text(out, "\n".join(lines) + "\n")
+                    print(f"wrote {len(lines)} {task_set} {split} tasks to {out}")
+                    lists.append(str(out))
+            check_tasks(lists, None, 0, str(paths.metrics / "tasks.json"))
+    except (ConfigError, StageError) as e:
+        raise SystemExit(f"generate-task-lists: {e}") from None
 
 
 def render_demo(out: str, seed: int, width: int, max_frames: int) -> None:
@@ -159,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--split-seed", type=int, default=TasksConfig().split_seed,
                    help="which entities are in which split (default: the pipeline's, tasks.split_seed)")  # fmt: skip
+    t = sub.add_parser("generate-task-lists", help="the tasks stage: every task list as params.yaml's tasks group "
+                       "sets it, and their check into metrics/tasks.json")  # fmt: skip
+    t.add_argument("--root", default=".", help="pipeline root: params.yaml there, the lists in data/tasks/ "
+                   "(default: the working directory, where DVC runs a stage)")  # fmt: skip
     s = sub.add_parser("adb-server", help="serve simulated phones over adb's host protocol (for adb tools and adb-sim)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=5037, help="5037 is adb's own port; 0 picks a free one")
@@ -170,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         check_tasks(args.files, args.task_set, args.seed, args.metrics)
     elif args.cmd == "render-demo":
         render_demo(args.out, args.seed, args.width, args.max_frames)
+    elif args.cmd == "generate-task-lists":
+        generate_task_lists(Path(args.root))
     elif args.cmd == "adb-server":
         adb_server(args.host, args.port, args.devices, args.width, args.calm)
     else:

@@ -67,7 +67,7 @@ from digiq.models.digirl import DigiRLValues, StepFeatures, fit_and_select, step
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
+from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -270,6 +270,7 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
     return [p["loss"] for p in curve]
 
 
+@one_run_at_a_time("actor")
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
               collect: CollectConfig, digirl: DigiRLConfig | None = None, variants: Sequence[str] = (),
               workers: int = 1) -> dict[str, Any]:  # fmt: skip

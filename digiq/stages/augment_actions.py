@@ -21,11 +21,12 @@ from digiq.env.actions import parse_action
 from digiq.io import require
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stages.common import timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 
 __all__ = ["run_augment"]
 
 
+@one_run_at_a_time("augment_actions")
 def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
     require("augment_actions", paths.base_policy / "config.json")
     metrics: dict[str, Any] = {}

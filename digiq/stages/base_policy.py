@@ -30,7 +30,7 @@ from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages.common import read_tasks, save_curve_plot, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 
 __all__ = ["from_params", "run_base_policy", "randomize_copied_words"]
 
@@ -79,6 +79,7 @@ def _same_case(word: str, like: str) -> str:
     return word.capitalize() if like[:1].isupper() else word
 
 
+@one_run_at_a_time("base_policy")
 def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_seed: int = 0) -> dict[str, Any]:
     """SFT on demonstrations, or (``cfg.checkpoint``) the released Auto-UI-Base, saved as the base policy.
 

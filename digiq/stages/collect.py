@@ -18,7 +18,7 @@ from digiq.models.checkpoint import read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
-from digiq.stages.common import read_tasks, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 
 __all__ = ["run_collect"]
 
@@ -42,6 +42,7 @@ def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) 
     return tasks[: cfg.tasks_per_set]
 
 
+@one_run_at_a_time("collect")
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
                 judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """Roll the base policy out on ``devices`` (default: the in-process simulator).

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import json
+import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import matplotlib
 
@@ -20,10 +24,11 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
 from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in  # noqa: E402
+from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
 __all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
-           "online_curves_figure", "save_figure"]  # fmt: skip
+           "one_run_at_a_time", "online_curves_figure", "save_figure"]  # fmt: skip
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -44,22 +49,60 @@ def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, st
     return tasks
 
 
+Entry = TypeVar("Entry", bound=Callable[..., Any])  # a stage's entry function
+
+
+def one_run_at_a_time(stage: str) -> Callable[[Entry], Entry]:
+    """Decorator of ``stage``'s entry (the function its notebook calls, given ``paths``): the only live run of it.
+
+    The run's main process holds the stage's lock (:func:`digiq.lock.stage_lock`
+    on :meth:`Paths.lock`) from the entry's start to its end. A second run started
+    while the first is alive (a notebook left running when DVC was killed) stops
+    at once, naming the first's PID, instead of writing the same outputs beside
+    it; once the first has ended, however it ended, the lock is free. The other
+    processes of a multi-process run work for the main one and lock nothing.
+    """
+
+    def decorate(entry: Entry) -> Entry:
+        signature = inspect.signature(entry)
+        if "paths" not in signature.parameters:
+            raise TypeError(f"{entry.__qualname__}: a stage's entry takes paths, under which its lock lives")
+
+        @functools.wraps(entry)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            from digiq import parallel
+
+            paths = signature.bind(*args, **kwargs).arguments["paths"]
+            with stage_lock(paths.lock(stage), stage) if parallel.is_main() else contextlib.nullcontext():
+                return entry(*args, **kwargs)
+
+        return cast(Entry, run)
+
+    return decorate
+
+
 @contextmanager
 def written_whole(paths: Paths, folder: str) -> Iterator[Paths]:
     """Run a training stage into a temporary folder, swapped in for its output ``folder`` when the stage ends well.
 
     Yields ``paths`` with that folder (``vlm``, ``critics`` or ``actors``) moved to
-    ``.<name>.partial`` beside it. A run cut short leaves the previous run's
+    ``.<name>.partial-<PID>`` beside it. A run cut short leaves the previous run's
     folder whole, never a mix of this run's seeds and an earlier run's that
-    the next stage would take for one run. The temporary name is the same in
-    every process, so a stage launched on several processes shares it.
+    the next stage would take for one run. The PID is the run's main process's,
+    which every process of a multi-process run learns from it: one run's
+    processes share the folder, and no two runs ever do. It runs inside the
+    stage's entry (:func:`one_run_at_a_time`), whose lock says no other run of
+    the stage is alive: the temporary folders of other runs here are what runs
+    cut short left, and are removed.
     """
     from digiq import parallel
 
     final = getattr(paths, folder)
-    partial = final.with_name(f".{final.name}.partial")
+    partial = final.with_name(f".{final.name}.partial-{parallel.broadcast(os.getpid())}")
     if parallel.is_main():
-        shutil.rmtree(partial, ignore_errors=True)  # what a run cut short left
+        # A dead run's folder, and the old output swap_in had moved aside when its run died.
+        for left in [*final.parent.glob(f".{final.name}.partial*"), *final.parent.glob(f".{final.name}.old-*")]:
+            shutil.rmtree(left, ignore_errors=True)
         partial.mkdir(parents=True)
     parallel.barrier()
     yield paths.writing(folder, partial)

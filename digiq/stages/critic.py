@@ -44,7 +44,7 @@ from digiq.io import require
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
+from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
@@ -347,6 +347,7 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
             "curves": fit["curves"] if job.seed == 0 else {}}  # fmt: skip
 
 
+@one_run_at_a_time("critic")
 def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, workers: int = 1) -> dict[str, Any]:
     """One critic per (row, seed): ``data/models/critic/seed<s>/<row>``, the fits shared among ``workers`` processes.
 

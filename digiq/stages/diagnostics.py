@@ -79,7 +79,7 @@ from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.stages.actor import policy_names
-from digiq.stages.common import timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
 __all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "from_params"]
@@ -214,6 +214,7 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@one_run_at_a_time("diagnostics")
 def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
                     policies: Sequence[str], threshold: float, workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.

@@ -68,7 +68,7 @@ from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
 from digiq.rollout import rollout
 from digiq.stages.actor import filtered_bc_picks
-from digiq.stages.common import online_curves_figure, read_tasks, save_figure, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
 from digiq.workers import map_jobs
 
 __all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "start_checkpoint", "from_params"]
@@ -234,6 +234,7 @@ def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: di
         shutil.rmtree(left, ignore_errors=True)
 
 
+@one_run_at_a_time("digirl_online")
 def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, paths: Paths, *, seeds: int,
                       devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
                       workers: int = 1) -> dict[str, Any]:  # fmt: skip

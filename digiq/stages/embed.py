@@ -28,7 +28,7 @@ from digiq.env.actions import parse_action
 from digiq.io import atomic_folder, require
 from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
-from digiq.stages.common import timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import map_jobs
 
 __all__ = ["run_embed", "EmbedJob", "embed_job", "load_vlm"]
@@ -132,6 +132,7 @@ def embed_job(job: EmbedJob) -> float:
     return _embed_features(vlm, store, steps, cands, job.batch_size, job.paths.features(job.vlm))
 
 
+@one_run_at_a_time("embed")
 def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned",), workers: int = 1) -> dict[str, Any]:
     """Features from each of ``vlms`` (:func:`load_vlm`; the first is the critic's own, the others ablations).
 

@@ -54,7 +54,7 @@ from digiq.evaluate import EvalJob, outcome_array, outcome_strings, run_jobs, se
 from digiq.io import require
 from digiq.models.checkpoint import read_config
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
 
 __all__ = ["run_eval", "train_tasks", "ONLINE_PAIRS"]
@@ -94,6 +94,7 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
     return out
 
 
+@one_run_at_a_time("eval")
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
              variants: Sequence[str] = (), online: Sequence[str] = (), devices: DeviceConfig | None = None,
              judge: JudgeConfig | None = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip

@@ -28,7 +28,7 @@ from digiq.env.actions import parse_action
 from digiq.io import require
 from digiq.models.vlm import ScreenVLM, effect_label
 from digiq.paths import Paths
-from digiq.stages.common import save_curve_plot, timed, write_metrics, written_whole
+from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 
 __all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
 
@@ -152,6 +152,7 @@ def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@one_run_at_a_time("vlm_finetune")
 def run_vlm_finetune(cfg: VLMFinetuneConfig, paths: Paths, blind: bool = False) -> dict[str, Any]:
     """Fine-tune the pretrained tiny VLM or, with ``cfg.checkpoint``, a released LLaVA; written to :attr:`Paths.vlm`.
 

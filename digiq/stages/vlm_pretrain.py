@@ -38,7 +38,7 @@ from digiq.io import StageError, atomic_write_text, require
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks, save_curve_plot, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 from digiq.stages.vlm_finetune import lr_factor
 
 __all__ = ["from_params", "run_vlm_pretrain", "questions", "accuracy"]
@@ -73,6 +73,7 @@ def _most_common_rate(asked: Sequence[Question]) -> float:
     return sum(correct(q, common) for q in asked) / len(asked)
 
 
+@one_run_at_a_time("vlm_pretrain")
 def run_vlm_pretrain(cfg: VLMPretrainConfig, finetune: VLMFinetuneConfig, env: EnvConfig, paths: Paths,
                      tasks_per_set: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Pretrain the tiny VLM (on the policy's offline tokenizer) and save it to :attr:`Paths.vlm_pretrained`.
