@@ -40,11 +40,11 @@ from digiq.env.gym_env import PhoneEnv
 from digiq.env.state import Dynamics
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
-from digiq.io import atomic_write_text
+from digiq.io import atomic_write_text, check_writable, printable, text_lines
 from digiq.judge import evaluator_for
 from digiq.models.agents import ExpertSkill, ModelPolicy
-from digiq.models.checkpoint import read_config
-from digiq.models.policy import AutoUIPolicy
+from digiq.models.checkpoint import read_typed_config
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.rollout import EpisodeResult, Policy, rollout, success_by
 from digiq.stats import sample_std
 from digiq.workers import map_jobs, process_cached
@@ -204,18 +204,24 @@ def read_task_file(path: Path, task_set: str | None = None) -> tuple[dict[str, l
     Blank lines are skipped. Without ``task_set`` each instruction goes to
     the task set its shape says (shopping-site instructions to ``webshop``,
     the rest to ``general``; :func:`~digiq.env.tasks.parse_task`). A line the
-    simulator cannot check is reported as ``{"line": n, "text": ...}`` (1-based)
-    rather than stopping the run, so one odd line does not cost a whole list.
+    simulator cannot check, one longer than
+    :data:`~digiq.env.tasks.MAX_INSTRUCTION_CHARS` or one that is not UTF-8
+    is reported as ``{"line": n, "text": ..., "why": ...}`` (1-based; the
+    text as :func:`~digiq.io.printable` shows it) rather than stopping the
+    run, so one odd line does not cost a whole list.
     """
     tasks: dict[str, list[Task]] = {}
     unparsed: list[dict[str, Any]] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line, why in text_lines(path):
         if not line.strip():
             continue
-        try:
-            task = parse_task(line.strip(), task_set)
-        except UnsupportedInstruction:
-            unparsed.append({"line": n, "text": line})
+        if why is None:
+            try:
+                task = parse_task(line.strip(), task_set)
+            except UnsupportedInstruction as e:
+                why = str(e)
+        if why is not None:
+            unparsed.append({"line": n, "text": printable(line), "why": printable(why)})
             continue
         tasks.setdefault(task.task_set, []).append(task)
     return {ts: tasks[ts] for ts in TASK_SETS if ts in tasks}, unparsed
@@ -248,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     simulator the seeds are shared among ``--workers`` processes (default:
     the params' ``compute.workers``), as stage 10 shares its evaluations.
     Bad input (a missing checkpoint or task file, a file with no parseable
-    line) exits with status 2 and a message naming it.
+    line, an ``--out`` that cannot be written, checked before the run) exits
+    with status 2 and a message naming it.
     """
     ap = argparse.ArgumentParser(
         prog="python -m digiq.evaluate",
@@ -273,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if not folder.is_dir():
             ap.error(f"--policy {folder}: no such checkpoint folder")
     try:
-        for folder in args.policy:
-            read_config(folder, "policy")
+        configs = [read_typed_config(folder, "policy", PolicyConfig) for folder in args.policy]
         params = load_params(args.params)
         cfg = load_section(EvalConfig, "eval", params, args.params)
         env = load_section(EnvConfig, "env", params, args.params)
@@ -288,23 +294,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if workers < 1:
         ap.error(f"--workers must be >= 1, got {workers}")
     seeds = args.seeds if args.seeds is not None else experiment.seeds if len(args.policy) == 1 else len(args.policy)
-    if seeds < 1:
-        ap.error(f"--seeds must be >= 1, got {seeds}")
+    try:
+        ExperimentConfig(seeds=seeds)  # the bounds of the params' experiment.seeds: each seed is a whole evaluation
+    except ValueError as e:
+        ap.error(f"--seeds: {e}")
     if len(args.policy) > 1 and seeds != len(args.policy):
         ap.error(f"--seeds {seeds} with {len(args.policy)} --policy folders: give one folder per seed")
     if not args.tasks.is_file():
         ap.error(f"--tasks {args.tasks}: no such file")
+    if args.out is not None:
+        try:
+            check_writable(args.out)
+        except OSError as e:
+            ap.error(f"--out: {e.strerror}")
     tasks, unparsed = read_task_file(args.tasks, args.task_set)
     for u in unparsed:
-        print(f"{args.tasks}:{u['line']}: cannot parse, skipped: {u['text']}", file=sys.stderr)
+        print(f"{args.tasks}:{u['line']}: cannot parse, skipped: {u['text']} ({u['why']})", file=sys.stderr)
     if not tasks:
         ap.error(f"--tasks {args.tasks}: none of its {len(unparsed)} instruction(s) parses")
 
     jobs = []
     for s in range(seeds):
-        folder = args.policy[s % len(args.policy)]
-        screen_text = bool(read_config(folder, "policy").get("screen_text", False))
-        jobs.append(EvalJob(folder, folder.name, s, tasks, cfg, env, screen_text))
+        folder, config = args.policy[s % len(args.policy)], configs[s % len(args.policy)]
+        jobs.append(EvalJob(folder, folder.name, s, tasks, cfg, env, config.screen_text))
     results = run_jobs(jobs, devices, judge, workers)
     runs = {ts: [r[ts] for r in results] for ts in tasks}
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
@@ -319,8 +331,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unparsed:
         print(f"{len(unparsed)} line(s) of {args.tasks} not parsed (listed on stderr)")
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        try:
+            atomic_write_text(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+        except OSError as e:
+            ap.error(f"--out: {e.strerror}")
         print(f"wrote {args.out}")
     return report
 

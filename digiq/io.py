@@ -1,29 +1,95 @@
-"""Files: atomic writing (an interrupted run never leaves a half-written file behind) and missing inputs named."""
+"""Files: atomic writing (an interrupted run never leaves a half-written file behind), missing inputs and failed
+writes named, text files read line by line, and file text made safe to print."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_folder", "atomic_write_text", "StageError", "require"]
+__all__ = ["atomic_path", "atomic_folder", "atomic_write_text", "write_error", "check_writable", "text_lines",
+           "printable", "StageError", "require"]  # fmt: skip
+
+PRINTED_CHARS = 200  # the most of one file's line a message shows; the rest is counted, not printed
+
+
+def write_error(path: Path, e: OSError) -> OSError:
+    """``e`` as an error naming ``path``, the file being written, and saying so when the disk is full.
+
+    An error of a write often names no file, or the hidden temporary file the
+    write went through; its errno is kept.
+    """
+    why = e.strerror or str(e)  # strerror: without the temporary file's name
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += " (the disk is full)"
+    return OSError(e.errno, f"cannot write {path}: {why}")
 
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    An error of the block's writes or of the rename is raised once, naming
+    ``path`` (:func:`write_error`).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
         os.replace(tmp, path)  # atomic on POSIX and Windows within one file system
+    except OSError as e:
+        raise write_error(path, e) from None  # a failed close re-raises the write's error: shown once
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def check_writable(path: Path) -> None:
+    """Raise an OSError naming ``path`` unless a file can be written there: before a long run, not after it.
+
+    Makes the parent folder and writes, syncs and removes a temporary file
+    in it, so a read-only folder or a full disk shows now.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.check-") as f:
+            f.write(b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str, str | None]]:
+    """Each line of a text file with its number (from 1), decoded alone: ``(n, text, None)``.
+
+    A line that is not UTF-8 comes as ``(n, text with the odd bytes as \\xNN,
+    why)``, so one odd byte costs its line, not the file.
+    """
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            raw = raw.rstrip(b"\r\n")
+            try:
+                yield n, raw.decode("utf-8"), None
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start})"
+                yield n, raw.decode("utf-8", "backslashreplace"), why
+
+
+def printable(text: str, limit: int = PRINTED_CHARS) -> str:
+    """``text`` fit for a terminal or log: control characters (escape sequences) written as escapes, at most
+    ``limit`` characters of it shown."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole; a failure names ``path`` (:func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 

@@ -38,6 +38,7 @@ from digiq.env.gym_env import AndroidSimEnv, PhoneEnv
 from digiq.env.hierarchy import describe
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
+from digiq.io import write_error
 
 __all__ = [
     "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by", "FAULTS_FILE"
@@ -188,8 +189,12 @@ class _Rollouts:
         if self.store is not None:
             self.store.root.mkdir(parents=True, exist_ok=True)
             record = {"episode": index, "task": self.tasks[index].instruction, "device": device, "step": step}
-            with open(self.store.root / FAULTS_FILE, "a", encoding="utf-8") as f:
-                f.write(json.dumps({**record, "fault": reason, "then": then}) + "\n")
+            path = self.store.root / FAULTS_FILE
+            try:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({**record, "fault": reason, "then": then}) + "\n")
+            except OSError as e:  # a full disk: the write's error names no file
+                raise write_error(path, e) from None
 
     def retire(self, i: int) -> None:
         self.episodes[i] = None

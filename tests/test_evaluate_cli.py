@@ -9,6 +9,7 @@ noise play the very same episodes on a seed's devices.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import yaml
 from digiq import evaluate
 from digiq.config import EnvConfig, EvalConfig
 from digiq.env.taskgen import generate_tasks
+from digiq.env.tasks import MAX_INSTRUCTION_CHARS
 from digiq.evaluate import main
 from digiq.paths import ROOT, Paths
 from digiq.report import results_markdown, save_results_chart
@@ -153,7 +155,7 @@ def test_cli_runs_a_checkpoint_on_a_task_file_as_the_stage_does(stage, params_fi
                    "--params", str(params_file)])  # fmt: skip
     assert json.loads(out.read_text()) == report
     assert "2: cannot parse, skipped: Teach my cat to juggle" in capsys.readouterr().err
-    assert report["unparsed"] == [{"line": 2, "text": "Teach my cat to juggle"}]
+    assert [(u["line"], u["text"]) for u in report["unparsed"]] == [(2, "Teach my cat to juggle")]
     assert report["seeds"] == 2 and report["policy"] == [str(stage.base_policy)] and report["tasks_file"] == str(tasks)
     ev, outcomes = _metrics(stage, "eval")["base"], _metrics(stage, "eval_outcomes")["base"]
     for ts in ("general", "webshop"):  # each line went to its own task set, in file order
@@ -176,7 +178,8 @@ def test_cli_as_a_module_with_one_task_set_and_two_workers(stage, params_file, t
     r = report["general"]  # the shopping line too: --task-set puts every line in General
     assert r["n_episodes"] == 2 and r["tasks_by_family"] == {"go_to_site": 1, "search": 1}
     assert r["success_rate_std"] is not None and len(r["per_seed"]) == 2 and 0.0 <= r["success_rate"] <= 1.0
-    assert report["unparsed"] == [{"line": 4, "text": "fly me to the moon"}] and report["seeds"] == 2
+    assert report["seeds"] == 2 and [(u["line"], u["text"]) for u in report["unparsed"]] == [(4, "fly me to the moon")]
+    assert "matches no task family" in report["unparsed"][0]["why"]
 
 
 def _fails(args: list[str], capsys) -> str:
@@ -201,12 +204,65 @@ def test_cli_names_bad_input(stage, params_file, tmp_path, capsys):
     junk.write_text("fly me to the moon\n\nteach my cat to juggle\n")
     err = _fails([*policy, "--tasks", str(junk)], capsys)
     assert "none of its 2 instruction(s) parses" in err and "3: cannot parse" in err
-    assert "--seeds must be >= 1" in _fails([*policy, "--tasks", str(tasks), "--seeds", "0"], capsys)
+    assert "--seeds: seeds must be >= 1, got 0" in _fails([*policy, "--tasks", str(tasks), "--seeds", "0"], capsys)
+    huge = "99999999999999999999"  # not a run to start: each seed is a whole evaluation
+    assert "--seeds: seeds must be <= " in _fails([*policy, "--tasks", str(tasks), "--seeds", huge], capsys)
     two = ["--policy", str(stage.actor("digiq", 0)), str(stage.actor("digiq", 1)), *common]
     assert "give one folder per seed" in _fails([*two, "--tasks", str(tasks), "--seeds", "3"], capsys)
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--task-set" in capsys.readouterr().out
+
+
+def test_cli_skips_odd_lines_naming_each_and_prints_none_raw(stage, params_file, tmp_path, capsys):
+    """A byte that is not UTF-8, a line longer than a task may be, an escape sequence: each line skipped, named."""
+    tasks = tmp_path / "tasks.txt"
+    long = "What is " + "very " * 2000 + "far?"  # a search by its shape, but no task
+    tasks.write_bytes(b"What time is it in Copenhagen?\nWhat time is it in Caf\xe9?\n" + long.encode()
+                      + b"\n\x1b[2Jfly me to the moon\n")  # fmt: skip
+    listed, unparsed = evaluate.read_task_file(tasks)
+    assert [t.instruction for t in listed["general"]] == ["What time is it in Copenhagen?"]
+    assert [u["line"] for u in unparsed] == [2, 3, 4] and unparsed[0]["why"] == "not UTF-8 (byte 0xe9 at offset 22)"
+    assert unparsed[1]["why"] == (f"an instruction of {len(long)} characters, longer than the "
+                                  f"{MAX_INSTRUCTION_CHARS} a task may have")  # fmt: skip
+    assert unparsed[2]["why"].startswith("unsupported instruction '\\x1b[2Jfly me to the moon': it matches no")
+    tasks.write_bytes(tasks.read_bytes().split(b"\n", 1)[1])  # the odd lines alone: nothing to run
+    err = _fails(["--policy", str(stage.base_policy), "--tasks", str(tasks), "--params", str(params_file)], capsys)
+    assert f"{tasks}:1: cannot parse, skipped: What time is it in Caf\\xe9? (not UTF-8" in err
+    assert f"{tasks}:2: cannot parse, skipped: What is very" in err and f"... ({len(long)} characters)" in err
+    assert f"{tasks}:3: cannot parse, skipped: \\x1b[2Jfly me to the moon" in err
+    assert "\x1b" not in err and len(err) < 3000
+
+
+def test_cli_names_a_checkpoint_config_of_the_wrong_type(stage, params_file, tmp_path, capsys):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    broken = shutil.copytree(stage.base_policy, tmp_path / "broken")
+    (broken / "config.json").write_text(json.dumps({"policy": None}))
+    err = _fails(["--policy", str(broken), "--tasks", str(tasks), "--params", str(params_file)], capsys)
+    assert f"corrupt checkpoint config {broken / 'config.json'}: policy is None" in err
+
+
+def test_cli_names_an_out_it_cannot_write_before_the_run(stage, params_file, tmp_path, capsys):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    args = ["--tasks", str(tasks), "--params", str(params_file), "--seeds", "1"]
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out.json"  # its folder would be a file
+    err = _fails(["--policy", str(stage.base_policy), *args, "--out", str(out)], capsys)
+    assert f"--out: cannot write {out}" in err and "success %" not in capsys.readouterr().out  # nothing ran
+
+
+def test_cli_names_out_when_its_disk_is_full_after_the_run(stage, params_file, tmp_path, capsys):
+    """The disk fills during the run: the results are printed, and the error names --out, not its temporary file."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    out = tmp_path / "out.json"
+    out.with_name(f".{out.name}.tmp-{os.getpid()}").symlink_to("/dev/full")  # where the write goes: ENOSPC
+    err = _fails(["--policy", str(stage.base_policy), "--tasks", str(tasks), "--params", str(params_file), "--seeds",
+                  "1", "--out", str(out)], capsys)  # fmt: skip
+    assert f"--out: cannot write {out}: No space left on device (the disk is full)" in err
+    assert ".tmp-" not in err and err.count("cannot write") == 1 and list(tmp_path.iterdir()) == [tasks]
 
 
 def test_cli_runs_one_checkpoint_per_seed(stage, params_file, tmp_path, monkeypatch):

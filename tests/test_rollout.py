@@ -226,3 +226,10 @@ def test_collect_counts_an_abandoned_episode_as_a_failure_and_stores_the_rest(co
     cursed.clear()
     again = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), collect_root)
     assert again["trajectories"] == 4 and again["abandoned"] == 0
+
+
+def test_a_full_disk_under_the_fault_log_names_it(tmp_path):
+    (tmp_path / FAULTS_FILE).symlink_to("/dev/full")  # a real device whose every write fails with ENOSPC
+    phones = iter([FaultyPhone(set(), broken=True, serial="bad"), FaultyPhone(set(), serial="good")])
+    with pytest.raises(OSError, match=rf"cannot write {tmp_path / FAULTS_FILE}: .*\(the disk is full\)"):
+        rollout(ExpertPolicy(), TASKS[:2], n_envs=2, store=TrajectoryStore(tmp_path), env_factory=lambda: next(phones))

@@ -34,11 +34,12 @@ def save_features(folder: Path, arrays: dict[str, np.ndarray], ids: np.ndarray) 
 
 
 def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]:
-    """The stage-05 arrays of one VLM, memory-mapped, checked against each other and against the step table.
+    """The stage-05 arrays of one VLM, memory-mapped, checked against the step table and against each other.
 
     Raises:
-        DataError: naming the file that is missing, unreadable, of the wrong shape, holds a non-finite
-            value, or whose rows are not the step table's.
+        DataError: naming the file that is missing, unreadable, not float32 (``ids``: not integer), of
+            the wrong shape, holds a non-finite value, or whose rows are not the step table's. Rows are
+            counted against the step table, so a file cut short is the one named, not its intact neighbour.
     """
     out = {}
     folder = paths.features(vlm)
@@ -49,21 +50,27 @@ def load_features(paths: Paths, vlm: str = "finetuned") -> dict[str, np.ndarray]
             out[name] = np.load(p, mmap_mode="r")
         except ValueError as e:
             raise DataError(f"corrupt feature file {p}: {e}") from None
-    S, H = out["state"].shape[0], out["state"].shape[-1]
-    # Candidates may be wider than states: Digi-Q's released data hold BLIP-2 states beside LLaVA candidates.
-    n, C = out["candidates"].shape[1:] if out["candidates"].ndim == 3 else (None, None)
-    want = {"state": (S, H), "next_state": (S, H), "candidates": (S, n, C), "p_yes": (S, n), "ids": (S, 2)}
-    for name, shape in want.items():
-        if out[name].shape != shape:
-            raise DataError(f"feature file {folder / name}.npy has shape {out[name].shape}, expected {shape} "
-                            f"(from state.npy's {S} rows of width {H} and candidates.npy); rerun embed")  # fmt: skip
     table = step_ids(TrajectoryStore(paths.offline).read())
-    if table.shape != out["ids"].shape or not np.array_equal(table, out["ids"]):
+    if out["ids"].shape != table.shape or not np.array_equal(table, out["ids"]):
+        S = len(out["ids"])
         k = next((i for i in range(min(len(table), S)) if tuple(table[i]) != tuple(out["ids"][i])), min(len(table), S))
         raise DataError(f"the rows of {folder} are not the steps of {paths.offline}: {S} rows for {len(table)} steps, "
                         f"first differing at row {k}; rerun embed")  # fmt: skip
+    ndim = {"state": 2, "next_state": 2, "candidates": 3, "p_yes": 2}
+    for name, n in ndim.items():
+        arr = out[name]
+        if arr.ndim != n or len(arr) != len(table):
+            raise DataError(f"feature file {folder / name}.npy has shape {arr.shape}, expected {n} dimensions and "
+                            f"{len(table)} rows (ids.npy's, one per step); rerun embed")  # fmt: skip
+        if arr.dtype != np.float32:  # what embed writes; the critic's float32 layers take nothing else
+            raise DataError(f"feature file {folder / name}.npy holds {arr.dtype}, not float32; rerun embed")
+    # Candidates may be wider than states: Digi-Q's released data hold BLIP-2 states beside LLaVA candidates.
+    for name, other, axis in (("next_state", "state", 1), ("p_yes", "candidates", 1)):
+        if out[name].shape[axis] != out[other].shape[axis]:
+            raise DataError(f"feature file {folder / name}.npy has shape {out[name].shape}, but {other}.npy has "
+                            f"{out[other].shape}: their axis {axis} must agree; rerun embed")  # fmt: skip
     for name in ("state", "next_state", "candidates"):
-        for i in range(0, S, 4096):
+        for i in range(0, len(table), 4096):
             if not np.isfinite(out[name][i : i + 4096]).all():
                 raise DataError(f"feature file {folder / name}.npy holds a non-finite value in rows {i}-{i + 4095}")
     return out

@@ -18,6 +18,7 @@ import json
 import random
 import re
 import typing
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -196,6 +197,23 @@ class TrajectoryStore:
                 return np.asarray(im.convert("RGB"))
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read screenshot {path}: {e}") from None
+
+    def load_images(self, rels: Sequence[str]) -> np.ndarray:
+        """Screenshots of one size as one (n, H, W, 3) array; one of another size than most is named.
+
+        Whoever stacks screenshots (a batch, a before-after pair) reads them
+        here, so a screenshot of the wrong size names its file.
+        """
+        images = [self.load_image(r) for r in rels]
+        shapes = Counter(im.shape for im in images)
+        if len(shapes) > 1:
+            (usual, count), *_ = shapes.most_common()
+            odd = next(i for i, im in enumerate(images) if im.shape != usual)
+            like = next(i for i, im in enumerate(images) if im.shape == usual)
+            raise DataError(f"screenshot {self.root / rels[odd]} is {images[odd].shape[1]}x{images[odd].shape[0]} "
+                            f"pixels, but {self.root / rels[like]} and {count - 1} other(s) read with it are "
+                            f"{usual[1]}x{usual[0]}")  # fmt: skip
+        return np.stack(images)
 
 
 def step_ids(table: pa.Table) -> np.ndarray:

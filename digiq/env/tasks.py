@@ -18,6 +18,7 @@ from digiq.env.state import DeviceState
 
 __all__ = [
     "GENERAL_FAMILIES",
+    "MAX_INSTRUCTION_CHARS",
     "MAX_STEPS",
     "TASK_SETS",
     "WEBSHOP_FAMILIES",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 MAX_STEPS = {"general": 10, "webshop": 20}
+# AitW's instructions and the generated lists' are at most 82 characters; a longer line is not a task but a
+# pasted document, which every step of an episode would tokenize again.
+MAX_INSTRUCTION_CHARS = 1000
 TASK_SETS = tuple(MAX_STEPS)  # AitW's General and Web Shopping
 GENERAL_FAMILIES = (
     "search",
@@ -427,10 +431,15 @@ def parse_task(instruction: str, task_set: str | None = None) -> Task:
     ``task_set`` ("general"/"webshop") fixes the step limit; by default it is
     "webshop" for "Go to SITE..." shopping instructions and "general" otherwise.
     Raises :class:`UnsupportedInstruction` naming the instruction when no
-    family matches.
+    family matches, or giving its length when it is longer than
+    :data:`MAX_INSTRUCTION_CHARS`.
     """
     if not isinstance(instruction, str) or not instruction.strip():
         raise UnsupportedInstruction(f"empty or non-text instruction: {instruction!r}")
+    if len(instruction) > MAX_INSTRUCTION_CHARS:
+        raise UnsupportedInstruction(
+            f"an instruction of {len(instruction)} characters, longer than the {MAX_INSTRUCTION_CHARS} a task may have"
+        )
     text = _clean(instruction)
     m = _SITE_RE.match(text)
     if m and m.group("site").lower() != "reddit":

@@ -8,19 +8,25 @@ habit). Every file is written atomically, the config last, so a folder with a
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
+from transformers import PreTrainedTokenizerFast
 
+from digiq.config import _check, _type_name  # the params file's type rule, so a checkpoint's config is held to it too
 from digiq.io import atomic_path
 
-__all__ = ["save_checkpoint", "read_config", "read_meta", "load_weights", "read_released_weights"]
+__all__ = ["save_checkpoint", "read_config", "read_typed_config", "read_tokenizer", "read_meta", "load_weights",
+           "read_released_weights"]  # fmt: skip
+
+C = TypeVar("C")
 
 
 def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any, **meta: object) -> Path:
@@ -64,9 +70,51 @@ def read_config(folder: Path | str, kind: str) -> dict[str, Any]:
         ) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"corrupt checkpoint config {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"corrupt checkpoint config {path}: a {type(raw).__name__}, not a mapping of sections")
     if kind not in raw:
         raise ValueError(f"{path} is not a {kind} checkpoint (it holds {sorted(k for k in raw if k != 'meta')})")
+    if not isinstance(raw[kind], dict):
+        raise ValueError(f"corrupt checkpoint config {path}: {kind} is {raw[kind]!r}, not a mapping of keys")
     return raw[kind]
+
+
+def read_typed_config(folder: Path | str, kind: str, cls: type[C]) -> C:
+    """The ``kind`` section of a checkpoint's config.json as the dataclass ``cls``.
+
+    Each value is checked against its field's type as the params file's are
+    (an int where a float is asked passes; a list for a tuple), so an
+    unknown key, a ``null`` or a value of the wrong type is named with the
+    file rather than failing later inside the model it builds.
+    """
+    section = read_config(folder, kind)
+    path = Path(folder) / "config.json"
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(section) - {f.name for f in fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise ValueError(f"corrupt checkpoint config {path}: unknown key(s) {kind}.{unknown}")
+    for key, value in section.items():
+        if not _check(value, hints[key]):
+            raise ValueError(f"corrupt checkpoint config {path}: {kind}.{key} must be {_type_name(hints[key])}, "
+                             f"got {value!r}")  # fmt: skip
+    values = {k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
+              for k, v in section.items()}  # fmt: skip
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as e:  # TypeError: a key without a default missing; ValueError: cls's own checks
+        raise ValueError(f"corrupt checkpoint config {path}: {e}") from None
+
+
+def read_tokenizer(folder: Path | str) -> PreTrainedTokenizerFast:
+    """The tokenizer saved in a checkpoint's ``tokenizer/`` folder; a missing folder is named as such.
+
+    Given a path that is not a folder, ``from_pretrained`` takes it for a Hub
+    repository id and complains about its form instead.
+    """
+    path = Path(folder) / "tokenizer"
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {Path(folder)} has no tokenizer folder {path}; copy the checkpoint whole")
+    return PreTrainedTokenizerFast.from_pretrained(path)
 
 
 def read_meta(folder: Path | str) -> dict[str, Any]:

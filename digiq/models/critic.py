@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
+from digiq.models.checkpoint import load_weights, read_typed_config, save_checkpoint
 
 __all__ = ["CriticNetConfig", "Critic", "mlp"]
 
@@ -84,6 +84,6 @@ class Critic(nn.Module):
 
     @classmethod
     def load(cls, folder: Path | str) -> "Critic":
-        critic = cls(CriticNetConfig(**read_config(folder, "critic")))
+        critic = cls(read_typed_config(folder, "critic", CriticNetConfig))
         load_weights(folder, critic)
         return critic.eval()

@@ -12,7 +12,7 @@ checkpoint. Checkpoints describe themselves (config + weights + tokenizer).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,13 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast, T5Config, T5For
 from transformers.modeling_outputs import BaseModelOutput
 
 from digiq.models.blip2 import Blip2ImageFeatures
-from digiq.models.checkpoint import load_weights, read_config, read_released_weights, save_checkpoint
+from digiq.models.checkpoint import (
+    load_weights,
+    read_released_weights,
+    read_tokenizer,
+    read_typed_config,
+    save_checkpoint,
+)
 
 __all__ = [
     "PolicyConfig",
@@ -449,11 +455,10 @@ class AutoUIPolicy(nn.Module):
     @classmethod
     def load(cls, folder: Path | str, device: str = "cpu", image_encoder_path: str | None = None) -> "AutoUIPolicy":
         """A checkpoint written by :meth:`save`; ``image_encoder_path`` overrides where its BLIP-2 folder is."""
-        pc = read_config(folder, "policy")
-        pc["image_grid"] = tuple(pc["image_grid"])
+        pc = read_typed_config(folder, "policy", PolicyConfig)
         if image_encoder_path is not None:
-            pc["image_encoder_path"] = str(image_encoder_path)
-        model = cls(PolicyConfig(**pc), PreTrainedTokenizerFast.from_pretrained(Path(folder) / "tokenizer"))
+            pc = replace(pc, image_encoder_path=str(image_encoder_path))
+        model = cls(pc, read_tokenizer(folder))
         load_weights(folder, model)
         return model.to(device).eval()
 

@@ -11,7 +11,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -42,7 +41,7 @@ def load_screens(
     out: dict[str, torch.Tensor] = {}
     for i in tqdm(range(0, len(names), chunk), desc="load screenshots", leave=False):
         batch = names[i : i + chunk]
-        small = model.screen.prepare(np.stack([store.load_image(p) for p in batch]))
+        small = model.screen.prepare(store.load_images(batch))
         out.update(zip(batch, small, strict=True))
     return out
 

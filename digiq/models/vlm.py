@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from digiq.io import atomic_path
-from digiq.models.checkpoint import load_weights, read_config, save_checkpoint
+from digiq.models.checkpoint import load_weights, read_tokenizer, read_typed_config, save_checkpoint
 from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, Recipe, recipe
 
 __all__ = [
@@ -294,11 +294,11 @@ class ScreenVLM:
     @classmethod
     def load(cls, folder: Path | str) -> "ScreenVLM":
         folder = Path(folder)
-        cfg = VLMConfig(**read_config(folder, "vlm"))
+        cfg = read_typed_config(folder, "vlm", VLMConfig)
         if cfg.source:
             released = cls.from_pretrained(folder / "hf", dtype="auto", recipe=cfg.recipe)  # as fine-tuned
             return cls(released.model, released.processor, cfg)
-        vlm = cls.tiny(PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer"), cfg)
+        vlm = cls.tiny(read_tokenizer(folder), cfg)
         load_weights(folder, vlm.model)
         vlm.model.eval()
         return vlm
@@ -314,7 +314,7 @@ def recipe_for(name: str, checkpoint: str = "", image_size: int = VLMConfig.imag
 
 def saved_recipe(folder: Path | str) -> Recipe:
     """The recipe of the VLM saved in ``folder`` (by :meth:`ScreenVLM.save`), read without loading its weights."""
-    cfg = VLMConfig(**read_config(Path(folder), "vlm"))
+    cfg = read_typed_config(folder, "vlm", VLMConfig)
     return recipe_for(cfg.recipe, str(Path(folder) / "hf") if cfg.source else "", cfg.image_size)
 
 

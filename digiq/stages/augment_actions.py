@@ -38,7 +38,7 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
         lists, resampled = [], 0
         for start in tqdm(range(0, len(steps), cfg.batch_states), desc="candidates", leave=False):
             batch = steps[start : start + cfg.batch_states]
-            images = model.screen.prepare(np.stack([store.load_image(s["image_path"]) for s in batch]))
+            images = model.screen.prepare(store.load_images([s["image_path"] for s in batch]))
             prompts = [s["observation"] for s in batch]
             samples = model.sample(prompts, images, n=cfg.n_candidates - 1, temperature=cfg.temperature)
             for _ in range(cfg.max_resample):  # redraw invalid candidates, all at once

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
-from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in  # noqa: E402
+from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in, text_lines  # noqa: E402
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
@@ -32,20 +32,27 @@ __all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curve
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
-    """The first ``n`` tasks (all with ``None``) of a task list; a list shorter than ``n`` is an error, not a cut."""
+    """The first ``n`` tasks (all with ``None``) of a task list; a list shorter than ``n`` is an error, not a cut.
+
+    A line of them that does not parse, is not UTF-8 or is longer than
+    :data:`~digiq.env.tasks.MAX_INSTRUCTION_CHARS` stops the stage, named by
+    file and line: a stage's list is generated, so an odd line means a broken file.
+    """
     path = paths.task_list(task_set, split)
     require(stage, path)
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = [(i, ln, why) for i, ln, why in text_lines(path) if ln.strip()]
     if n is not None and len(lines) < n:
         raise StageError(f"stage {stage}: {path} has {len(lines)} tasks, fewer than the {n} asked; regenerate the "
                          "lists (dvc repro tasks) or ask for fewer")  # fmt: skip
-    lines = lines[:n]
     tasks = []
-    for i, line in enumerate(lines):
-        try:
-            tasks.append(parse_task(line, task_set))
-        except UnsupportedInstruction as e:
-            raise StageError(f"stage {stage}: {path}:{i + 1}: {e}") from None
+    for i, line, why in lines[:n]:
+        if why is None:
+            try:
+                tasks.append(parse_task(line, task_set))
+                continue
+            except UnsupportedInstruction as e:
+                why = str(e)
+        raise StageError(f"stage {stage}: {path}:{i}: {why}")
     return tasks
 
 

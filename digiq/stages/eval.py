@@ -52,7 +52,8 @@ from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
 from digiq.evaluate import EvalJob, outcome_array, outcome_strings, run_jobs, seed_metrics, summarize
 from digiq.io import require
-from digiq.models.checkpoint import read_config
+from digiq.models.checkpoint import read_typed_config
+from digiq.models.policy import PolicyConfig
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
@@ -129,7 +130,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     train_rows = ["base", *baselines] if held_in else []
     timing: dict[str, Any] = {}
     # Every policy here descends from the base: its prompts read the screen when the base's did.
-    screen_text = bool(read_config(_checkpoint(paths, "base", 0), "policy").get("screen_text", False))
+    screen_text = read_typed_config(_checkpoint(paths, "base", 0), "policy", PolicyConfig).screen_text
 
     def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str, skill: str | None = None) -> EvalJob:
         return EvalJob(_checkpoint(paths, policy, seed), name, seed, listed, cfg, env, screen_text, skill)

@@ -42,11 +42,12 @@ def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> 
     out = []
     for i in tqdm(range(0, len(rows), 64), desc="label transitions", leave=False):
         batch = rows[i : i + 64]
-        befores = [store.load_image(r["image_path"]) for r in batch]
-        bases = vlm.recipe.base(befores)
-        for r, before, base in zip(batch, befores, bases, strict=True):
+        # The label compares a screen with the next one pixel by pixel: a pair of two sizes is named.
+        pairs = [store.load_images([r["image_path"], r["next_image_path"]]) for r in batch]
+        bases = vlm.recipe.base([before for before, _ in pairs])
+        for r, (before, after), base in zip(batch, pairs, bases, strict=True):
             action = parse_action(r["action"])
-            label = int(effect_label(before, store.load_image(r["next_image_path"]), threshold))
+            label = int(effect_label(before, after, threshold))
             out.append({"traj_id": r["traj_id"], "image": vlm.recipe.mark(base, action),
                         "prompt": vlm.recipe.question(action, r["task"]), "label": label})  # fmt: skip
     return out

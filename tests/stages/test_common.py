@@ -6,7 +6,8 @@ import subprocess
 import pytest
 
 from digiq.io import StageError
-from digiq.stages.common import save_curve_plot
+from digiq.paths import Paths
+from digiq.stages.common import read_tasks, save_curve_plot
 
 
 def _read(tsv):
@@ -31,3 +32,19 @@ def test_curves_in_a_repository_without_a_commit_name_the_fix(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # dvclive finds the repository from the working directory
     with pytest.raises(StageError, match="cannot log curves to .*loss: .*commit once"):
         save_curve_plot(tmp_path / "loss.png", {"loss": [1.0, 0.5]}, "fit")
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (b"What is " + b"very " * 300 + b"far?", "an instruction of 1512 characters, longer than the 1000"),
+        (b"What time is it in Caf\xe9?", r"not UTF-8 \(byte 0xe9 at offset 22\)"),
+    ],
+)
+def test_a_stage_task_list_with_an_odd_line_names_the_file_and_line(tmp_path, bad, why):
+    paths = Paths(tmp_path)
+    path = paths.task_list("general", "test")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"What time is it in Copenhagen?\n\n" + bad + b"\n")
+    with pytest.raises(StageError, match=rf"stage eval: {path}:3: {why}"):
+        read_tasks(paths, "general", "test", stage="eval")
