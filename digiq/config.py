@@ -27,6 +27,8 @@ import yaml
 
 __all__ = [
     "ConfigError",
+    "fits_type",
+    "type_name",
     "EnvConfig",
     "JudgeConfig",
     "TasksConfig",
@@ -227,7 +229,7 @@ class TasksConfig:
 def help_text(cls: type) -> str:
     """One line per field: name, type, default, help."""
     return "\n".join(
-        f"{f.name} ({_type_name(f.type)}, default {_default(f)!r}): {f.metadata.get('help', '')}"
+        f"{f.name} ({type_name(f.type)}, default {_default(f)!r}): {f.metadata.get('help', '')}"
         for f in dataclasses.fields(cls)
     )
 
@@ -236,7 +238,7 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
@@ -299,10 +301,10 @@ def _first(merged: Params, group: str) -> str:
     return next(f.name for (g, _), f in merged.source.items() if g == group)
 
 
-def _check(value: Any, tp: Any) -> bool:
+def fits_type(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        return any(_check(value, a) for a in typing.get_args(tp))
+        return any(fits_type(value, a) for a in typing.get_args(tp))
     if tp is type(None):
         return value is None
     if tp is float:
@@ -311,7 +313,7 @@ def _check(value: Any, tp: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if origin in (list, tuple):
         (inner, *_) = typing.get_args(tp) or (Any,)
-        return isinstance(value, list) and all(inner is Any or _check(v, inner) for v in value)
+        return isinstance(value, list) and all(inner is Any or fits_type(v, inner) for v in value)
     return isinstance(value, tp)
 
 
@@ -349,8 +351,8 @@ def _build(cls: type[T], name: str, params: dict[str, Any], path: Path | str) ->
                           f"known keys: {sorted(known)}")  # fmt: skip
     values = {}
     for key, value in raw.items():
-        if not _check(value, hints[key]):
-            raise ConfigError(f"{_where(params, name, path, key)} must be {_type_name(hints[key])}, "
+        if not fits_type(value, hints[key]):
+            raise ConfigError(f"{_where(params, name, path, key)} must be {type_name(hints[key])}, "
                               f"got {value!r} ({type(value).__name__})")  # fmt: skip
         to_float = value is not None and float in (hints[key], *typing.get_args(hints[key]))  # 1 for 1.0
         try:

@@ -20,7 +20,7 @@ from safetensors.torch import load_model, save_file
 from torch import nn
 from transformers import PreTrainedTokenizerFast
 
-from digiq.config import _check, _type_name  # the params file's type rule, so a checkpoint's config is held to it too
+from digiq.config import fits_type, type_name  # the params file's type rule: a checkpoint's config is held to it too
 from digiq.io import atomic_path
 
 __all__ = ["save_checkpoint", "read_config", "read_typed_config", "read_tokenizer", "read_meta", "load_weights",
@@ -94,8 +94,8 @@ def read_typed_config(folder: Path | str, kind: str, cls: type[C]) -> C:
     if unknown:
         raise ValueError(f"corrupt checkpoint config {path}: unknown key(s) {kind}.{unknown}")
     for key, value in section.items():
-        if not _check(value, hints[key]):
-            raise ValueError(f"corrupt checkpoint config {path}: {kind}.{key} must be {_type_name(hints[key])}, "
+        if not fits_type(value, hints[key]):
+            raise ValueError(f"corrupt checkpoint config {path}: {kind}.{key} must be {type_name(hints[key])}, "
                              f"got {value!r}")  # fmt: skip
     values = {k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
               for k, v in section.items()}  # fmt: skip
