@@ -229,7 +229,7 @@ def _autoui_rows(goals: list[str]) -> list[tuple[str, str, float, float]]:
     rows = []
     with torch.no_grad():
         for n, stage in ((1, "01 collect, 09 eval"), (16, "02 augment")):
-            dt, peak = timed(lambda n=n: policy.sample(goals, feats, n=n), 3)
+            dt, peak = timed(lambda n=n: policy.sample(goals, feats, n=n, noise=list(range(len(goals)))), 3)
             rows.append((stage, f"Auto-UI-Base sampling, {batch} states x {n}, tokens", batch * n * steps / dt, peak))
     return rows
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from digiq.config import (
     PARAMS,
@@ -55,13 +54,13 @@ __all__ = [
 ]  # fmt: skip
 
 
-def load_agent(checkpoint: Path, cfg: EvalConfig, seed: int) -> ModelPolicy:
-    """The checkpoint as a sampling policy on seed ``seed``'s own sampling stream (``cfg.seed + seed``).
+def load_agent(checkpoint: Path, cfg: EvalConfig) -> ModelPolicy:
+    """The checkpoint as a policy sampling at ``cfg.temperature`` (greedy at 0).
 
-    Seeding before the load gives every policy of a seed the same stream, so
-    its episodes pair with the other policies' episodes of that seed.
+    Its noise comes from the rollout: each step's key names the episode's
+    seed and the step, so every policy of an evaluation seed draws the same
+    noise on the same episode, and its episodes pair with theirs.
     """
-    torch.manual_seed(cfg.seed + seed)
     model = AutoUIPolicy.load(checkpoint)
     return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
 
@@ -179,7 +178,7 @@ def _worker_envs(env: EnvConfig, size: int) -> Callable[[], PhoneEnv]:
 
 def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None) -> dict[str, list[EpisodeResult]]:
     """:func:`evaluate_policy` of ``job``'s checkpoint, on ``env_factory`` (default: this process's simulated devices)."""
-    agent: Policy = load_agent(job.checkpoint, job.cfg, job.seed)
+    agent: Policy = load_agent(job.checkpoint, job.cfg)
     if job.skill is not None:
         agent = ExpertSkill(agent, job.skill)
     if env_factory is None:

@@ -39,6 +39,7 @@ from digiq.env.hierarchy import describe
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 from digiq.io import write_error
+from digiq.noise import noise_key
 
 __all__ = [
     "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by", "FAULTS_FILE"
@@ -53,6 +54,7 @@ class RolloutBatch:
     screenshots: np.ndarray  # (B, H, W, 3) uint8
     observations: list[str]  # AutoUI prompts
     envs: list[PhoneEnv]  # for privileged policies only; models must not look
+    noise: list[int]  # a sampling-noise key per row (digiq.noise): a row's action does not depend on the others
 
 
 class Policy(Protocol):
@@ -322,8 +324,11 @@ def rollout(
         while any(e is not None for e in run.episodes):
             live = [i for i, e in enumerate(run.episodes) if e is not None]
             episodes = [run.episodes[i] for i in live]
+            # Each step's noise is keyed by its episode's seed and the step: a restarted episode, or the same
+            # episode of another policy of the same seed, draws the same noise there.
+            noise = [noise_key(episode_seed(seed, e.index), len(e.prompts) - 1) for e in episodes]
             batch = RolloutBatch(np.stack([e.shots[-1] for e in episodes]), [e.prompts[-1] for e in episodes],
-                                 [envs[i] for i in live])  # fmt: skip
+                                 [envs[i] for i in live], noise)  # fmt: skip
             actions = policy.act(batch)
             if len(actions) != len(live):
                 raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")

@@ -34,6 +34,7 @@ from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.hierarchy import describe, hierarchy_xml
 from digiq.env.state import DeviceState, Dynamics
 from digiq.env.tasks import Task, parse_task
+from digiq.noise import noise_key
 from digiq.rollout import Policy, RolloutBatch, episode_seed
 
 __all__ = [
@@ -126,6 +127,7 @@ class _Branch:
     state: int  # which start
     text: str  # the candidate
     device: SimDevice
+    seed: int  # the copy's device seed, which also keys the policy's sampling noise in this branch
     task: Task
     history: list[str]  # every action of the episode so far, the candidate and the policy's included
     steps_left: int
@@ -165,8 +167,9 @@ def behaviour_values(
             if not action.is_valid:
                 continue
             for r in range(rollouts):
-                branches.append(_Branch(j, text, device.clone(seed=stable_int("behaviour", seed, j, c, r)), task,
-                                        [*earlier, text], task.max_steps - len(earlier), action))  # fmt: skip
+                branch_seed = stable_int("behaviour", seed, j, c, r)
+                branches.append(_Branch(j, text, device.clone(seed=branch_seed), branch_seed, task, [*earlier, text],
+                                        task.max_steps - len(earlier), action))  # fmt: skip
     live = branches
     while live:
         for b in live:
@@ -182,7 +185,8 @@ def behaviour_values(
                                         screen=describe(hierarchy_xml(b.device.screen().widgets)) if screen_text else None)
                        for b in chunk]  # fmt: skip
             shots = np.stack([b.device.screenshot() for b in chunk])
-            for b, text in zip(chunk, policy.act(RolloutBatch(shots, prompts, [])), strict=True):
+            noise = [noise_key(b.seed, b.taken) for b in chunk]  # the branch's own draws, whatever the chunk
+            for b, text in zip(chunk, policy.act(RolloutBatch(shots, prompts, [], noise)), strict=True):
                 b.action = parse_action(text)
                 b.history.append(text)
     totals: list[dict[str, list[float]]] = [{} for _ in starts]

@@ -20,7 +20,8 @@ class ModelPolicy:
 
     def act(self, batch: RolloutBatch) -> list[str]:
         images = self.model.screen.prepare(batch.screenshots)
-        out = self.model.sample(batch.observations, images, n=1, temperature=self.temperature, greedy=self.greedy)
+        out = self.model.sample(batch.observations, images, n=1, temperature=self.temperature, greedy=self.greedy,
+                                noise=batch.noise)  # fmt: skip
         return [o[0] for o in out]
 
 

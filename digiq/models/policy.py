@@ -12,6 +12,7 @@ checkpoint. Checkpoints describe themselves (config + weights + tokenizer).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from digiq.models.checkpoint import (
     read_typed_config,
     save_checkpoint,
 )
+from digiq.noise import row_streams, token_uniforms
 
 __all__ = [
     "PolicyConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "CopyHead",
     "StepDecoder",
     "AutoUIPolicy",
+    "inverse_cdf_draw",
 ]
 
 
@@ -68,6 +71,15 @@ class PolicyConfig:
             raise ValueError(f"image_encoder must be 'cnn' or 'blip2', got {self.image_encoder!r}")
 
 
+def inverse_cdf_draw(logprobs: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of (B, V) log-probabilities at ``temperature``: the first whose cumulative mass exceeds
+    ``u`` (B,) of the total. A token of probability 0 is never drawn."""
+    probs = torch.softmax(logprobs.double() / temperature, -1)
+    cdf = probs.cumsum(-1)
+    drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return drawn.clamp_(max=logprobs.shape[-1] - 1)
+
+
 class ScreenEncoder(nn.Module):
     """A small CNN: screenshot -> one feature per screen region (+ learned position)."""
 
@@ -94,10 +106,12 @@ class ScreenEncoder(nn.Module):
         if (H, W) == (h, w):
             return x
         if H % h == 0 and W % w == 0:
-            # Whole blocks: "area" resampling is the mean of each block, computed here without
-            # interpolate's general path; sums of at most 2^16 bytes are exact in float32 and the
-            # block sizes are powers of two on the simulator, so the pixels are identical.
-            x = x.reshape(B, h, H // h, w, W // w, C).float().mean((2, 4))
+            # Whole blocks: "area" resampling is the mean of each block. Summed in integers, a row of
+            # the block at a time (no float copy of the whole screenshot), then divided once: the sums
+            # are exact either way, so the pixels are those of interpolate's float mean.
+            kh, kw = H // h, W // w
+            blocks = x.reshape(B, h, kh, w, kw, C).sum(4, dtype=torch.int32).sum(2, dtype=torch.int32)
+            x = blocks.float() / (kh * kw)
         else:
             x = F.interpolate(x.permute(0, 3, 1, 2).float(), size=self.size, mode="area").permute(0, 2, 3, 1)
         return x.round().clamp(0, 255).to(torch.uint8).contiguous()
@@ -247,8 +261,9 @@ class StepDecoder:
         cfg = t5.config
         self.t5, self.blocks = t5, list(t5.decoder.block)
         self.batch, self.heads, self.d_kv = states.shape[0], cfg.num_heads, cfg.d_kv
-        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)), self._split(b.layer[1].EncDecAttention.v(states)))
-                      for b in self.blocks]  # fmt: skip
+        # Contiguous: attention reads them at every step, and a transposed view costs a copy each time.
+        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)).contiguous(),
+                       self._split(b.layer[1].EncDecAttention.v(states)).contiguous()) for b in self.blocks]  # fmt: skip
         lowest = torch.finfo(states.dtype).min  # padding of the prompt: never attended to
         self.cross_mask = torch.zeros_like(mask, dtype=states.dtype).masked_fill(mask == 0, lowest)[:, None, None, :]
         shape = (len(self.blocks), self.batch, self.heads, max_len, self.d_kv)
@@ -257,6 +272,13 @@ class StepDecoder:
         self.bias = self.blocks[0].layer[0].SelfAttention.compute_bias(max_len, max_len, device=states.device)
         self.scale = cfg.d_model**-0.5 if cfg.scale_decoder_outputs else None
         self.t = 0
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Go on with ``rows`` (indices into the current batch) only: finished rows cost nothing more."""
+        self.batch = len(rows)
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self.cross_mask = self.cross_mask[rows]
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, heads * d_kv) -> (B, heads, T, d_kv)."""
@@ -409,40 +431,58 @@ class AutoUIPolicy(nn.Module):
 
     @torch.no_grad()
     def sample(self, prompts: list[str], screenshots: np.ndarray, n: int = 1, temperature: float = 1.0,
-               greedy: bool = False) -> list[list[str]]:  # fmt: skip
+               greedy: bool = False, noise: Sequence[int] | None = None) -> list[list[str]]:  # fmt: skip
         """``n`` action strings per row, sampled at ``temperature`` (or the greedy one).
 
+        ``noise`` holds one key per row (:func:`digiq.noise.noise_key`, e.g. of the episode's
+        seed and step): sample ``j`` of row ``i`` draws its tokens from the
+        stream of (``noise[i]``, ``j``) alone (:mod:`digiq.noise`), so it is
+        the same whatever else is in the batch, in what order, on how many
+        workers. Each token is drawn by inverting the cumulative distribution
+        of the temperature-scaled probabilities at that stream's next uniform.
+
         Our own decoding loop: :class:`StepDecoder` runs T5's decoder a token at
-        a time, the copy head mixes in copying, and tokens are drawn by
-        Gumbel-max, several times faster on a CPU than ``torch.multinomial``
-        over the vocabulary. Sampling runs the model as at inference (no
+        a time, the copy head mixes in copying, and a row that has written its
+        end token leaves the batch. Sampling runs the model as at inference (no
         dropout), whatever its mode.
         """
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not greedy and (noise is None or len(noise) != len(prompts)):
+            raise ValueError(f"sampling takes one noise key per prompt: {len(prompts)} prompts, "
+                             f"{'no keys' if noise is None else f'{len(noise)} keys'}")  # fmt: skip
         enc = self.encode(prompts, screenshots)
         if n > 1:
             enc = {k: v.repeat_interleave(n, 0) for k, v in enc.items()}
         B = enc["states"].shape[0]
+        streams = np.zeros(B, np.uint64) if noise is None else row_streams(noise, n)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        written = torch.full((B, self.cfg.max_action_tokens), pad, dtype=torch.long, device=self.device)
+        rows = torch.arange(B, device=self.device)  # the rows still writing, as indices into the batch
         tokens = torch.full((B, 2), pad, dtype=torch.long, device=self.device)  # (pad before the start, start)
-        done = torch.zeros(B, dtype=torch.bool, device=self.device)
         decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens)
-        for _ in range(self.cfg.max_action_tokens):
+        for t in range(self.cfg.max_action_tokens):
             hidden, logits = decoder.step(tokens[:, -1])
             if self.copy is None:
                 scores = torch.log_softmax(logits[:, -1].float(), -1)
             else:
                 scores = self._mix(enc, logits, hidden, tokens[:, -2:])[:, -1]
-            if not greedy:
-                u = torch.rand_like(scores).clamp_(1e-10, 1.0)
-                scores = scores / temperature - torch.log(-torch.log(u))
-            nxt = scores.argmax(-1).masked_fill(done, pad)
-            tokens = torch.cat([tokens, nxt[:, None]], 1)
-            done |= nxt == eos
-            if bool(done.all()):
+            if greedy:
+                nxt = scores.argmax(-1)
+            else:
+                u = torch.from_numpy(token_uniforms(streams[rows.cpu().numpy()], t)).to(self.device)
+                nxt = inverse_cdf_draw(scores, temperature, u)
+            written[rows, t] = nxt
+            going = nxt != eos
+            if not bool(going.any()):
                 break
-        text = self.tokenizer.batch_decode(tokens[:, 2:], skip_special_tokens=True)
+            if not bool(going.all()):
+                keep = going.nonzero()[:, 0]
+                rows, nxt, tokens = rows[keep], nxt[keep], tokens[keep]
+                enc = {k: v[keep] for k, v in enc.items()}
+                decoder.keep(keep)
+            tokens = torch.cat([tokens[:, -1:], nxt[:, None]], 1)
+        text = self.tokenizer.batch_decode(written, skip_special_tokens=True)
         return [text[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     # ------------------------------------------------------------ checkpoints

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from digiq.config import AugmentConfig
@@ -20,6 +19,7 @@ from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.io import require
 from digiq.models.policy import AutoUIPolicy
+from digiq.noise import noise_key
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 
@@ -31,7 +31,6 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
     require("augment_actions", paths.base_policy / "config.json")
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
         store = TrajectoryStore(paths.offline)
         steps = store.read().select(["traj_id", "step_id", "observation", "image_path", "action"]).to_pylist()
@@ -40,8 +39,11 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
             batch = steps[start : start + cfg.batch_states]
             images = model.screen.prepare(store.load_images([s["image_path"] for s in batch]))
             prompts = [s["observation"] for s in batch]
-            samples = model.sample(prompts, images, n=cfg.n_candidates - 1, temperature=cfg.temperature)
-            for _ in range(cfg.max_resample):  # redraw invalid candidates, all at once
+            # A state's candidates draw from its own noise (the seed, its trajectory and step): the same
+            # whatever batch the state falls in.
+            keys = [noise_key(cfg.seed, s["traj_id"], s["step_id"]) for s in batch]
+            samples = model.sample(prompts, images, n=cfg.n_candidates - 1, temperature=cfg.temperature, noise=keys)
+            for attempt in range(1, cfg.max_resample + 1):  # redraw invalid candidates, all at once
                 bad = [
                     (i, j) for i, row in enumerate(samples) for j, a in enumerate(row) if not parse_action(a).is_valid
                 ]
@@ -49,7 +51,8 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
                     break
                 resampled += len(bad)
                 redo = model.sample([prompts[i] for i, _ in bad], images[[i for i, _ in bad]], n=1,
-                                    temperature=cfg.temperature)  # fmt: skip
+                                    temperature=cfg.temperature,
+                                    noise=[noise_key(keys[i], j, attempt) for i, j in bad])  # fmt: skip
                 for (i, j), new in zip(bad, redo, strict=True):
                     samples[i][j] = new[0]
             lists += [[s["action"], *row] for s, row in zip(batch, samples, strict=True)]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
@@ -53,7 +51,6 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     require("collect", paths.base_policy / "config.json")
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        torch.manual_seed(cfg.seed)
         model = AutoUIPolicy.load(paths.base_policy)
         first = _first_tasks(cfg, paths)
         tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first[ts])]

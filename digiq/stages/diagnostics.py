@@ -139,14 +139,11 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
             out["loglik"][j] = base.action_logprobs([st.observation] * len(st.candidates), shot,
                                                     st.candidates).numpy()  # fmt: skip
     if starts:
-        # The base continues as it collected the data, on this chunk's own random stream; run in the
-        # notebook's process, it must not shift the draws that follow.
+        # The base continues as it collected the data; each branch's noise is keyed by the branch itself.
         seed = stable_int("behaviour values", cfg.seed, job.chunk)
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            out["behaviour"] = np.stack(behaviour_values(
-                starts, ModelPolicy(base, temperature=job.temperature), rollouts=cfg.behaviour_rollouts,
-                gamma=job.gamma, seed=seed, screen_text=base.cfg.screen_text))  # fmt: skip
+        out["behaviour"] = np.stack(behaviour_values(
+            starts, ModelPolicy(base, temperature=job.temperature), rollouts=cfg.behaviour_rollouts,
+            gamma=job.gamma, seed=seed, screen_text=base.cfg.screen_text))  # fmt: skip
     return out
 
 

@@ -9,10 +9,11 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from digiq.env.actions import format_action, parse_action, press_home, swipe, tap, type_text
 from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.policy import AutoUIPolicy, PolicyConfig, StepDecoder
+from digiq.models.policy import AutoUIPolicy, PolicyConfig, StepDecoder, inverse_cdf_draw
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig, effect_label
 from digiq.models.vlm_recipes import draw_marker
+from digiq.noise import noise_key, row_streams, token_uniforms
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_policy_runs_in_bfloat16_on_float32_inputs(tok, encoder):
     got = half.action_logprobs(prompts, shots, acts)
     assert next(half.parameters()).dtype == torch.bfloat16 and got.dtype == torch.float32  # log-probs kept in fp32
     torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.5)
-    assert len(half.sample(prompts, shots, n=3)[0]) == 3
+    assert len(half.sample(prompts, shots, n=3, noise=[0, 1])[0]) == 3
 
 
 def test_screen_encoder_resamples_any_screenshot_size_as_area_interpolation_does(tok):
@@ -147,28 +148,79 @@ def test_step_decoder_matches_transformers_decoder(tok, layout):
 
 
 def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
-    """sample() equals a plain loop that reruns transformers' decoder over the whole prefix, draw for draw."""
+    """sample() equals a plain loop that reruns transformers' decoder over the whole prefix of every row, finished
+    ones included, draw for draw: dropping finished rows and decoding a token at a time change nothing."""
     torch.manual_seed(0)
     m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, max_action_tokens=12), tok).eval()
     prompts = ["Previous Actions: Goal: Open the clock", "Goal: What's the news in Peru today"]
     shots = np.random.default_rng(2).integers(0, 256, (2, 228, 108, 3), np.uint8)
-    torch.manual_seed(5)
-    got = m.sample(prompts, shots, n=3, temperature=0.8)
-    torch.manual_seed(5)
+    got = m.sample(prompts, shots, n=3, temperature=0.8, noise=[11, 12])
     with torch.no_grad():
         enc = {k: v.repeat_interleave(3, 0) for k, v in m.encode(prompts, shots).items()}
-        pad = tok.pad_token_id
+        pad, streams = tok.pad_token_id, row_streams([11, 12], 3)
         tokens, done = torch.full((6, 2), pad), torch.zeros(6, dtype=torch.bool)
-        for _ in range(12):
+        for t in range(12):
             scores = m._logprobs(enc, tokens)[:, -1]
-            u = torch.rand_like(scores).clamp_(1e-10, 1.0)
-            nxt = (scores / 0.8 - torch.log(-torch.log(u))).argmax(-1).masked_fill(done, pad)
+            nxt = inverse_cdf_draw(scores, 0.8, torch.from_numpy(token_uniforms(streams, t))).masked_fill(done, pad)
             tokens = torch.cat([tokens, nxt[:, None]], 1)
             done |= nxt == tok.eos_token_id
             if bool(done.all()):
                 break
+    assert 0 < int(done.sum()) < 6  # some rows ended early and left the batch, some ran on
     want = tok.batch_decode(tokens[:, 2:], skip_special_tokens=True)
     assert [a for row in got for a in row] == want
+
+
+def test_a_sample_is_the_same_alone_in_a_batch_and_in_another_order(tok):
+    """A row's action depends on its prompt, its screen and its noise key only, not on the rows sampled with it."""
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, max_action_tokens=24), tok).eval()
+    rng = np.random.default_rng(3)
+    goals = ["Open the clock", "What's the news in Peru today", "Search for jazz", "Set an alarm for 7am"]
+    prompts = [f"Previous Actions: Goal: {goals[i % 4]}" + " x" * (i % 7) for i in range(48)]
+    shots = rng.integers(0, 256, (48, 228, 108, 3), np.uint8)
+    keys = [noise_key(7, i) for i in range(48)]
+    batch = [row[0] for row in m.sample(prompts, shots, temperature=1.0, noise=keys)]
+    order = rng.permutation(48)
+    shuffled = m.sample([prompts[i] for i in order], shots[order], temperature=1.0, noise=[keys[i] for i in order])
+    assert [shuffled[k][0] for k in np.argsort(order)] == batch
+    for i in (0, 17, 40):
+        assert m.sample([prompts[i]], shots[i : i + 1], temperature=1.0, noise=[keys[i]])[0][0] == batch[i]
+    assert len(set(batch)) > 40  # an untrained policy: nearly every row its own string, so a shift would show
+    other = m.sample(prompts[:1], shots[:1], temperature=1.0, noise=[noise_key(8, 0)])[0][0]
+    assert other != batch[0]  # the key decides the draw
+
+
+def test_sampling_refuses_to_draw_without_a_key_per_prompt(tok):
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok).eval()
+    shots = np.zeros((2, 228, 108, 3), np.uint8)
+    with pytest.raises(ValueError, match="one noise key per prompt: 2 prompts, no keys"):
+        m.sample(["Goal: a", "Goal: b"], shots)
+    with pytest.raises(ValueError, match="2 prompts, 1 keys"):
+        m.sample(["Goal: a", "Goal: b"], shots, noise=[1])
+    assert len(m.sample(["Goal: a", "Goal: b"], shots, greedy=True)) == 2  # greedy draws nothing
+
+
+def test_inverse_cdf_draws_follow_the_tempered_distribution():
+    logp = torch.log_softmax(torch.tensor([[2.0, -1.0, 0.5, float("-inf"), 1.0]]), -1)
+    u = torch.from_numpy(token_uniforms(row_streams([5], 20_000), 0))
+    drawn = inverse_cdf_draw(logp.expand(20_000, -1), 0.8, u)
+    want = torch.softmax(logp[0] / 0.8, -1).numpy()
+    freq = np.bincount(drawn.numpy(), minlength=5) / 20_000
+    assert freq[3] == 0  # probability 0 is never drawn
+    assert np.abs(freq - want).max() < 0.015, (freq, want)  # 20,000 draws: sd of a share below 0.0036
+    edges = inverse_cdf_draw(logp.expand(2, -1), 1.0, torch.tensor([0.0, 1.0 - 2.0**-53]))
+    assert edges.tolist() == [0, 4]
+
+
+def test_noise_keys_are_stable_and_their_uniforms_uniform():
+    assert noise_key(1, 2, 3) == noise_key(1, 2, 3) != noise_key(1, 3, 2)
+    assert noise_key(-1) == noise_key(2**64 - 1)  # negative parts wrap as 64-bit words
+    streams = row_streams([noise_key(0, i) for i in range(200)], 16)
+    u = np.stack([token_uniforms(streams, t) for t in range(8)])  # (8 tokens, 3,200 streams)
+    assert u.min() >= 0 and u.max() < 1 and len(np.unique(u)) == u.size
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.003
+    assert abs(np.corrcoef(u[0], u[1])[0, 1]) < 0.05  # consecutive tokens of a stream unrelated
 
 
 def test_vlm_yes_no_and_representation(tok, tmp_path):
