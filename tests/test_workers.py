@@ -1,6 +1,7 @@
 """``digiq.workers``: jobs in worker processes give what they give in the stage's own process, in job order."""
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,26 @@ def test_a_failing_job_raises_its_error_here(values_root, tmp_path):
     bad = EvalJob(tmp_path / "no_checkpoint", "missing", 0, good.tasks, good.cfg, good.env, False)
     with pytest.raises(FileNotFoundError, match="no_checkpoint"):
         map_jobs(evaluate_job, [good, bad], workers=2)
+
+
+def _write_or_read(job: tuple[str, Path]) -> str:
+    """The job "write" writes the file after a while, "quick" returns at once, "read" reads the file (or fails)."""
+    kind, path = job
+    if kind == "write":
+        time.sleep(2)
+        path.write_text("written")
+        return "wrote"
+    return "quick" if kind == "quick" else path.read_text()
+
+
+def test_a_job_given_one_to_wait_for_starts_once_it_has_finished(tmp_path):
+    """Stage 09's second half of a run resumes what its first half wrote: it must not start before."""
+    out = tmp_path / "out.txt"
+    jobs = [("write", out), ("quick", out), ("read", out)]
+    # The second worker, free after "quick", would read the file before it is written, if it did not wait.
+    assert map_jobs(_write_or_read, jobs, workers=2, after=[None, None, 0]) == ["wrote", "quick", "written"]
+    with pytest.raises(ValueError, match="an earlier job's index"):
+        map_jobs(len, ["a", "b"], workers=2, after=[None, 1])
 
 
 def test_worker_counts_are_checked_and_share_the_cores():
