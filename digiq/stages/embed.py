@@ -11,10 +11,10 @@ for the one without pretraining), row-aligned with the offline step table sorted
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -24,83 +24,89 @@ from digiq.config import EmbedConfig
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore
-from digiq.env.actions import parse_action
+from digiq.env.actions import Action, parse_action
 from digiq.io import atomic_folder, require
 from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
-from digiq.workers import map_jobs
+from digiq.workers import map_jobs, process_cached
 
-__all__ = ["run_embed", "EmbedJob", "embed_job", "load_vlm"]
+__all__ = ["run_embed", "EmbedJob", "EmbedPart", "embed_job", "embed_rows", "load_vlm", "state_rows", "pair_rows"]
+
+# What the VLM is shown for a row: its screenshot, its task and the candidate's parsed action (None: the
+# state alone). Two rows with one key get the same image and prompt, so the same representation.
+Key = tuple[str, str, Action | None]
+# Each VLM's rows are split into about this many jobs per worker, so that the last jobs are short and no
+# core waits long for the other at the end of the stage.
+JOBS_PER_WORKER = 4
 
 
-def _embed_features(vlm: ScreenVLM, store: TrajectoryStore, steps: list[dict], cands: list[dict], batch: int,
-                    out: Path) -> float:  # fmt: skip
-    """Write the four arrays for one VLM into ``out``; returns pairs embedded per second."""
+def state_rows(steps: list[dict]) -> list[Key]:
+    """The states embedded: every step's screen, then the final screen of each finished trajectory."""
+    return ([(s["image_path"], s["task"], None) for s in steps]
+            + [(s["next_image_path"], s["task"], None) for s in steps if s["done"]])  # fmt: skip
+
+
+def pair_rows(steps: list[dict], cands: list[dict], start: int = 0, stop: int | None = None) -> list[Key]:
+    """The (state, candidate) pairs ``start:stop`` of the flat list, state by state, candidates in order."""
     n = len(cands[0]["action_list"]) if cands else 0
+    stop = len(steps) * n if stop is None else stop
+    return [(steps[i // n]["image_path"], steps[i // n]["task"], parse_action(cands[i // n]["action_list"][i % n]))
+            for i in range(start, stop)]  # fmt: skip
+
+
+def embed_rows(vlm: ScreenVLM, store: TrajectoryStore, rows: Sequence[Key], batch: int, desc: str = "embed"
+               ) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """Representations and P(Yes) of ``rows``, ``batch`` rows per forward pass; and how many rows were distinct.
+
+    Each batch embeds its distinct keys once and copies them to their
+    duplicates (16 candidates of a state hold about 7 distinct actions). The
+    batches themselves stay as they are, ``batch`` rows counted from the
+    first: a prompt is left-padded to its batch's longest and its positions
+    counted from there, so the same pair in a batch of another width differs
+    in its last bits (about 1e-6), while fewer rows of the same width give
+    the same bits on a CPU (``tests/stages/test_embed.py``, ``benchmarks/embed.py``).
+    """
     recipe = vlm.recipe
-    names = sorted({s["image_path"] for s in steps} | {s["next_image_path"] for s in steps})
-    # Each screenshot prepared once. The tiny recipe's are small enough to keep them all; the original's are
-    # full-size screenshots (its icon goes on before scaling), so it keeps only the states being embedded.
-    keep_all = recipe.name == "tiny"
-    base: dict[str, np.ndarray] = {}
-
-    def prepared(paths: list[str]) -> list[np.ndarray]:
-        wanted = dict.fromkeys(paths)
-        if not keep_all:
-            for p in [p for p in base if p not in wanted]:
-                del base[p]
-        missing = [p for p in wanted if p not in base]
-        for i in range(0, len(missing), 64):
-            chunk = missing[i : i + 64]
-            base.update(zip(chunk, recipe.base([store.load_image(p) for p in chunk]), strict=True))
-        return [base[p] for p in paths]
-
-    if keep_all:
-        for i in tqdm(range(0, len(names), 64), desc="load screenshots", leave=False):
-            prepared(names[i : i + 64])
-    t0 = time.perf_counter()
-    state_paths = [s["image_path"] for s in steps] + [s["next_image_path"] for s in steps if s["done"]]
-    state_tasks = [s["task"] for s in steps] + [s["task"] for s in steps if s["done"]]
-    s_rep_parts = []
-    for i in tqdm(range(0, len(state_paths), batch), desc="embed states", leave=False):
-        r, _ = vlm.embed([recipe.state(b) for b in prepared(state_paths[i : i + batch])],
-                         [recipe.state_question(t) for t in state_tasks[i : i + batch]])  # fmt: skip
-        s_rep_parts.append(r)
-    s_rep = np.concatenate(s_rep_parts)
-    # Candidate images are drawn batch by batch: all of them at once would take gigabytes.
-    pairs = [(s, a) for s, c in zip(steps, cands, strict=True) for a in c["action_list"]]
-    c_rep_parts, c_yes_parts = [], []
-    for i in tqdm(range(0, len(pairs), batch), desc="embed candidates", leave=False):
-        chunk = [(s, parse_action(a)) for s, a in pairs[i : i + batch]]
-        shown = prepared([s["image_path"] for s, _ in chunk])
-        r, y = vlm.embed([recipe.mark(b, a) for b, (_, a) in zip(shown, chunk, strict=True)],
-                         [recipe.question(a, s["task"]) for s, a in chunk])  # fmt: skip
-        c_rep_parts.append(r)
-        c_yes_parts.append(y)
-    c_rep, c_yes = np.concatenate(c_rep_parts), np.concatenate(c_yes_parts)
-    pairs_per_s = (len(pairs) + len(state_paths)) / (time.perf_counter() - t0)
-    S, H = len(steps), s_rep.shape[1]
-    state = s_rep[:S]
-    # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
-    next_state = np.empty_like(state)
-    final = iter(s_rep[S:])
-    for i, s in enumerate(steps):
-        next_state[i] = next(final) if s["done"] else state[i + 1]
-    arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
-              "p_yes": c_yes.reshape(S, n)}  # fmt: skip
-    ids = np.array([(s["traj_id"], s["step_id"]) for s in steps], np.int64).reshape(S, 2)
-    with atomic_folder(out) as tmp:  # a stage cut short leaves the previous features whole, never a mix
-        save_features(tmp, arrays, ids)
-    return pairs_per_s
+    reps, yes, distinct = [], [], 0
+    for i in tqdm(range(0, len(rows), batch), desc=desc, leave=False):
+        chunk = rows[i : i + batch]
+        unique = list(dict.fromkeys(chunk))
+        names = list(dict.fromkeys(path for path, _, _ in unique))
+        # The candidate images are drawn batch by batch: all of them at once would take gigabytes.
+        shown = dict(zip(names, recipe.base([store.load_image(p) for p in names]), strict=True))
+        images = [recipe.state(shown[p]) if a is None else recipe.mark(shown[p], a) for p, _, a in unique]
+        prompts = [recipe.state_question(t) if a is None else recipe.question(a, t) for _, t, a in unique]
+        r, y = vlm.embed(images, prompts)
+        where = {key: j for j, key in enumerate(unique)}
+        take = [where[key] for key in chunk]
+        reps.append(r[take])
+        yes.append(y[take])
+        distinct += len(unique)
+    return np.concatenate(reps), np.concatenate(yes), distinct
 
 
 class EmbedJob(NamedTuple):
-    """The features of one VLM (:func:`load_vlm`)."""
+    """Rows ``start:stop`` of one VLM's (:func:`load_vlm`) states or (state, candidate) pairs.
+
+    ``start`` is a multiple of ``batch_size``: a job's batches are the ones the whole list is cut into.
+    """
 
     paths: Paths
     vlm: str
     batch_size: int
+    part: Literal["states", "candidates"]
+    start: int
+    stop: int
+
+
+class EmbedPart(NamedTuple):
+    """What one :class:`EmbedJob` embedded: its rows' representations and P(Yes), distinct rows, seconds taken."""
+
+    rep: np.ndarray
+    p_yes: np.ndarray
+    distinct: int
+    seconds: float
 
 
 def load_vlm(paths: Paths, name: str) -> ScreenVLM:
@@ -122,34 +128,93 @@ def load_vlm(paths: Paths, name: str) -> ScreenVLM:
     raise ValueError(f"unknown VLM {name!r}: finetuned, untuned or blind")
 
 
-def embed_job(job: EmbedJob) -> float:
-    """Write one VLM's feature files; returns the pairs it embedded per second."""
-    vlm = load_vlm(job.paths, job.vlm)
-    vlm.model.to(parallel.device())  # a GPU when there is one
+def _steps(paths: Paths) -> tuple[list[dict], list[dict]]:
+    steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id", "task", "image_path",
+                                                          "next_image_path", "done"]).to_pylist()  # fmt: skip
+    return steps, read_candidates(paths).select(["action_list"]).to_pylist()
+
+
+def embed_job(job: EmbedJob) -> EmbedPart:
+    """Embed one job's rows; the process keeps the inputs it read and its last VLM for its next job."""
+    if job.start % job.batch_size:
+        raise ValueError(f"embed job starts at row {job.start}, not a multiple of its batch size {job.batch_size}")
+    steps, cands = process_cached(("embed inputs", job.paths), lambda: _steps(job.paths))
+
+    def build() -> ScreenVLM:
+        vlm = load_vlm(job.paths, job.vlm)
+        vlm.model.to(parallel.device())  # a GPU when there is one
+        return vlm
+
+    vlm = process_cached(("embed vlm", job.paths, job.vlm), build, slot="embed vlm")
+    t0 = time.perf_counter()
+    if job.part == "states":
+        rows = state_rows(steps)[job.start : job.stop]
+    else:
+        rows = pair_rows(steps, cands, job.start, job.stop)
     store = TrajectoryStore(job.paths.offline)
-    steps = store.read().select(["traj_id", "step_id", "task", "image_path", "next_image_path", "done"]).to_pylist()
-    cands = read_candidates(job.paths).to_pylist()
-    return _embed_features(vlm, store, steps, cands, job.batch_size, job.paths.features(job.vlm))
+    rep, p_yes, distinct = embed_rows(vlm, store, rows, job.batch_size, f"embed {job.vlm} {job.part} {job.start}")
+    return EmbedPart(rep, p_yes, distinct, time.perf_counter() - t0)
+
+
+def _jobs(paths: Paths, vlms: Sequence[str], batch: int, n_states: int, n_pairs: int, workers: int) -> list[EmbedJob]:
+    """Each VLM's states and pairs in runs of whole batches, about :data:`JOBS_PER_WORKER` jobs per worker each."""
+    batches = math.ceil(n_states / batch) + math.ceil(n_pairs / batch)
+    size = batch * max(1, math.ceil(batches / (JOBS_PER_WORKER * workers)))
+    return [EmbedJob(paths, vlm, batch, part, a, min(a + size, rows)) for vlm in vlms
+            for part, rows in (("states", n_states), ("candidates", n_pairs)) for a in range(0, rows, size)]  # fmt: skip
+
+
+def _save(paths: Paths, name: str, steps: list[dict], parts: list[tuple[EmbedJob, EmbedPart]], n: int) -> None:
+    """Write one VLM's arrays from its jobs' parts, in row order."""
+    s_rep = np.concatenate([p.rep for j, p in parts if j.part == "states"])
+    c_rep = np.concatenate([p.rep for j, p in parts if j.part == "candidates"])
+    c_yes = np.concatenate([p.p_yes for j, p in parts if j.part == "candidates"])
+    S, H = len(steps), s_rep.shape[1]
+    state = s_rep[:S]
+    # s' of a step is the next step's state; the final screen of a trajectory was embedded at the end.
+    next_state = np.empty_like(state)
+    final = iter(s_rep[S:])
+    for i, s in enumerate(steps):
+        next_state[i] = next(final) if s["done"] else state[i + 1]
+    arrays = {"state": state, "next_state": next_state, "candidates": c_rep.reshape(S, n, H),
+              "p_yes": c_yes.reshape(S, n)}  # fmt: skip
+    ids = np.array([(s["traj_id"], s["step_id"]) for s in steps], np.int64).reshape(S, 2)
+    # A stage cut short leaves the previous features whole, never a mix.
+    with atomic_folder(paths.features(name)) as tmp:
+        save_features(tmp, arrays, ids)
 
 
 @one_run_at_a_time("embed")
 def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned",), workers: int = 1) -> dict[str, Any]:
     """Features from each of ``vlms`` (:func:`load_vlm`; the first is the critic's own, the others ablations).
 
-    On a CPU the VLMs' features are ``workers`` jobs (:mod:`digiq.workers`); on a GPU, one after the other.
+    Each VLM's rows are cut into jobs of whole batches (:func:`embed_job`),
+    merged here in order. On a CPU the jobs are shared by ``workers``
+    processes (:mod:`digiq.workers`); on a GPU they run one after the other.
     """
     require("embed", paths.vlm / "config.json", paths.candidates)
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id"]).to_pylist()
-        cands = read_candidates(paths).select(["traj_id", "step_id"]).to_pylist()
-        if steps != cands:
+        steps = TrajectoryStore(paths.offline).read().select(["traj_id", "step_id", "done"]).to_pylist()
+        cands = read_candidates(paths).select(["traj_id", "step_id", "action_list"]).to_pylist()
+        if [(s["traj_id"], s["step_id"]) for s in steps] != [(c["traj_id"], c["step_id"]) for c in cands]:
             raise DataError(
                 f"candidates {paths.candidates} do not match the steps in {paths.offline}; rerun augment_actions"
             )
-        jobs = [EmbedJob(paths, vlm, cfg.batch_size) for vlm in vlms]
-        rates = map_jobs(embed_job, jobs, workers if parallel.device().type == "cpu" else 1)
-        metrics["pairs_per_s"] = round(rates[0], 1)
+        n = len(cands[0]["action_list"]) if cands else 0
+        if any(len(c["action_list"]) != n for c in cands):
+            raise DataError(f"candidates {paths.candidates} hold lists of different lengths; every state needs "
+                            f"{n}, as the first has: rerun augment_actions")  # fmt: skip
+        workers = workers if parallel.device().type == "cpu" else 1
+        n_states = len(steps) + sum(s["done"] for s in steps)
+        jobs = _jobs(paths, vlms, cfg.batch_size, n_states, len(steps) * n, workers)
+        parts = list(zip(jobs, map_jobs(embed_job, jobs, workers), strict=True))
+        for name in vlms:
+            _save(paths, name, steps, [(j, p) for j, p in parts if j.vlm == name], n)
+        first = [p for j, p in parts if j.vlm == vlms[0]]
+        # Per second of one worker: every row counts, a duplicate copied as well as a pair embedded.
+        metrics["pairs_per_s"] = round(sum(len(p.rep) for p in first) / sum(p.seconds for p in first), 1)
+        metrics["distinct_pairs"] = sum(p.distinct for j, p in parts if j.vlm == vlms[0] and j.part == "candidates")
     feats = load_features(paths)
     metrics.update({"states": int(feats["candidates"].shape[0]), "candidates_per_state": int(feats["candidates"].shape[1]),
                     "feature_dim": int(feats["state"].shape[1]), "vlms": list(vlms)})  # fmt: skip
