@@ -71,7 +71,8 @@ from digiq.stages.actor import filtered_bc_picks
 from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
 from digiq.workers import map_jobs
 
-__all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "start_checkpoint", "from_params"]
+__all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "split_runs", "start_checkpoint",
+           "from_params"]  # fmt: skip
 
 OFFLINE = "offline"  # the buffer's name for the offline data (off2on)
 
@@ -97,7 +98,7 @@ def round_tasks(cfg: DigiRLConfig, train: dict[str, list[Task]], seed: int, roun
 
 
 class OnlineJob(NamedTuple):
-    """One online run: ``row`` for seed index ``seed``."""
+    """One online run: ``row`` for seed index ``seed``; with ``until``, its rounds up to that many only."""
 
     paths: Paths
     row: str
@@ -107,6 +108,7 @@ class OnlineJob(NamedTuple):
     env: EnvConfig
     devices: DeviceConfig
     judge: JudgeConfig
+    until: int | None = None
 
 
 class _Buffer:
@@ -144,7 +146,7 @@ def _resume(run: Path) -> Path | None:
 
 
 def run_online_job(job: OnlineJob) -> dict[str, Any]:
-    """Run (or resume) one online run to its end; its record: ``{"rounds": [...], "start": ...}``."""
+    """Run (or resume) one online run to its end, or to ``job.until`` rounds; its record: ``{"rounds": [...], ...}``."""
     cfg, paths = job.cfg, job.paths
     run = paths.online_run(job.row, job.seed)
     run.mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,8 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     def spent() -> int:
         return sum(r["env_steps"] for r in state["rounds"])
 
-    while len(state["rounds"]) < cfg.rounds and (cfg.env_steps is None or spent() < cfg.env_steps):
+    last = cfg.rounds if job.until is None else min(job.until, cfg.rounds)
+    while len(state["rounds"]) < last and (cfg.env_steps is None or spent() < cfg.env_steps):
         r = len(state["rounds"])
         round_seed = seed * 1000 + r  # the round's draws, devices and fits: a resumed run repeats an unbroken one
         began = time.perf_counter()
@@ -208,6 +211,27 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         })  # fmt: skip
         _save_round(run, policy, values, state, job, r)
     return state
+
+
+def split_runs(jobs: list[OnlineJob], workers: int) -> tuple[list[OnlineJob], list[int | None]]:
+    """The runs as jobs for ``workers`` processes, in starting order, and the job each waits for.
+
+    Runs are about equally long and each is one chain of rounds, so the
+    ``len(jobs) % workers`` runs left over (nine runs on two workers: one)
+    would end the stage alone. Where there are more runs than workers, each
+    of the last that many is cut in two at half its rounds instead: its
+    first half starts first, its second half (a resume of the same run,
+    which computes what an unbroken run computes) last, so the workers share
+    it. The last ``len(jobs)`` jobs are the runs in their order, each
+    returning its whole record; ``after`` is :func:`digiq.workers.map_jobs`'s.
+    """
+    rounds = jobs[0].cfg.rounds if jobs else 0
+    left = len(jobs) % workers if 1 < workers < len(jobs) and rounds >= 2 else 0
+    cut = jobs[len(jobs) - left :]
+    # First halves, then every run in its order: the unbroken ones, then the second halves of the cut ones.
+    parts = [*(job._replace(until=rounds // 2) for job in cut), *jobs]
+    after = [None] * len(jobs) + list(range(left))
+    return parts, after
 
 
 def _offline_success(offline: pa.Table) -> float:
@@ -251,9 +275,11 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     paths.online.mkdir(parents=True, exist_ok=True)  # the stage's output, empty when digirl.online is []
     jobs = [OnlineJob(paths, row, s, cfg, actor, env, devices, judge or JudgeConfig())
             for row in cfg.online for s in range(seeds)]  # fmt: skip
+    processes = workers if devices.backend == "sim" else 1
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        records = map_jobs(run_online_job, jobs, workers if devices.backend == "sim" else 1)
+        parts, after = split_runs(jobs, processes)
+        records = map_jobs(run_online_job, parts, processes, after)[len(parts) - len(jobs) :]
     offline = TrajectoryStore(paths.offline).read() if paths.offline.exists() else None
     offline_steps = offline.num_rows if offline is not None else 0
     rows: dict[str, Any] = {}

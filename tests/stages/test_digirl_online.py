@@ -21,7 +21,7 @@ from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages.digirl_online import OnlineJob, round_tasks, run_digirl_online, run_online_job
+from digiq.stages.digirl_online import OnlineJob, round_tasks, run_digirl_online, run_online_job, split_runs
 
 WIDTH = 108
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "online_run.py"
@@ -137,3 +137,42 @@ def test_an_online_round_runs_on_phones_over_adb_through_the_env_factory(online_
     (record,) = run_online_job(job)["rounds"]
     stored = TrajectoryStore(paths.online_run("digirl_online", 0) / "round000").read()
     assert record["episodes"] == 4 and record["env_steps"] == stored.num_rows > 0
+
+
+@pytest.mark.slow  # two runs of two rounds
+def test_a_run_cut_in_two_ends_as_the_unbroken_run(online_root, tmp_path):
+    """What stage 09 does with the runs its workers leave over: the second half resumes the first, to the bit."""
+    row = "digirl_off2on"  # its buffer holds the expert's successes, so every round fits the policy
+    unbroken, cut = _copy(online_root, tmp_path / "unbroken"), _copy(online_root, tmp_path / "cut")
+    whole = run_online_job(tiny_job(unbroken, row, 2))
+    assert len(run_online_job(tiny_job(cut, row, 2)._replace(until=1))["rounds"]) == 1
+    resumed = run_online_job(tiny_job(cut, row, 2))
+    assert _records(resumed) == _records(whole) and all(r["kept_steps"] > 0 for r in whole["rounds"])
+    a, b = AutoUIPolicy.load(cut.online_policy(row, 0)), AutoUIPolicy.load(unbroken.online_policy(row, 0))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    values = [torch.load(p.online_run(row, 0) / "latest" / "values.pt", weights_only=True) for p in (cut, unbroken)]
+    for part in ("instruction", "step"):
+        assert all(torch.equal(values[0][part][k], values[1][part][k]) for k in values[0][part])
+
+
+def test_the_runs_left_over_by_the_workers_are_cut_in_two(online_root):
+    jobs = [tiny_job(online_root, "digirl_online", 5)._replace(seed=s) for s in range(3)]
+    parts, after = split_runs(jobs, 2)
+    assert [(p.seed, p.until) for p in parts] == [(2, 2), (0, None), (1, None), (2, None)]
+    assert after == [None, None, None, 0]  # the second half starts once the first has finished
+    assert split_runs(jobs, 3) == split_runs(jobs, 1) == (jobs, [None] * 3)  # no run left over, or one process
+    assert split_runs(jobs[:1], 2) == (jobs[:1], [None])  # no other run to share the workers with
+
+
+@pytest.mark.slow  # worker processes, each loading torch
+def test_on_two_workers_the_run_left_over_is_shared_and_returns_its_whole_record(online_root, tmp_path):
+    paths = _copy(online_root, tmp_path / "root")
+    cfg = DigiRLConfig(rounds=2, episodes_per_round=4, env_steps=None, n_envs=4, value_updates=3, value_batch=8,
+                       actor_updates=1)  # fmt: skip
+    out = run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1, workers=2)
+    assert list(out["rows"]) == cfg.online  # three runs: the last one cut in two
+    for row, entry in out["rows"].items():
+        (rounds,) = entry["per_seed"]
+        assert [r["round"] for r in rounds] == [0, 1], row
+        state = json.loads((paths.online_run(row, 0) / "latest" / "state.json").read_text())
+        assert _records(state) == _records({"rounds": rounds})
