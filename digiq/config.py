@@ -5,8 +5,11 @@ knob's one-line help and its default: that is where a knob's meaning is
 written. ``params.yaml`` sets the method's knobs, grouped by stage;
 ``params/`` holds the settings of the machine rather than of the method
 (devices and the simulator, the success judge, compute, released
-checkpoints). A field that neither file sets takes its default, and every
-stage depends on this module, so DVC reruns a stage whose defaults change.
+checkpoints). A field that neither file sets takes its default. Every stage
+runs this module, so its fingerprint (:mod:`digiq.fingerprint`) holds this
+module's code, defaults and ranges included but not its docstrings or its
+``help=`` texts: DVC reruns the stages for a changed default and none for a
+reworded help.
 :func:`load_section` checks names and types and names the file and key of
 anything wrong, so a typo stops a stage at once instead of deep in a run.
 """
@@ -75,18 +78,22 @@ MAX_DEVICES = 1024  # devices stepped together, processes or workers
 MAX_SEED = 2**31 - 1  # what numpy's, torch's and Python's generators all take, with room for the offsets stages add
 
 
-def _help(text: str, default: Any, *, at_least: float | None = None, above: float | None = None,
+def _knob(default: Any, *, help: str, at_least: float | None = None, above: float | None = None,
           at_most: float | None = None, below: float | None = None) -> Any:  # fmt: skip
-    """A knob: its help text, its default and the range it must lie in (checked whenever its group is built)."""
-    meta = {"help": text, "range": (at_least, above, at_most, below)}
+    """A knob: its default, its help and the range it must lie in (checked whenever its group is built).
+
+    The help is a ``help=`` keyword so that a stage's fingerprint (:mod:`digiq.fingerprint`) leaves it out:
+    rewording it reruns no stage, while a default or a range is code and reruns every stage that imports this.
+    """
+    meta = {"help": help, "range": (at_least, above, at_most, below)}
     if isinstance(default, list):  # a mutable default needs a factory
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def _seed(text: str, default: int) -> Any:
+def _seed(default: int, *, help: str) -> Any:
     """A seed knob: any whole number from 0 to :data:`MAX_SEED`."""
-    return _help(text, default, at_least=0, at_most=MAX_SEED)
+    return _knob(default, help=help, at_least=0, at_most=MAX_SEED)
 
 
 def _out_of_range(f: dataclasses.Field, value: Any) -> str | None:
@@ -127,34 +134,38 @@ def knobs(cls: type[T]) -> type[T]:
 class EnvConfig:
     """The simulated device: its screenshot size and its in-the-wild disturbances (docs/simulator.md)."""
 
-    width: int = _help(
-        "screenshot width in pixels; the height keeps 1080x2280's aspect", 216, at_least=32, at_most=1080
+    width: int = _knob(
+        216, help="screenshot width in pixels; the height keeps 1080x2280's aspect", at_least=32, at_most=1080
     )
-    popup_rate: float = _help("P(dialog) when an app launches or a web site loads", 0.25, at_least=0, at_most=1)
-    delay_rate: float = _help("P(a web page load shows only one step later)", 0.15, at_least=0, at_most=1)
-    jitter_px: int = _help(
-        "content moves down by up to this many logical pixels per screen load", 48, at_least=0, at_most=200
+    popup_rate: float = _knob(0.25, help="P(dialog) when an app launches or a web site loads", at_least=0, at_most=1)
+    delay_rate: float = _knob(0.15, help="P(a web page load shows only one step later)", at_least=0, at_most=1)
+    jitter_px: int = _knob(
+        48, help="content moves down by up to this many logical pixels per screen load", at_least=0, at_most=200
     )
-    ad_rate: float = _help("P(a sponsored entry heads a result list)", 0.3, at_least=0, at_most=1)
+    ad_rate: float = _knob(0.3, help="P(a sponsored entry heads a result list)", at_least=0, at_most=1)
 
 
 @knobs
 class DeviceConfig:
     """The device backend of stages that step devices (collect, eval)."""
 
-    backend: str = _help("sim (in process) | adb-sim (simulator over adb) | emulator (real, see env_setup/)", "sim")
-    adb_host: str = _help("adb server host", "127.0.0.1")
-    adb_port: int = _help("adb server port; adb-sim: 0 starts an in-process simulator server", 5037)
-    serials: list[str] = _help("devices to use, in order; empty: every device the server lists", [])
-    sim_devices: int = _help(
-        "adb-sim with adb_port 0: how many simulated phones the server has", 48, at_least=1, at_most=1024
+    backend: str = _knob(
+        "sim", help="sim (in process) | adb-sim (simulator over adb) | emulator (real, see env_setup/)"
     )
-    snapshot: str = _help("emulator: the snapshot each episode starts from (make_snapshot.sh saves it)", "digiq_aitw")
-    console_token_file: str = _help("emulator: the console auth token file", "~/.emulator_console_auth_token")
-    timeout_s: float = _help("time-out of one adb call, seconds", 10.0, above=0)
-    reset_timeout_s: float = _help("emulator: time-out of a snapshot load and boot wait, seconds", 120.0, above=0)
-    retries: int = _help("retries of a failed adb call, each on a new connection", 2, at_least=0, at_most=100)
-    settle_s: float = _help("emulator: pause after each input before the screenshot, seconds", 1.0, at_least=0)
+    adb_host: str = _knob("127.0.0.1", help="adb server host")
+    adb_port: int = _knob(5037, help="adb server port; adb-sim: 0 starts an in-process simulator server")
+    serials: list[str] = _knob([], help="devices to use, in order; empty: every device the server lists")
+    sim_devices: int = _knob(
+        48, help="adb-sim with adb_port 0: how many simulated phones the server has", at_least=1, at_most=1024
+    )
+    snapshot: str = _knob(
+        "digiq_aitw", help="emulator: the snapshot each episode starts from (make_snapshot.sh saves it)"
+    )
+    console_token_file: str = _knob("~/.emulator_console_auth_token", help="emulator: the console auth token file")
+    timeout_s: float = _knob(10.0, help="time-out of one adb call, seconds", above=0)
+    reset_timeout_s: float = _knob(120.0, help="emulator: time-out of a snapshot load and boot wait, seconds", above=0)
+    retries: int = _knob(2, help="retries of a failed adb call, each on a new connection", at_least=0, at_most=100)
+    settle_s: float = _knob(1.0, help="emulator: pause after each input before the screenshot, seconds", at_least=0)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -167,42 +178,45 @@ class DeviceConfig:
 class JudgeConfig:
     """The VLM success judge for real screens (digiq.judge), over an OpenAI-compatible chat endpoint."""
 
-    base_url: str = _help("endpoint up to /v1 (`vllm serve MODEL` listens here by default)", "http://127.0.0.1:8000/v1")
-    model: str = _help("the served chat VLM", "Qwen/Qwen2-VL-7B-Instruct")
-    api_key_env: str = _help("environment variable holding the key; empty: send none (a local server)",
-                             "OPENAI_API_KEY")  # fmt: skip
-    timeout_s: float = _help("time-out of one request, seconds", 60.0, above=0)
-    retries: int = _help(
-        "retries on rate limits (429), server errors and dropped connections (the openai client's backoff)",
+    base_url: str = _knob(
+        "http://127.0.0.1:8000/v1", help="endpoint up to /v1 (`vllm serve MODEL` listens here by default)"
+    )
+    model: str = _knob("Qwen/Qwen2-VL-7B-Instruct", help="the served chat VLM")
+    api_key_env: str = _knob(
+        "OPENAI_API_KEY", help="environment variable holding the key; empty: send none (a local server)"
+    )
+    timeout_s: float = _knob(60.0, help="time-out of one request, seconds", above=0)
+    retries: int = _knob(
         5,
+        help="retries on rate limits (429), server errors and dropped connections (the openai client's backoff)",
         at_least=0,
         at_most=100,
     )
-    max_image_side: int = _help(
-        "screenshots are downscaled to fit this many pixels before sending", 1024, at_least=1, at_most=16_384
+    max_image_side: int = _knob(
+        1024, help="screenshots are downscaled to fit this many pixels before sending", at_least=1, at_most=16_384
     )
-    max_completion_tokens: int = _help(
-        "reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)",
+    max_completion_tokens: int = _knob(
         2048,
+        help="reply length limit: room for a reasoning model's thinking and the reasoned Status line (0: none sent)",
         at_least=0,
         at_most=1_000_000,
     )
-    temperature: float | None = _help(
-        "sampling temperature; null: not sent (reasoning models accept only their default)", 0.0, at_least=0
+    temperature: float | None = _knob(
+        0.0, help="sampling temperature; null: not sent (reasoning models accept only their default)", at_least=0
     )
-    few_shot: str = _help(
-        "JSONL of worked examples (image, task, reasoned answer) shown before each question; '' = zero-shot", ""
+    few_shot: str = _knob(
+        "", help="JSONL of worked examples (image, task, reasoned answer) shown before each question; '' = zero-shot"
     )
-    bad_reply: str = _help(
-        "a reply that is no verdict: retry (the episode starts again) | fail (the episode ends, failed)", "retry"
+    bad_reply: str = _knob(
+        "retry", help="a reply that is no verdict: retry (the episode starts again) | fail (the episode ends, failed)"
     )
-    max_bad_in_a_row: int = _help(
-        "this many bad replies in a row end the stage: the endpoint or its settings are wrong",
+    max_bad_in_a_row: int = _knob(
         10,
+        help="this many bad replies in a row end the stage: the endpoint or its settings are wrong",
         at_least=1,
         at_most=10_000,
     )
-    on_adb_sim: bool = _help("judge adb-sim phones too, instead of the simulator's ground truth", False)
+    on_adb_sim: bool = _knob(False, help="judge adb-sim phones too, instead of the simulator's ground truth")
 
     def __post_init__(self) -> None:
         if self.bad_reply not in ("retry", "fail"):
@@ -213,17 +227,28 @@ class JudgeConfig:
 class TasksConfig:
     """Train, validation and test task lists from disjoint entities."""
 
-    n_train: int = _help("tasks per task set in the train lists", 400, at_least=1, at_most=MAX_TASKS)
-    n_val: int = _help(
-        "tasks per task set in the validation lists (every choice is made on these)", 320, at_least=1, at_most=MAX_TASKS
+    n_train: int = _knob(400, help="tasks per task set in the train lists", at_least=1, at_most=MAX_TASKS)
+    n_val: int = _knob(
+        320,
+        help="tasks per task set in the validation lists (every choice is made on these)",
+        at_least=1,
+        at_most=MAX_TASKS,
     )
-    n_test: int = _help(
-        "tasks in General's test list (the paper's protocol reads the first 96)", 320, at_least=1, at_most=MAX_TASKS
+    n_test: int = _knob(
+        320,
+        help="tasks in General's test list (the paper's protocol reads the first 96)",
+        at_least=1,
+        at_most=MAX_TASKS,
     )
-    n_test_webshop: int = _help("tasks in Web Shopping's test list: a third of its lines are the five go-to-site "
-                                "instructions, so it needs more lines than General's for as many distinct tasks", 450, at_least=1, at_most=MAX_TASKS)  # fmt: skip
-    seed: int = _seed("which tasks are drawn", 0)
-    split_seed: int = _seed("which entities are in which split", 1)
+    n_test_webshop: int = _knob(
+        450,
+        help="tasks in Web Shopping's test list: a third of its lines are the five go-to-site "
+        "instructions, so it needs more lines than General's for as many distinct tasks",
+        at_least=1,
+        at_most=MAX_TASKS,
+    )
+    seed: int = _seed(0, help="which tasks are drawn")
+    split_seed: int = _seed(1, help="which entities are in which split")
 
 
 def help_text(cls: type) -> str:
@@ -391,22 +416,25 @@ class BasePolicyConfig:
     # The base is weak by its slips more than by what it never saw: many demonstrated tasks, a large share of their
     # steps a mistake. Its data then hold right and wrong actions at like states, which is what offline RL sorts
     # out (AitW's base, AutoUI, leaves much for Filtered BC to gain). How each value was set: docs/experiments.md.
-    demo_tasks: int = _help("demonstrated train tasks per task set", 200, at_least=1, at_most=MAX_TASKS)
-    expert_noise: float = _help("probability that a demonstrated step is a mistake", 0.4, at_least=0, at_most=1)
-    vocab_size: int = _help("BPE vocabulary of the offline tokenizer", 1024, at_least=64, at_most=1_000_000)
-    d_model: int = _help("T5 width (AutoUI-Base: 768)", 128, at_least=1, at_most=16_384)
-    num_layers: int = _help("T5 encoder (and decoder) layers", 2, at_least=1, at_most=256)
-    epochs: int = _help("passes over the demonstrations", 12, at_least=1, at_most=10_000)
-    batch_size: int = _help("rows per optimizer step", 32, at_least=1, at_most=MAX_BATCH)
-    lr: float = _help("peak learning rate (one-cycle schedule)", 0.002, above=0)
-    copy_augment: float = _help(
-        "P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", 0.5, at_least=0, at_most=1
+    demo_tasks: int = _knob(200, help="demonstrated train tasks per task set", at_least=1, at_most=MAX_TASKS)
+    expert_noise: float = _knob(0.4, help="probability that a demonstrated step is a mistake", at_least=0, at_most=1)
+    vocab_size: int = _knob(1024, help="BPE vocabulary of the offline tokenizer", at_least=64, at_most=1_000_000)
+    d_model: int = _knob(128, help="T5 width (AutoUI-Base: 768)", at_least=1, at_most=16_384)
+    num_layers: int = _knob(2, help="T5 encoder (and decoder) layers", at_least=1, at_most=256)
+    epochs: int = _knob(12, help="passes over the demonstrations", at_least=1, at_most=10_000)
+    batch_size: int = _knob(32, help="rows per optimizer step", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.002, help="peak learning rate (one-cycle schedule)", above=0)
+    copy_augment: float = _knob(
+        0.5, help="P(a word typed from the goal is renamed to a fresh pseudo-word in a demo row)", at_least=0, at_most=1
     )
-    seed: int = _seed("seed of demonstrations, initialisation and batches", 1)
-    checkpoint: str = _help("local Auto-UI-Base folder: the base policy as released, instead of the SFT", "")
-    blip2: str = _help("local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN", "")
-    screen_text: bool = _help("the prompt also lists the screen's tappable elements and their positions "
-                              "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)", False)  # fmt: skip
+    seed: int = _seed(1, help="seed of demonstrations, initialisation and batches")
+    checkpoint: str = _knob("", help="local Auto-UI-Base folder: the base policy as released, instead of the SFT")
+    blip2: str = _knob("", help="local BLIP-2 folder (blip2-opt-2.7b): image encoder of the policy; '' = the small CNN")
+    screen_text: bool = _knob(
+        False,
+        help="the prompt also lists the screen's tappable elements and their positions "
+        "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)",
+    )
 
     def __post_init__(self) -> None:
         if self.checkpoint and self.screen_text:
@@ -419,40 +447,46 @@ class BasePolicyConfig:
 class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
-    tasks_per_set: int = _help("train tasks rolled out per task set", 200, at_least=1, at_most=MAX_TASKS)
+    tasks_per_set: int = _knob(200, help="train tasks rolled out per task set", at_least=1, at_most=MAX_TASKS)
     # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5, so at 1.0 it solves far
     # fewer train tasks than AutoUI does; a lower temperature brings its train success to AutoUI's (docs/experiments.md).
-    temperature: float = _help(
-        "sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", 0.8, at_least=0
+    temperature: float = _knob(
+        0.8, help="sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", at_least=0
     )
-    n_envs: int = _help("devices stepped together", 32, at_least=1, at_most=MAX_DEVICES)
-    gamma: float = _help("discount of the stored Monte-Carlo returns", 0.95, above=0, at_most=1)
-    seed: int = _seed("seed of the devices", 1)
-    view_hierarchy: bool = _help("also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
-                                 "reads; costs one more adb call per step on a device", True)  # fmt: skip
+    n_envs: int = _knob(32, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
+    gamma: float = _knob(0.95, help="discount of the stored Monte-Carlo returns", above=0, at_most=1)
+    seed: int = _seed(1, help="seed of the devices")
+    view_hierarchy: bool = _knob(
+        True,
+        help="also store each screen's view hierarchy (uiautomator), which critic.tap_targets "
+        "reads; costs one more adb call per step on a device",
+    )
     # AutoUI solves its train tasks about as often as its test tasks (the Digi-Q paper's table). A base that
     # rolls out the very tasks it was shown solves them from memory, so its data would not hold the mistakes it
     # makes on new tasks, which are what offline RL has to correct.
-    skip_demonstrated: bool = _help("roll out the train tasks after the ones the base policy was demonstrated "
-                                    "(base_policy.demo_tasks), which the "
-                                    "base's demonstrations covered; false: from the first train task", True)  # fmt: skip
+    skip_demonstrated: bool = _knob(
+        True,
+        help="roll out the train tasks after the ones the base policy was demonstrated "
+        "(base_policy.demo_tasks), which the "
+        "base's demonstrations covered; false: from the first train task",
+    )
 
 
 @knobs
 class AugmentConfig:
     """Stage 02: N candidate actions per state from the base policy."""
 
-    n_candidates: int = _help(
-        "candidates per state, index 0 = the action taken (Digi-Q: 16)", 16, at_least=1, at_most=MAX_CANDIDATES
+    n_candidates: int = _knob(
+        16, help="candidates per state, index 0 = the action taken (Digi-Q: 16)", at_least=1, at_most=MAX_CANDIDATES
     )
     # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature), so a lower
     # temperature gives candidates that hold the expert's action more often (docs/experiments.md).
-    temperature: float = _help("sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", 0.8, at_least=0)
-    max_resample: int = _help(
-        "times an invalid candidate is drawn again before it is kept as invalid", 2, at_least=0, at_most=100
+    temperature: float = _knob(0.8, help="sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", at_least=0)
+    max_resample: int = _knob(
+        2, help="times an invalid candidate is drawn again before it is kept as invalid", at_least=0, at_most=100
     )
-    batch_states: int = _help("states per sampling batch", 64, at_least=1, at_most=MAX_BATCH)
-    seed: int = _seed("sampling seed", 2)
+    batch_states: int = _knob(64, help="states per sampling batch", at_least=1, at_most=MAX_BATCH)
+    seed: int = _seed(2, help="sampling seed")
 
 
 # The VLM pretraining's questions (digiq.models.vlm_pretrain).
@@ -463,27 +497,30 @@ PRETRAIN_OBJECTIVES = ("element", "point", "presence")
 class VLMPretrainConfig:
     """Stage 03: pretraining of the tiny VLM: questions about train-split screens whose answers the view hierarchy gives."""
 
-    objectives: list[str] = _help(
-        "what the VLM is asked: element (what a tap at the red circle lands on) | point (where a named element is) | presence (is a named element on the screen); [] = no pretraining",
+    objectives: list[str] = _knob(
         ["element", "point", "presence"],
+        help="what the VLM is asked: element (what a tap at the red circle lands on) | point (where a named element is) | presence (is a named element on the screen); [] = no pretraining",
     )
-    expert_noise: float = _help("probability of a mistake in the expert's episodes the screens come from", 0.3,
-                                at_least=0, at_most=1)  # fmt: skip
-    steps: int = _help("optimizer steps", 1500, at_least=0, at_most=MAX_STEPS)
-    batch_size: int = _help("questions per step", 32, at_least=1, at_most=MAX_BATCH)
-    lr: float = _help("learning rate (AdamW)", 0.001, above=0)
-    warmup: float = _help("fraction of the steps with a linear warm-up, then a cosine decay", 0.05, at_least=0, below=1)
-    eval_questions: int = _help(
-        "held-out questions per objective, on validation screens", 200, at_least=1, at_most=MAX_TASKS
+    expert_noise: float = _knob(
+        0.3, help="probability of a mistake in the expert's episodes the screens come from", at_least=0, at_most=1
     )
-    image_size: int = _help("square input of the VLM's vision tower", 96, at_least=16, at_most=4096)
-    hidden: int = _help(
-        "language-model width (tiny recipe's representation: twice this; original's: this)",
+    steps: int = _knob(1500, help="optimizer steps", at_least=0, at_most=MAX_STEPS)
+    batch_size: int = _knob(32, help="questions per step", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.001, help="learning rate (AdamW)", above=0)
+    warmup: float = _knob(
+        0.05, help="fraction of the steps with a linear warm-up, then a cosine decay", at_least=0, below=1
+    )
+    eval_questions: int = _knob(
+        200, help="held-out questions per objective, on validation screens", at_least=1, at_most=MAX_TASKS
+    )
+    image_size: int = _knob(96, help="square input of the VLM's vision tower", at_least=16, at_most=4096)
+    hidden: int = _knob(
         128,
+        help="language-model width (tiny recipe's representation: twice this; original's: this)",
         at_least=8,
         at_most=16384,
     )
-    seed: int = _seed("seed", 3)
+    seed: int = _seed(3, help="seed")
 
     def __post_init__(self) -> None:
         unknown = [o for o in self.objectives if o not in PRETRAIN_OBJECTIVES]
@@ -496,43 +533,55 @@ class VLMPretrainConfig:
 class VLMFinetuneConfig:
     """Stage 04: fine-tune the VLM on "does this action change the screen?"."""
 
-    threshold: float = _help("mean squared pixel change (1/4 scale) above which the label is Yes", 30.0, at_least=0)
-    holdout: float = _help("fraction of trajectories held out for accuracy", 0.2, at_least=0, below=1)
-    recipe: str = _help(
-        "how a pair is shown, asked and represented: tiny (red marker, answer slot + pooled states) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
+    threshold: float = _knob(
+        30.0, help="mean squared pixel change (1/4 scale) above which the label is Yes", at_least=0
+    )
+    holdout: float = _knob(0.2, help="fraction of trajectories held out for accuracy", at_least=0, below=1)
+    recipe: str = _knob(
         "tiny",
+        help="how a pair is shown, asked and represented: tiny (red marker, answer slot + pooled states) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
     )
-    epochs: float = _help(
-        "passes over the labelled transitions (a fraction stops part-way through the first)", 3, above=0, at_most=10_000
+    epochs: float = _knob(
+        3,
+        help="passes over the labelled transitions (a fraction stops part-way through the first)",
+        above=0,
+        at_most=10_000,
     )
-    batch_size: int = _help("pairs per optimizer step", 32, at_least=1, at_most=MAX_BATCH)
-    lr: float = _help("learning rate", 0.001, above=0)
-    weight_decay: float = _help("AdamW weight decay", 0.01, at_least=0)
-    warmup: float = _help(
-        "fraction of the steps over which the learning rate rises linearly from 0", 0.0, at_least=0, below=1
+    batch_size: int = _knob(32, help="pairs per optimizer step", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.001, help="learning rate", above=0)
+    weight_decay: float = _knob(0.01, help="AdamW weight decay", at_least=0)
+    warmup: float = _knob(
+        0.0, help="fraction of the steps over which the learning rate rises linearly from 0", at_least=0, below=1
     )
-    schedule: str = _help("learning rate after warm-up: constant | cosine (decays to 0 at the last step)", "constant")
-    checkpoint: str = _help("local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM", "")
-    dtype: str = _help("weights' dtype of a released VLM: float32 | bfloat16 | float16", "float32")
-    train_last_layers: int = _help(
-        "0: train every weight; N: only the projector and the last N LM layers", 1, at_least=0, at_most=1000
+    schedule: str = _knob(
+        "constant", help="learning rate after warm-up: constant | cosine (decays to 0 at the last step)"
     )
-    lora_rank: int = _help(
-        "0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector", 0, at_least=0, at_most=4096
+    checkpoint: str = _knob("", help="local llava-hf folder (LLaVA-1.5) to fine-tune instead of the tiny VLM")
+    dtype: str = _knob("float32", help="weights' dtype of a released VLM: float32 | bfloat16 | float16")
+    train_last_layers: int = _knob(
+        1, help="0: train every weight; N: only the projector and the last N LM layers", at_least=0, at_most=1000
     )
-    lora_alpha: float = _help(
-        "LoRA scale numerator (the update is alpha / rank times the low-rank product)", 16.0, above=0
+    lora_rank: int = _knob(
+        0,
+        help="0: no LoRA; R: rank-R LoRA (peft) on every LM linear layer, plus the projector",
+        at_least=0,
+        at_most=4096,
     )
-    gradient_checkpointing: bool = _help("recompute each layer in backward instead of keeping its activations", False)
-    autocast: bool = _help(
-        "compute in bfloat16 while weights, gradients and AdamW state stay in dtype (float32: mixed precision); the result is saved in bfloat16",
+    lora_alpha: float = _knob(
+        16.0, help="LoRA scale numerator (the update is alpha / rank times the low-rank product)", above=0
+    )
+    gradient_checkpointing: bool = _knob(
+        False, help="recompute each layer in backward instead of keeping its activations"
+    )
+    autocast: bool = _knob(
         False,
+        help="compute in bfloat16 while weights, gradients and AdamW state stay in dtype (float32: mixed precision); the result is saved in bfloat16",
     )
-    shard: bool = _help(
-        "with compute.processes N > 1: each process keeps 1/N of the weights, gradients and optimizer state (FSDP2, ZeRO-3's layout)",
+    shard: bool = _knob(
         False,
+        help="with compute.processes N > 1: each process keeps 1/N of the weights, gradients and optimizer state (FSDP2, ZeRO-3's layout)",
     )
-    seed: int = _seed("seed", 3)
+    seed: int = _seed(3, help="seed")
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -552,25 +601,25 @@ class VLMFinetuneConfig:
 class EmbedConfig:
     """Stage 05: VLM representations of every (state, candidate) pair."""
 
-    batch_size: int = _help("pairs per forward pass", 256, at_least=1, at_most=MAX_BATCH)
+    batch_size: int = _knob(256, help="pairs per forward pass", at_least=1, at_most=MAX_BATCH)
 
 
 @knobs
 class ComputeConfig:
     """How stages use the machine: data-parallel processes (stages 00, 04, 06, 07) or workers for independent jobs (05-09)."""
 
-    processes: int = _help(
-        "data-parallel processes (1: in the notebook's own process; N: accelerate launch)",
+    processes: int = _knob(
         1,
+        help="data-parallel processes (1: in the notebook's own process; N: accelerate launch)",
         at_least=1,
         at_most=MAX_DEVICES,
     )
-    cpu: bool = _help("run the processes on the CPU even where there are GPUs (the tests do)", False)
-    workers: int = _help(
-        "CPU processes that share stages 05-09's independent jobs: each VLM's features, the "
+    cpu: bool = _knob(False, help="run the processes on the CPU even where there are GPUs (the tests do)")
+    workers: int = _knob(
+        2,
+        help="CPU processes that share stages 05-09's independent jobs: each VLM's features, the "
         "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
         "stage's own process)",
-        2,
         at_least=1,
         at_most=MAX_DEVICES,
     )
@@ -585,8 +634,8 @@ class ComputeConfig:
 class ExperimentConfig:
     """Repeats of the learning stages (critic, actors, their evaluation)."""
 
-    seeds: int = _help(
-        "independent repeats; eval reports the mean and standard deviation over them", 3, at_least=1, at_most=1000
+    seeds: int = _knob(
+        3, help="independent repeats; eval reports the mean and standard deviation over them", at_least=1, at_most=1000
     )
 
 
@@ -598,21 +647,24 @@ EXTRACTIONS = ("awr", "reinforce")
 class AblationsConfig:
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
 
-    untuned_vlm: bool = _help(
-        "also run Best-of-N on the features of the VLM without the representation fine-tune (the pretrained one)", True
-    )
-    blind_vlm: bool = _help(
-        "also run Best-of-N on the features of a VLM fine-tuned without pretraining (tiny VLM only)", True
-    )
-    n_candidates: list[int] = _help("also run Best-of-N over only this many candidates per state (each < N)", [1, 4])
-    perfect_critic: bool = _help(
-        "also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
+    untuned_vlm: bool = _knob(
         True,
+        help="also run Best-of-N on the features of the VLM without the representation fine-tune (the pretrained one)",
     )
-    extraction: list[str] = _help(
-        "also extract a policy from Digi-Q's critic and Best-of-N's drawn candidates by a policy-gradient-style update "
-        "instead: awr (weight exp(A / beta)) | reinforce (weight A); a row digiq_<name> each",
+    blind_vlm: bool = _knob(
+        True, help="also run Best-of-N on the features of a VLM fine-tuned without pretraining (tiny VLM only)"
+    )
+    n_candidates: list[int] = _knob(
+        [1, 4], help="also run Best-of-N over only this many candidates per state (each < N)"
+    )
+    perfect_critic: bool = _knob(
+        True,
+        help="also fit Digi-Q's actor on a perfect critic's picks (the simulator's expert decides; simulator data only)",
+    )
+    extraction: list[str] = _knob(
         list(EXTRACTIONS),
+        help="also extract a policy from Digi-Q's critic and Best-of-N's drawn candidates by a policy-gradient-style update "
+        "instead: awr (weight exp(A / beta)) | reinforce (weight A); a row digiq_<name> each",
     )
 
     def __post_init__(self) -> None:
@@ -634,37 +686,53 @@ class CriticConfig:
     the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
     """
 
-    gamma: float = _help("discount (Digi-Q: 0.95)", 0.95, above=0, at_most=1)
-    tau: float = _help("soft target update rate (Digi-Q: 0.1)", 0.1, above=0, at_most=1)
-    hidden: int = _help("MLP width", 256, at_least=1, at_most=16_384)
-    epochs: int = _help(
-        "passes over the transitions (TD needs many to carry values back from the goal)",
+    gamma: float = _knob(0.95, help="discount (Digi-Q: 0.95)", above=0, at_most=1)
+    tau: float = _knob(0.1, help="soft target update rate (Digi-Q: 0.1)", above=0, at_most=1)
+    hidden: int = _knob(256, help="MLP width", at_least=1, at_most=16_384)
+    epochs: int = _knob(
         100,
+        help="passes over the transitions (TD needs many to carry values back from the goal)",
         at_least=1,
         at_most=100_000,
     )
-    batch_size: int = _help("transitions per step", 256, at_least=1, at_most=MAX_BATCH)
-    lr: float = _help("learning rate", 0.0003, above=0)
-    holdout: float = _help("fraction of trajectories held out for the V-vs-return check", 0.2, at_least=0, below=1)
-    conservative: float = _help(
-        "weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", 0.0, at_least=0
+    batch_size: int = _knob(256, help="transitions per step", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.0003, help="learning rate", above=0)
+    holdout: float = _knob(0.2, help="fraction of trajectories held out for the V-vs-return check", at_least=0, below=1)
+    conservative: float = _knob(
+        0.0, help="weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", at_least=0
     )
-    penalty_states: int = _help(
-        "states of each batch that the CQL term scores all candidates of", 16, at_least=1, at_most=MAX_BATCH
+    penalty_states: int = _knob(
+        16, help="states of each batch that the CQL term scores all candidates of", at_least=1, at_most=MAX_BATCH
     )
-    conservative_floor: float | None = _help("the CQL term pushes no untried candidate's Q below this: the lowest "
-                                             "return an episode can earn (0 here); null: no floor (plain CQL)", 0.0)  # fmt: skip
-    conservative_gate: bool = _help("the CQL term lifts the data's action only at steps that moved forward (one-step "
-                                    "advantage under the target critic > 0) or whose episode succeeded", False)  # fmt: skip
-    text_features: bool = _help("also read the goal and the actions' type and typed text, as Digi-Q's critic does "
-                                "(through the base policy's T5 encoder)", True)  # fmt: skip
-    tap_targets: bool = _help("also read, per tap candidate, the label of the element it lands on, from the view "
-                              "hierarchy (needs collect.view_hierarchy and text_features)", False)  # fmt: skip
-    typed_match: bool = _help("also read, per TYPE candidate, how much of its text the goal holds (needs "
-                              "text_features)", False)  # fmt: skip
-    list_entries: bool = _help("also read, per tap candidate, which entry of a list it lands on (the first result or "
-                               "a later one), from the view hierarchy (needs tap_targets)", False)  # fmt: skip
-    seed: int = _seed("seed", 4)
+    conservative_floor: float | None = _knob(
+        0.0,
+        help="the CQL term pushes no untried candidate's Q below this: the lowest "
+        "return an episode can earn (0 here); null: no floor (plain CQL)",
+    )
+    conservative_gate: bool = _knob(
+        False,
+        help="the CQL term lifts the data's action only at steps that moved forward (one-step "
+        "advantage under the target critic > 0) or whose episode succeeded",
+    )
+    text_features: bool = _knob(
+        True,
+        help="also read the goal and the actions' type and typed text, as Digi-Q's critic does "
+        "(through the base policy's T5 encoder)",
+    )
+    tap_targets: bool = _knob(
+        False,
+        help="also read, per tap candidate, the label of the element it lands on, from the view "
+        "hierarchy (needs collect.view_hierarchy and text_features)",
+    )
+    typed_match: bool = _knob(
+        False, help="also read, per TYPE candidate, how much of its text the goal holds (needs text_features)"
+    )
+    list_entries: bool = _knob(
+        False,
+        help="also read, per tap candidate, which entry of a list it lands on (the first result or "
+        "a later one), from the view hierarchy (needs tap_targets)",
+    )
+    seed: int = _seed(4, help="seed")
 
     def __post_init__(self) -> None:
         for name in ("tap_targets", "typed_match"):
@@ -717,28 +785,32 @@ def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str
 class ActorConfig:
     """Stage 07: Best-of-N policy extraction and the offline baselines."""
 
-    k_candidates: int = _help(
-        "candidates drawn per state from the N (always with the taken action)", 16, at_least=1, at_most=MAX_CANDIDATES
+    k_candidates: int = _knob(
+        16,
+        help="candidates drawn per state from the N (always with the taken action)",
+        at_least=1,
+        at_most=MAX_CANDIDATES,
     )
-    threshold_general: float = _help("keep the best candidate when its advantage exceeds this (General)", 0.10)
-    threshold_webshop: float = _help("the same for Web Shopping", 0.05)
-    updates: int = _help(
-        "optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps",
+    threshold_general: float = _knob(0.10, help="keep the best candidate when its advantage exceeds this (General)")
+    threshold_webshop: float = _knob(0.05, help="the same for Web Shopping")
+    updates: int = _knob(
         80,
+        help="optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps",
         at_least=1,
         at_most=MAX_STEPS,
     )
-    batch_size: int = _help("rows per step", 32, at_least=1, at_most=MAX_BATCH)
-    lr: float = _help("learning rate", 0.0005, above=0)
-    awr_beta: float = _help(
-        "AWR's temperature: each drawn valid candidate is imitated with weight exp(A / beta); 0.1 is the scale of "
-        "Best-of-N's advantage threshold, so a candidate that clears it weighs about e times one at A = 0",
+    batch_size: int = _knob(32, help="rows per step", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.0005, help="learning rate", above=0)
+    awr_beta: float = _knob(
         0.1,
+        help="AWR's temperature: each drawn valid candidate is imitated with weight exp(A / beta); 0.1 is the scale of "
+        "Best-of-N's advantage threshold, so a candidate that clears it weighs about e times one at A = 0",
         above=0,
     )
-    awr_max_weight: float = _help("AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", 20.0,
-                                  above=0)  # fmt: skip
-    seed: int = _seed("seed", 5)
+    awr_max_weight: float = _knob(
+        20.0, help="AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", above=0
+    )
+    seed: int = _seed(5, help="seed")
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""
@@ -753,44 +825,56 @@ ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
 class DigiRLConfig:
     """DigiRL's learning rule: offline on the collected data (stage 07) and online on train tasks (stage 09)."""
 
-    lam: float = _help(
-        "weight of the outcome in the doubly-robust step advantage, lam ** (steps to the end) x outcome (DigiRL: 0.5)",
+    lam: float = _knob(
         0.5,
+        help="weight of the outcome in the doubly-robust step advantage, lam ** (steps to the end) x outcome (DigiRL: 0.5)",
         at_least=0,
         at_most=1,
     )
-    replay_top: float = _help(
-        "share of episodes the actor learns from, the top by outcome - V_inst (DigiRL's curriculum: 0.1)",
+    replay_top: float = _knob(
         0.1,
+        help="share of episodes the actor learns from, the top by outcome - V_inst (DigiRL's curriculum: 0.1)",
         above=0,
         at_most=1,
     )
-    value_updates: int = _help("optimizer steps of V_inst and of V_step per fit (offline once, online every round)",
-                               200, at_least=1, at_most=MAX_STEPS)  # fmt: skip
-    value_batch: int = _help("rows per step of the value functions", 128, at_least=1, at_most=MAX_BATCH)
-    value_lr: float = _help("learning rate of the value functions", 0.001, above=0)
-    online: list[str] = _help(
-        "online rows of stage 09: digirl_online (from the base) | digirl_off2on (from offline DigiRL, with the "
-        "offline data in its buffer) | filtered_bc_online (from the base, imitating its successful episodes); [] = off",
-        list(ONLINE_ROWS),
+    value_updates: int = _knob(
+        200,
+        help="optimizer steps of V_inst and of V_step per fit (offline once, online every round)",
+        at_least=1,
+        at_most=MAX_STEPS,
     )
-    rounds: int = _help("most rounds of each online run: collect, fit the values, filter, update the actor", 12,
-                        at_least=1, at_most=10_000)  # fmt: skip
-    episodes_per_round: int = _help("episodes collected per round, half per task set, with the current policy",
-                                    64, at_least=2, at_most=MAX_TASKS)  # fmt: skip
-    env_steps: int | None = _help(
-        "environment-step budget of each online run: no round starts once its episodes have taken this many "
-        "(null: rounds alone)",
+    value_batch: int = _knob(128, help="rows per step of the value functions", at_least=1, at_most=MAX_BATCH)
+    value_lr: float = _knob(0.001, help="learning rate of the value functions", above=0)
+    online: list[str] = _knob(
+        list(ONLINE_ROWS),
+        help="online rows of stage 09: digirl_online (from the base) | digirl_off2on (from offline DigiRL, with the "
+        "offline data in its buffer) | filtered_bc_online (from the base, imitating its successful episodes); [] = off",
+    )
+    rounds: int = _knob(
+        12,
+        help="most rounds of each online run: collect, fit the values, filter, update the actor",
+        at_least=1,
+        at_most=10_000,
+    )
+    episodes_per_round: int = _knob(
+        64,
+        help="episodes collected per round, half per task set, with the current policy",
+        at_least=2,
+        at_most=MAX_TASKS,
+    )
+    env_steps: int | None = _knob(
         8000,
+        help="environment-step budget of each online run: no round starts once its episodes have taken this many "
+        "(null: rounds alone)",
         at_least=1,
         at_most=1_000_000_000,
     )
-    actor_updates: int = _help(
-        "optimizer steps of the actor per round (DigiRL's code: 20)", 20, at_least=1, at_most=MAX_STEPS
+    actor_updates: int = _knob(
+        20, help="optimizer steps of the actor per round (DigiRL's code: 20)", at_least=1, at_most=MAX_STEPS
     )
-    temperature: float = _help("sampling temperature of the online episodes (collect's)", 0.8, above=0)
-    n_envs: int = _help("devices stepped together", 32, at_least=1, at_most=MAX_DEVICES)
-    seed: int = _seed("seed of the task draws, the devices and the fits", 11)
+    temperature: float = _knob(0.8, help="sampling temperature of the online episodes (collect's)", above=0)
+    n_envs: int = _knob(32, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
+    seed: int = _seed(11, help="seed of the task draws, the devices and the fits")
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.online if r not in ONLINE_ROWS]
@@ -802,24 +886,24 @@ class DigiRLConfig:
 class DiagnosticsConfig:
     """Stage 08: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
 
-    oracle_states: int = _help(
-        "stored states whose candidates get true values from rollouts (0: the stage is off)",
+    oracle_states: int = _knob(
         200,
+        help="stored states whose candidates get true values from rollouts (0: the stage is off)",
         at_least=0,
         at_most=MAX_TASKS,
     )
-    oracle_rollouts: int = _help(
-        "continuation rollouts of the noisy expert per distinct candidate", 32, at_least=1, at_most=10_000
+    oracle_rollouts: int = _knob(
+        32, help="continuation rollouts of the noisy expert per distinct candidate", at_least=1, at_most=10_000
     )
-    oracle_noise: float = _help("mistake rate of the continuation expert", 0.1, at_least=0, at_most=1)
-    oracle_tolerance: float = _help("candidates this close to the best true value count as best", 0.05, at_least=0)
-    behaviour_rollouts: int = _help(
-        "rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)",
+    oracle_noise: float = _knob(0.1, help="mistake rate of the continuation expert", at_least=0, at_most=1)
+    oracle_tolerance: float = _knob(0.05, help="candidates this close to the best true value count as best", at_least=0)
+    behaviour_rollouts: int = _knob(
         8,
+        help="rollouts per distinct candidate continued by the base policy: the values Digi-Q's critic estimates (0: off)",
         at_least=0,
         at_most=10_000,
     )
-    seed: int = _seed("seed of the sampled states, the rollouts and the probes", 5)
+    seed: int = _seed(5, help="seed of the sampled states, the rollouts and the probes")
 
 
 # What stage 10's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
@@ -830,27 +914,27 @@ EXPERT_SKILLS = ("type", "tap", "action_type")
 class EvalConfig:
     """Stage 10: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
-    n_tasks: int | None = _help(
-        "first tasks of each test list; null: the whole list, which carries the intervals "
-        "(its first 96 are the paper's protocol)",
+    n_tasks: int | None = _knob(
         None,
+        help="first tasks of each test list; null: the whole list, which carries the intervals "
+        "(its first 96 are the paper's protocol)",
         at_least=1,
         at_most=MAX_TASKS,
     )
-    train_tasks: int = _help(
-        "also the tasks of the first N trajectories per task set in the offline data: the paper's train "
-        "columns (0 = off)",
+    train_tasks: int = _knob(
         96,
+        help="also the tasks of the first N trajectories per task set in the offline data: the paper's train "
+        "columns (0 = off)",
         at_least=0,
         at_most=MAX_TASKS,
     )
-    temperature: float = _help("sampling temperature (AutoUI eval: 0.8); 0 = greedy", 0.8, at_least=0)
-    n_envs: int = _help("devices stepped together", 48, at_least=1, at_most=MAX_DEVICES)
-    seed: int = _seed("seed of the devices", 7)
-    expert_skills: list[str] = _help(
-        "sim: also run the base policy (first seed) with each of these skills taken "
-        "from the expert: type | tap | action_type; [] = off",
+    temperature: float = _knob(0.8, help="sampling temperature (AutoUI eval: 0.8); 0 = greedy", at_least=0)
+    n_envs: int = _knob(48, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
+    seed: int = _seed(7, help="seed of the devices")
+    expert_skills: list[str] = _knob(
         list(EXPERT_SKILLS),
+        help="sim: also run the base policy (first seed) with each of these skills taken "
+        "from the expert: type | tap | action_type; [] = off",
     )
 
     def __post_init__(self) -> None:

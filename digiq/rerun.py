@@ -21,7 +21,8 @@ from typing import Any
 from digiq.config import load_params, with_defaults
 from digiq.env.tasks import TASK_SETS
 from digiq.paths import Paths
-from digiq.report import TASK_SET_NAMES, fill_block, pct
+from digiq.report import fill_block
+from digiq.tables import TASK_SET_NAMES, pct
 
 __all__ = ["params_differences", "rerun_markdown", "RERUN"]
 

@@ -1,122 +1,84 @@
-"""Every dvc.yaml stage lists, in its deps, each digiq source file its command runs.
+"""Every dvc.yaml stage depends on a fingerprint that covers each digiq source file its command runs.
 
-A module a stage imports but does not list leaves DVC calling the stage up to date after that
-module changed, so its outputs go stale silently. The files a stage runs are found statically
-(pure ``ast``, nothing imported, so this stays fast): the notebooks after ``papermill`` and the
-``python -m digiq.xxx`` modules in its cmd, then every digiq import of those, transitively.
+A module a stage runs but its fingerprint leaves out would let DVC call the stage up to date after that
+module changed, so its outputs would go stale silently. The fingerprint stage finds the files statically
+(:mod:`digiq.fingerprint`); these tests check that each stage depends on its fingerprint, that the static
+search follows every kind of import, and that it finds every digiq module a stage's imports really load.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import re
-import shlex
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "digiq"
+from digiq.fingerprint import (
+    STAGE,
+    digiq_closure,
+    entry_modules,
+    fingerprint_file,
+    imported_modules,
+    notebook_imports,
+    stage_code,
+)
+from digiq.paths import ROOT
+
 STAGES: dict[str, dict] = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+COMPUTE = [name for name in STAGES if name != STAGE]
 
 
-def module_file(module: str) -> Path | None:
-    """The file that runs for ``module`` (``digiq/a/b.py`` or ``digiq/a/b/__init__.py``); None if not ours."""
-    base = ROOT.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
+def test_the_fingerprint_stage_comes_first_runs_every_time_and_writes_one_file_per_stage() -> None:
+    assert next(iter(STAGES)) == STAGE and STAGES[STAGE]["always_changed"] is True
+    outs = [next(iter(out)) for out in STAGES[STAGE]["outs"]]
+    assert outs == [fingerprint_file(name) for name in COMPUTE]
+    assert all(out[path] == {"cache": False} for out, path in zip(STAGES[STAGE]["outs"], outs, strict=True))
 
 
-def with_parents(module: str) -> list[str]:
-    """``digiq.x.y`` and the packages Python initialises first when importing it: ``digiq``, ``digiq.x``."""
-    parts = module.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+@pytest.mark.parametrize("name", COMPUTE)
+def test_a_stage_depends_on_its_fingerprint_instead_of_its_code_files(name: str) -> None:
+    deps = STAGES[name]["deps"]
+    assert fingerprint_file(name) in deps, f"dvc.yaml stage {name!r}: add {fingerprint_file(name)} to its deps"
+    # A code file among the deps would rerun the stage for a reworded docstring again.
+    assert not [d for d in deps if d.startswith("digiq")], f"dvc.yaml stage {name!r}: code deps {deps}"
+    assert any(m.split(".")[0] == "digiq" for m in entry_modules(STAGES[name]["cmd"])), STAGES[name]["cmd"]
 
 
-def package_of(path: Path) -> str:
-    """The package a relative import in ``path`` starts from (a package's ``__init__`` is its own package)."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1])
+# Run in a fresh interpreter: a stage's imports, then every digiq source file Python loaded for them.
+_LOADED = """
+import json, sys
+exec(sys.stdin.read())
+files = {getattr(m, "__file__", None) for name, m in list(sys.modules.items()) if name.split(".")[0] == "digiq"}
+print(json.dumps(sorted(f for f in files if f)))
+"""
 
 
-def imported_modules(tree: ast.AST, package: str = "") -> set[str]:
-    """Every module an import anywhere in ``tree`` names, in functions too (a lazy import runs as well).
-
-    ``from a import b`` names ``a`` and, in case ``b`` is a submodule rather than a plain name, ``a.b``;
-    callers keep only the names that resolve to a file. Relative imports resolve against ``package``.
-    """
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # `from .. import x` in package a.b.c: level 1 is a.b.c, level 2 is a.b
-                anchor = package.rsplit(".", node.level - 1)[0]
-                base = f"{anchor}.{base}" if base else anchor
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
-    return found
+def _imports_of(cmd: str) -> str:
+    """The import statements a stage's entries run first: its notebooks' imports, or its ``-m`` modules."""
+    if "papermill" not in cmd:
+        return "\n".join(f"import {m}" for m in sorted(entry_modules(cmd)))
+    notebook = ROOT / cmd.split("papermill ")[1].split()[0]
+    statements = []
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            tree = ast.parse("".join(cell["source"]))
+            statements += [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return "\n".join(statements)
 
 
-def digiq_closure(modules: set[str]) -> set[Path]:
-    """The digiq files that run when ``modules`` are imported: them, their parent packages, their imports."""
-    files: set[Path] = set()
-    todo = [m for m in modules if m.split(".")[0] == PACKAGE]
-    while todo:
-        for name in with_parents(todo.pop()):
-            path = module_file(name)
-            if path is None or path in files:
-                continue
-            files.add(path)
-            tree = ast.parse(path.read_text(), filename=str(path))
-            todo.extend(m for m in imported_modules(tree, package_of(path)) if m.split(".")[0] == PACKAGE)
-    return files
-
-
-def notebook_imports(notebook: Path) -> set[str]:
-    """The modules a notebook's code cells import; IPython magics and shell lines are blanked out first."""
-    cells = json.loads(notebook.read_text())["cells"]
-    modules: set[str] = set()
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        source = re.sub(r"^\s*[%!].*$", "", source, flags=re.MULTILINE)
-        modules |= imported_modules(ast.parse(source, filename=str(notebook)))
-    return modules
-
-
-def entry_modules(cmd: str) -> set[str]:
-    """The modules a stage cmd starts: notebooks after ``papermill`` and ``python -m MODULE``."""
-    words = shlex.split(cmd.replace("&&", " && "))
-    modules: set[str] = set()
-    for before, word in zip(words, words[1:]):
-        if before == "papermill":
-            modules |= notebook_imports(ROOT / word)
-        elif before == "-m":  # `python -m pkg` runs pkg/__main__.py when pkg is a package
-            modules |= {word, f"{word}.__main__"}
-    return modules
-
-
-def uncovered(files: set[Path], deps: list[str]) -> list[str]:
-    """The files (relative posix paths) that no dep names, itself or as a folder that holds it."""
-    dep_paths = [(ROOT / d).resolve() for d in deps]
-    return sorted(f.relative_to(ROOT).as_posix() for f in files if not any(f == d or d in f.parents for d in dep_paths))
-
-
-@pytest.mark.parametrize("name", list(STAGES))
-def test_stage_deps_cover_the_digiq_files_it_runs(name: str) -> None:
-    stage = STAGES[name]
-    entries = entry_modules(stage["cmd"])
-    assert any(m.split(".")[0] == PACKAGE for m in entries), f"no digiq entry point found in {stage['cmd']!r}"
-    missing = uncovered(digiq_closure(entries), stage.get("deps", []))
-    listing = "\n".join(f"      - {m}" for m in missing)
-    assert not missing, f"dvc.yaml stage {name!r} runs files its deps omit; add to its deps:\n{listing}"
+@pytest.mark.slow  # one interpreter per stage, each importing torch
+@pytest.mark.parametrize("name", COMPUTE)
+def test_the_fingerprint_covers_every_digiq_file_the_stage_s_imports_load(name: str) -> None:
+    """What Python really loads, against what the static search found: an import it cannot see fails here."""
+    cmd = STAGES[name]["cmd"]
+    done = subprocess.run([sys.executable, "-c", _LOADED], input=_imports_of(cmd), capture_output=True, text=True,
+                          cwd=ROOT, check=True)  # fmt: skip
+    loaded = {str(ROOT.joinpath(p).resolve().relative_to(ROOT)) for p in json.loads(done.stdout)}
+    missing = sorted(loaded - set(stage_code(cmd)))
+    assert len(loaded) > 5 and not missing, f"stage {name!r} runs files its fingerprint omits: {missing}"
 
 
 def test_closure_follows_lazy_imports_parents_and_submodules() -> None:
@@ -131,5 +93,12 @@ def test_closure_follows_lazy_imports_parents_and_submodules() -> None:
     # `from digiq.env import actions` style: a submodule named after `import`
     tree = ast.parse("from digiq.env import actions\nfrom . import hierarchy")
     assert {"digiq.env", "digiq.env.actions", "digiq.env.hierarchy"} <= imported_modules(tree, "digiq.env")
-    assert uncovered({ROOT / "digiq/env/tasks.py"}, ["digiq/env"]) == []
-    assert uncovered({ROOT / "digiq/env/tasks.py"}, ["digiq/env.py", "data/tasks"]) == ["digiq/env/tasks.py"]
+    # a notebook's magics and shell lines are no Python, and do not stop the search
+    assert "digiq.paths" in notebook_imports(ROOT / "notebooks" / "06_critic.ipynb")
+
+
+@pytest.mark.parametrize("name", ["augment_actions", "embed", "critic", "actor", "diagnostics", "eval"])
+def test_no_stage_runs_the_viewers_or_the_readme_generator(name: str) -> None:
+    """The interactive viewers and the README's tables change without rerunning any compute."""
+    files = set(stage_code(STAGES[name]["cmd"]))
+    assert not files & {"digiq/viz/viewers.py", "digiq/report.py"}, name

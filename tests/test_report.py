@@ -1,4 +1,4 @@
-"""digiq.report: the README's and docs' generated tables and the results chart."""
+"""digiq.report and digiq.tables: the README's and docs' generated tables; digiq.viz.charts: the results chart."""
 
 import numpy as np
 import pytest
@@ -8,23 +8,19 @@ from digiq.paths import Paths
 from digiq.report import (
     DIAGNOSTICS,
     END,
-    PAPER_CLAIMS,
     START,
     VALIDATION,
-    Claim,
-    claims_table,
     diagnostics_markdown,
-    expert_pick_table,
+    env_steps_table,
     representation_probe_table,
     results_markdown,
-    rewarded_table,
-    save_results_chart,
     update_readme,
     validation_markdown,
-    wrong_pick_table,
 )
 from digiq.stages.common import write_metrics
 from digiq.stats import sample_std
+from digiq.tables import PAPER_CLAIMS, Claim, claims_table, expert_pick_table, rewarded_table, wrong_pick_table
+from digiq.viz.charts import save_results_chart
 
 
 def _result(rates: list[float], family: str) -> dict:
@@ -131,6 +127,15 @@ def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
     path = save_results_chart(results, tmp_path / "results.png", "test")
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size[0] > 300
+
+
+def test_env_steps_table_gives_the_mean_rounds_one_decimal():
+    rounds = [[{}] * 10, [{}] * 11, [{}] * 11]  # three seeds' rounds: 10.666... on average
+    online = {"offline_env_steps": 5000,
+              "rows": {"filtered_bc_online": {"per_seed": rounds, "env_steps": 8440, "online_env_steps": 8440,
+                                              "wall_time_s": 212.4}}}  # fmt: skip
+    table = env_steps_table(online, ["base", "digiq"])
+    assert "| digiq | 5,000 | 0 | - | - |" in table and "| filtered_bc_online | 8,440 | 8,440 | 10.7 | 212 |" in table
 
 
 def test_report_puts_the_paper_s_train_columns_beside_the_test_ones(tmp_path):

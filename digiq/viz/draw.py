@@ -1,17 +1,29 @@
-"""Draw actions on screenshots, and tile screenshots into one picture."""
+"""Pictures for the notebooks: actions drawn on screenshots, screenshots tiled, a figure as a PNG.
+
+Light on purpose (PIL, and matplotlib and IPython only when called): the
+stages' notebooks draw with it, so it adds nothing heavy to what they run,
+and the interactive viewers (:mod:`digiq.viz.viewers`) build on it.
+"""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from digiq.env.actions import Action, ActionType
+from digiq.env.actions import Action, ActionType, parse_action
 
-__all__ = ["contact_sheet", "draw_action", "draw_touch"]
+if TYPE_CHECKING:
+    from IPython.display import Image as IPImage
+    from matplotlib.figure import Figure
+
+__all__ = ["contact_sheet", "draw_action", "draw_candidates", "draw_touch", "short_action", "snapshot"]
 
 _RED = (230, 30, 60)
+_PALETTE = [(230, 30, 60), (30, 120, 230), (20, 160, 80), (240, 150, 0), (150, 60, 200), (0, 170, 170)]
 
 
 def draw_action(screenshot: np.ndarray, action: Action) -> Image.Image:
@@ -47,6 +59,54 @@ def draw_touch(d: ImageDraw.ImageDraw, action: Action, size: tuple[int, int], co
     else:
         d.line((*p0, *p1), fill=color, width=max(2, r // 2))
         d.ellipse((p1[0] - r, p1[1] - r, p1[0] + r, p1[1] + r), fill=color)
+
+
+def short_action(action: str) -> str:
+    """A one-line summary of an AutoUI action string."""
+    a = parse_action(action)
+    if a.type is ActionType.DUAL_POINT:
+        (ty, tx), (ly, lx) = a.touch, a.lift
+        return f"tap ({ty:.2f}, {tx:.2f})" if a.is_tap else f"swipe ({ty:.2f}, {tx:.2f})->({ly:.2f}, {lx:.2f})"
+    if a.type is ActionType.TYPE:
+        return f'type "{a.text}"'
+    return a.type.value if a.is_valid else f"invalid ({a.error})"
+
+
+def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[int]) -> Image.Image:
+    """Every touch candidate drawn on the screenshot: a numbered ring per tap, an arrow per swipe.
+
+    A candidate's colour follows its index (``_PALETTE[index % 6]``), so it
+    keeps its colour whatever the order of the list beside the picture.
+    """
+    img = Image.fromarray(np.asarray(screenshot)).convert("RGB")
+    d = ImageDraw.Draw(img)
+    w, h = img.size
+    r = max(3, w // 30)
+    font = ImageFont.load_default(size=max(8, w // 18))
+    for text, index in zip(actions, indices, strict=True):
+        a = parse_action(text)
+        if a.type is not ActionType.DUAL_POINT:
+            continue
+        color = _PALETTE[index % len(_PALETTE)]
+        draw_touch(d, a, (w, h), color)
+        ty, tx = a.touch
+        d.text((tx * w + r + 1, ty * h), str(index), fill=color, font=font, anchor="lm")
+    return img
+
+
+def snapshot(fig: Figure) -> IPImage:
+    """A matplotlib figure as a PNG image for ``display``: what an executed notebook keeps.
+
+    The pipeline's modules select matplotlib's Agg backend (no display needed),
+    under which Jupyter shows a bare figure as text; a PNG shows everywhere.
+    """
+    import matplotlib.pyplot as plt
+    from IPython.display import Image as IPImage
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return IPImage(data=buf.getvalue(), format="png")
 
 
 def contact_sheet(rows: Sequence[tuple[str, Sequence[Image.Image]]], label_width: int = 260) -> Image.Image:

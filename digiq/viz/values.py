@@ -5,17 +5,22 @@ candidates, the stage-05 features and one seed's self-describing critic
 checkpoint) and scores every step and every candidate once: V(s), Q(s, a),
 the advantage Q - V, the VLM's P(Yes), and which candidate Best-of-N keeps.
 The viewers (:mod:`digiq.viz.viewers`) only index into these tables, so a
-redraw costs a screenshot load and a drawing, not a forward pass.
+redraw costs a screenshot load and a drawing, not a forward pass; one
+state's candidates also come as a static figure
+(:meth:`ValueData.candidates_figure`), which the critic's notebook shows
+without the widgets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
+from PIL import Image
 
 from digiq.config import ActorConfig, CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
 from digiq.data.candidates import read_candidates
@@ -30,6 +35,10 @@ from digiq.models.critic import Critic
 from digiq.models.critic_inputs import inputs_for
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
+from digiq.viz.draw import draw_candidates, short_action
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["ValueData", "load_values"]
 
@@ -77,6 +86,48 @@ class ValueData:
                                    cands.sort_values("index").action.tolist(), dynamics=Dynamics.of(self.env),
                                    width=self.env.width, rollouts=self.diagnostics.oracle_rollouts,
                                    noise=self.diagnostics.oracle_noise, gamma=self.gamma, branch_seed=traj_id)  # fmt: skip
+
+    def candidates_table(self, traj_id: int, step_id: int, oracle: bool = True) -> pd.DataFrame:
+        """One state's candidates, best Q first, as the action viewer lists them; ``oracle``: with true values."""
+        cands = self.step_candidates(traj_id, step_id)
+        table = pd.DataFrame({
+            "#": cands["index"].to_numpy(),
+            "action": [short_action(a) for a in cands.action],
+            "valid": cands.valid.to_numpy(),
+            "Q": cands.q.to_numpy(),
+            "Q-V": cands.advantage.to_numpy(),
+            # NaN: features imported from a released file, which keeps no P(Yes).
+            "VLM: changes screen?": np.where(cands.p_yes.isna(), "?", np.where(cands.p_yes > 0.5, "Yes", "No")),
+            "P(Yes)": cands.p_yes.to_numpy(),
+            "Best-of-N": np.where(cands.kept, "chosen, kept", np.where(cands.chosen, "chosen, below threshold", "")),
+        })  # fmt: skip
+        if oracle:
+            table["oracle value"] = self.oracle(traj_id, step_id)[cands["index"].to_numpy()]
+        return table
+
+    def candidates_image(self, traj_id: int, step_id: int) -> Image.Image:
+        """The state's screenshot with its touch candidates drawn and numbered (#0: the action taken)."""
+        cands = self.step_candidates(traj_id, step_id)
+        row = self.trajectory(traj_id).iloc[step_id]
+        return draw_candidates(self.store.load_image(row.image_path), cands.action.tolist(), cands["index"].tolist())
+
+    def candidates_figure(self, traj_id: int, step_id: int, table: pd.DataFrame) -> Figure:
+        """The state's drawn candidates beside ``table`` (its :meth:`candidates_table`), as a matplotlib figure."""
+        import matplotlib.pyplot as plt
+
+        fig, (ax_img, ax_tab) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+        ax_img.imshow(self.candidates_image(traj_id, step_id))
+        ax_img.axis("off")
+        shown = table.drop(columns=["P(Yes)"]).round(3).astype(str)
+        tab = ax_tab.table(cellText=shown.to_numpy(), colLabels=list(shown.columns), loc="center", cellLoc="left")
+        tab.auto_set_font_size(False)
+        tab.set_fontsize(6.5)
+        tab.auto_set_column_width(list(range(len(shown.columns))))
+        ax_tab.axis("off")
+        task = self.trajectory(traj_id).task.iloc[0]
+        fig.suptitle(f"{task} (step {step_id}); candidates sorted by Q", fontsize=9)
+        fig.tight_layout()
+        return fig
 
 
 def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq") -> ValueData:

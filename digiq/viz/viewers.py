@@ -20,71 +20,20 @@ from __future__ import annotations
 import io
 
 import ipywidgets as W
-import numpy as np
 import pandas as pd
-from IPython.display import Image as IPImage
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
-from digiq.env.actions import ActionType, parse_action
-from digiq.viz.draw import draw_action, draw_touch
+from digiq.env.actions import parse_action
+from digiq.viz.draw import draw_action, short_action
 from digiq.viz.values import ValueData
 
-__all__ = ["TrajectoryViewer", "ActionViewer", "draw_candidates", "snapshot"]
-
-_PALETTE = [(230, 30, 60), (30, 120, 230), (20, 160, 80), (240, 150, 0), (150, 60, 200), (0, 170, 170)]
+__all__ = ["TrajectoryViewer", "ActionViewer"]
 
 
 def _png(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
-
-
-def _short(action: str) -> str:
-    """A one-line summary of an AutoUI action string."""
-    a = parse_action(action)
-    if a.type is ActionType.DUAL_POINT:
-        (ty, tx), (ly, lx) = a.touch, a.lift
-        return f"tap ({ty:.2f}, {tx:.2f})" if a.is_tap else f"swipe ({ty:.2f}, {tx:.2f})->({ly:.2f}, {lx:.2f})"
-    if a.type is ActionType.TYPE:
-        return f'type "{a.text}"'
-    return a.type.value if a.is_valid else f"invalid ({a.error})"
-
-
-def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[int]) -> Image.Image:
-    """Every touch candidate drawn on the screenshot: a numbered ring per tap, an arrow per swipe.
-
-    A candidate's colour follows its index (``_PALETTE[index % 6]``), so it
-    keeps its colour whatever the order of the list beside the picture.
-    """
-    img = Image.fromarray(np.asarray(screenshot)).convert("RGB")
-    d = ImageDraw.Draw(img)
-    w, h = img.size
-    r = max(3, w // 30)
-    font = ImageFont.load_default(size=max(8, w // 18))
-    for text, index in zip(actions, indices, strict=True):
-        a = parse_action(text)
-        if a.type is not ActionType.DUAL_POINT:
-            continue
-        color = _PALETTE[index % len(_PALETTE)]
-        draw_touch(d, a, (w, h), color)
-        ty, tx = a.touch
-        d.text((tx * w + r + 1, ty * h), str(index), fill=color, font=font, anchor="lm")
-    return img
-
-
-def snapshot(fig) -> IPImage:
-    """A matplotlib figure as a PNG image for ``display``: what an executed notebook keeps.
-
-    The pipeline's modules select matplotlib's Agg backend (no display needed),
-    under which Jupyter shows a bare figure as text; a PNG shows everywhere.
-    """
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return IPImage(data=buf.getvalue(), format="png")
 
 
 def _table_html(table: pd.DataFrame, highlight: int | None = None) -> str:
@@ -142,7 +91,7 @@ class TrajectoryViewer:
             self.picture.value, self.values.value = b"", "<i>no trajectory matches</i>"
             return
         steps = self.data.trajectory(self.traj.value)
-        self.table = pd.DataFrame({"step": steps.step_id.to_numpy(), "action": [_short(a) for a in steps.action],
+        self.table = pd.DataFrame({"step": steps.step_id.to_numpy(), "action": [short_action(a) for a in steps.action],
                                    "V(s)": steps.v.to_numpy(), "Q(s,a)": steps.q.to_numpy(),
                                    "Q-V": steps.advantage.to_numpy(), "reward": steps.reward.to_numpy()})  # fmt: skip
         self.step.max = len(steps) - 1
@@ -201,41 +150,12 @@ class ActionViewer:
 
     def _draw(self) -> None:
         traj, step = self.traj.value, self.step.value
-        cands = self.data.step_candidates(traj, step)
-        table = pd.DataFrame({
-            "#": cands["index"].to_numpy(),
-            "action": [_short(a) for a in cands.action],
-            "valid": cands.valid.to_numpy(),
-            "Q": cands.q.to_numpy(),
-            "Q-V": cands.advantage.to_numpy(),
-            # NaN: features imported from a released file, which keeps no P(Yes).
-            "VLM: changes screen?": np.where(cands.p_yes.isna(), "?", np.where(cands.p_yes > 0.5, "Yes", "No")),
-            "P(Yes)": cands.p_yes.to_numpy(),
-            "Best-of-N": np.where(cands.kept, "chosen, kept", np.where(cands.chosen, "chosen, below threshold", "")),
-        })  # fmt: skip
-        if self.with_oracle.value:
-            table["oracle value"] = self.data.oracle(traj, step)[cands["index"].to_numpy()]
-        self.table = table.reset_index(drop=True)
-        row = self.data.trajectory(traj).iloc[step]
-        self.image = draw_candidates(self.data.store.load_image(row.image_path), cands.action.tolist(),
-                                     cands["index"].tolist())  # fmt: skip
+        self.table = self.data.candidates_table(traj, step, oracle=self.with_oracle.value)
+        self.image = self.data.candidates_image(traj, step)
         self.picture.value = _png(self.image)
-        self.values.value = f"<b>{row.task}</b> (step {step}; #0 = the action taken)<br>" + _table_html(self.table)
+        task = self.data.trajectory(traj).task.iloc[0]
+        self.values.value = f"<b>{task}</b> (step {step}; #0 = the action taken)<br>" + _table_html(self.table)
 
     def figure(self):
         """The current state's candidates and their table as a static matplotlib figure."""
-        import matplotlib.pyplot as plt
-
-        fig, (ax_img, ax_tab) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
-        ax_img.imshow(self.image)
-        ax_img.axis("off")
-        shown = self.table.drop(columns=["P(Yes)"]).round(3).astype(str)
-        tab = ax_tab.table(cellText=shown.to_numpy(), colLabels=list(shown.columns), loc="center", cellLoc="left")
-        tab.auto_set_font_size(False)
-        tab.set_fontsize(6.5)
-        tab.auto_set_column_width(list(range(len(shown.columns))))
-        ax_tab.axis("off")
-        row = self.data.trajectory(self.traj.value).iloc[self.step.value]
-        fig.suptitle(f"{row.task} (step {self.step.value}); candidates sorted by Q", fontsize=9)
-        fig.tight_layout()
-        return fig
+        return self.data.candidates_figure(self.traj.value, self.step.value, self.table)

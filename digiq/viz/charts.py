@@ -1,0 +1,41 @@
+"""The results as bar charts: what the evaluation's notebook draws and the README shows (``plots/*.png``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from digiq.env.tasks import TASK_SETS
+from digiq.io import atomic_path
+
+__all__ = ["save_results_chart"]
+
+
+def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
+    """Grouped bars (policy x task set) with standard-deviation error bars, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(results)
+    x = np.arange(len(TASK_SETS))
+    width = 0.8 / len(policies)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, p in enumerate(policies):
+        means = [100 * results[p][ts]["success_rate"] for ts in TASK_SETS]
+        stds = [100 * (results[p][ts].get("success_rate_std") or 0.0) for ts in TASK_SETS]  # null: one seed
+        ax.bar(x + (i - (len(policies) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=p)
+    ax.set_xticks(x, ["General test", "Web Shopping test"])
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=min(4, len(policies)))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path

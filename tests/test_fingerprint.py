@@ -1,0 +1,209 @@
+"""A stage's fingerprint changes with the code it runs, and only with that code: text for people changes nothing."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from digiq.fingerprint import STAGE, normalized, write_fingerprints
+from digiq.paths import ROOT
+
+COMPUTE = [name for name in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"] if name != STAGE]
+
+SOURCE = '''"""A module."""
+
+import argparse
+
+LIMIT = 3  # the most tries
+
+
+def tries(n: int) -> int:
+    """How many tries ``n`` asks for, at most LIMIT."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return min(n, LIMIT)
+
+
+def cli() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Count tries.")
+    ap.add_argument("--n", type=int, help="how many tries")
+    return ap
+'''
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"""A module."""', '"""A module, reworded."""'),  # a docstring
+        ("# the most tries", "# at most this many"),  # a comment
+        ('help="how many tries"', 'help="how many tries to make"'),  # a help text
+        ("    return min(n, LIMIT)", "    return min(\n        n,\n        LIMIT,\n    )"),  # layout
+        ('    """How many tries ``n`` asks for, at most LIMIT."""\n', ""),  # a docstring removed
+    ],
+)
+def test_text_for_people_leaves_the_code_as_it_was(old: str, new: str) -> None:
+    assert old in SOURCE
+    assert normalized(SOURCE.replace(old, new)) == normalized(SOURCE)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("LIMIT = 3", "LIMIT = 4"),  # a default
+        ("min(n, LIMIT)", "max(n, LIMIT)"),  # a line of a function
+        ("got {n}", "got {n!r}"),  # an error message
+        ('description="Count tries."', 'description="Count the tries."'),  # not a help= argument
+        ('help="how many tries"', 'help=f"how many tries, at most {LIMIT}"'),  # an f-string help computes
+    ],
+)
+def test_code_changes_the_normalized_source(old: str, new: str) -> None:
+    assert old in SOURCE
+    assert normalized(SOURCE.replace(old, new)) != normalized(SOURCE)
+
+
+def test_a_module_that_reads_a_docstring_keeps_its_docstrings() -> None:
+    source = SOURCE.replace('description="Count tries."', "description=__doc__")
+    assert normalized(source.replace("A module.", "Another module.")) != normalized(source)
+
+
+def test_a_block_of_text_alone_stays_a_block() -> None:
+    code = normalized('def f() -> None:\n    """Nothing to do."""\n\n\nclass C:\n    "Empty."\n')
+    assert code == "def f() -> None:\n    pass\n\nclass C:\n    pass"
+    ast.parse(code)
+
+
+def _copy(repo: Path) -> None:
+    """What the fingerprint stage reads: the package, the notebooks and dvc.yaml."""
+    for folder in ("digiq", "notebooks"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_*"))
+    shutil.copy2(ROOT / "dvc.yaml", repo / "dvc.yaml")
+
+
+def _append(text: str) -> str:
+    return text + "\n_EDITED = 1\n"  # a module-level statement: code
+
+
+def _reword_docstring(text: str) -> str:
+    return text.replace('"""', '"""Reworded. ', 1)
+
+
+# (file, edit, the stages whose fingerprints it changes): the two kinds of edit of each kind of file.
+EDITS = [
+    ("digiq/config.py", lambda t: t.replace('help="screenshot width in pixels;', 'help="width of a screenshot;'), []),
+    ("digiq/config.py", _reword_docstring, []),
+    ("digiq/stages/critic.py", _reword_docstring, []),
+    ("digiq/viz/viewers.py", _append, []),
+    ("digiq/report.py", _append, []),
+    ("digiq/tables.py", _append, ["critic", "diagnostics", "eval"]),
+    ("digiq/stages/augment_actions.py", _append, ["augment_actions"]),
+    ("digiq/config.py", lambda t: t.replace("ad_rate: float = _knob(0.3,", "ad_rate: float = _knob(0.31,"), COMPUTE),
+]
+EDIT_IDS = [f"{path}-{'code' if stale else 'text'}-{i}" for i, (path, _, stale) in enumerate(EDITS)]
+
+
+def _edit(repo: Path, path: str, edit) -> str:
+    """Apply ``edit`` to ``repo/path``; the text it had, to put back."""
+    before = (repo / path).read_text()
+    after = edit(before)
+    assert after != before, f"the edit of {path} found nothing to change"
+    (repo / path).write_text(after)
+    return before
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("fingerprints")
+    _copy(repo)
+    return repo
+
+
+@pytest.mark.parametrize(("path", "edit", "stale"), EDITS, ids=EDIT_IDS)
+def test_an_edit_changes_exactly_the_fingerprints_of_the_stages_that_run_it(copy, path, edit, stale) -> None:
+    before = {p.name: p.read_bytes() for p in write_fingerprints(copy)}
+    assert sorted(before) == sorted(f"{name}.json" for name in COMPUTE)
+    original = _edit(copy, path, edit)
+    try:
+        after = {p.name: p.read_bytes() for p in write_fingerprints(copy)}
+    finally:
+        (copy / path).write_text(original)
+    assert sorted(name.removesuffix(".json") for name in before if after[name] != before[name]) == sorted(stale)
+    assert json.loads(before["critic.json"])["digiq/stages/critic.py"]  # one digest per module, by path
+
+
+# The smallest run of every stage: one seed, no ablation, no online row, a few tasks.
+TINY = {
+    "tasks": {"n_train": 16, "n_val": 2, "n_test": 4, "n_test_webshop": 4},
+    "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
+    "collect": {"tasks_per_set": 8, "n_envs": 8},
+    "augment": {"n_candidates": 4, "max_resample": 1},
+    "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
+    "vlm_finetune": {"epochs": 1},
+    "critic": {"epochs": 2, "hidden": 32},
+    "actor": {"updates": 3, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
+    "digirl": {"online": []},
+    "diagnostics": {"oracle_states": 0},
+    "eval": {"n_tasks": 4, "n_envs": 4, "train_tasks": 0, "expert_skills": []},
+    "experiment": {"seeds": 1},
+    "ablations": {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [1], "perfect_critic": False,
+                  "extraction": []},
+}  # fmt: skip
+
+
+def _dvc(repo: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=1800)  # fmt: skip
+    assert done.returncode == 0, f"dvc {' '.join(args)}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _stale(repo: Path) -> list[str]:
+    """The stages ``dvc status`` calls changed after the fingerprints are brought up to date, that stage aside."""
+    _dvc(repo, "repro", STAGE)
+    status = json.loads(_dvc(repo, "status", "--json") or "{}")
+    assert status.get(STAGE) == ["always changed"], status
+    return sorted(name for name in status if name != STAGE)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> Path:
+    """A copy of the repository whose whole pipeline ran under `dvc repro`, at the tiny scale."""
+    repo = tmp_path_factory.mktemp("pipeline")
+    _copy(repo)
+    shutil.copytree(ROOT / "params", repo / "params")
+    (repo / ".dvc").mkdir()
+    for rel in (".dvcignore", ".dvc/config"):
+        shutil.copy2(ROOT / rel, repo / rel)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for group, values in TINY.items():
+        params[group].update(values)
+    params["variants"] = {}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    compute = yaml.safe_load((repo / "params" / "compute.yaml").read_text())
+    compute["compute"]["workers"] = 1  # no worker processes: the fewest interpreters on a shared machine
+    (repo / "params" / "compute.yaml").write_text(yaml.safe_dump(compute))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "copy"],
+                   cwd=repo, check=True)  # as a clone has: dvclive logs curves against a commit  # fmt: skip
+    _dvc(repo, "repro")
+    return repo
+
+
+@pytest.mark.slow  # the whole pipeline under `dvc repro`, then `dvc status` after each edit
+@pytest.mark.parametrize(("path", "edit", "stale"), EDITS, ids=EDIT_IDS)
+def test_dvc_reruns_exactly_the_stages_whose_code_changed(pipeline, path, edit, stale) -> None:
+    assert _stale(pipeline) == []  # the run left every stage up to date
+    original = _edit(pipeline, path, edit)
+    try:
+        assert _stale(pipeline) == sorted(stale)
+    finally:
+        (pipeline / path).write_text(original)
+    assert _stale(pipeline) == []
