@@ -106,11 +106,19 @@ class ScreenEncoder(nn.Module):
         if (H, W) == (h, w):
             return x
         if H % h == 0 and W % w == 0:
-            # Whole blocks: "area" resampling is the mean of each block. Summed in integers, a row of
-            # the block at a time (no float copy of the whole screenshot), then divided once: the sums
-            # are exact either way, so the pixels are those of interpolate's float mean.
+            # Whole blocks: "area" resampling is the mean of each block. The block's rows, then its
+            # columns, are added as whole slices in int16 (no float copy of the whole screenshot), then
+            # divided once: the sums are exact either way, so the pixels are interpolate's float mean's.
             kh, kw = H // h, W // w
-            blocks = x.reshape(B, h, kh, w, kw, C).sum(4, dtype=torch.int32).sum(2, dtype=torch.int32)
+            wide = torch.int16 if 255 * kh * kw <= torch.iinfo(torch.int16).max else torch.int32  # a phone's 20 x 20
+            rows = x.reshape(B, h, kh, W * C)
+            summed = rows[:, :, 0].to(wide)
+            for k in range(1, kh):
+                summed += rows[:, :, k]
+            cols = summed.reshape(B, h, w, kw, C)
+            blocks = cols[:, :, :, 0].clone()
+            for k in range(1, kw):
+                blocks += cols[:, :, :, k]
             x = blocks.float() / (kh * kw)
         else:
             x = F.interpolate(x.permute(0, 3, 1, 2).float(), size=self.size, mode="area").permute(0, 2, 3, 1)
@@ -361,6 +369,38 @@ class AutoUIPolicy(nn.Module):
             out["start_keys"] = self.copy.start_keys(enc["input_ids"], self.t5.shared)
         return out
 
+    def encode_by_length(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor,
+                         group: int = 16) -> dict[str, torch.Tensor]:  # fmt: skip
+        """:meth:`encode`, the prompts taken ``group`` at a time in order of length, so that each is padded only to
+        the longest of its group; the outputs are padded back to the longest of all (masked) in the given order.
+
+        Real prompts differ in length by the actions before them: padded to a
+        batch's longest, a 48-row batch encodes about 1.7 times the tokens it
+        holds. Every row's states are its own (padding is masked), so this
+        changes what the encoder spends, not what it computes beyond the
+        last bits of float sums.
+        """
+        lengths = [len(ids) for ids in self.tokenizer(prompts, truncation=True,
+                                                      max_length=self.cfg.max_input_tokens).input_ids]  # fmt: skip
+        order = np.argsort(lengths, kind="stable")
+        parts = [(rows, self.encode([prompts[i] for i in rows], screenshots[rows]))
+                 for rows in np.array_split(order, -(-len(prompts) // group))]  # fmt: skip
+        longest = max(part["mask"].shape[1] for _, part in parts)
+        out: dict[str, torch.Tensor] = {}
+        for key, fill in (
+            ("states", 0.0),
+            ("mask", 0),
+            ("input_ids", self.tokenizer.pad_token_id),
+            ("start_keys", 0.0),
+        ):
+            if key not in parts[0][1]:
+                continue
+            first = parts[0][1][key]
+            out[key] = first.new_full((len(prompts), longest, *first.shape[2:]), fill)
+            for rows, part in parts:
+                out[key][torch.as_tensor(rows), : part[key].shape[1]] = part[key]
+        return out
+
     @torch.no_grad()
     def text_features(self, texts: list[str]) -> torch.Tensor:
         """The T5 encoder's states averaged over each text's tokens, without the screen: (B, d_model).
@@ -451,14 +491,15 @@ class AutoUIPolicy(nn.Module):
         if not greedy and (noise is None or len(noise) != len(prompts)):
             raise ValueError(f"sampling takes one noise key per prompt: {len(prompts)} prompts, "
                              f"{'no keys' if noise is None else f'{len(noise)} keys'}")  # fmt: skip
-        enc = self.encode(prompts, screenshots)
+        enc = self.encode_by_length(prompts, screenshots)
         if n > 1:
             enc = {k: v.repeat_interleave(n, 0) for k, v in enc.items()}
         B = enc["states"].shape[0]
         streams = np.zeros(B, np.uint64) if noise is None else row_streams(noise, n)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         written = torch.full((B, self.cfg.max_action_tokens), pad, dtype=torch.long, device=self.device)
-        rows = torch.arange(B, device=self.device)  # the rows still writing, as indices into the batch
+        rows = torch.arange(B, device=self.device)  # the rows being decoded, as indices into the batch
+        going = torch.ones(B, dtype=torch.bool, device=self.device)  # per decoded row: no end token written yet
         tokens = torch.full((B, 2), pad, dtype=torch.long, device=self.device)  # (pad before the start, start)
         decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens)
         for t in range(self.cfg.max_action_tokens):
@@ -472,13 +513,16 @@ class AutoUIPolicy(nn.Module):
             else:
                 u = torch.from_numpy(token_uniforms(streams[rows.cpu().numpy()], t)).to(self.device)
                 nxt = inverse_cdf_draw(scores, temperature, u)
+            nxt = nxt.masked_fill(~going, pad)  # a finished row not yet dropped writes nothing more
             written[rows, t] = nxt
-            going = nxt != eos
-            if not bool(going.any()):
+            going &= nxt != eos
+            still = int(going.sum())
+            if still == 0:
                 break
-            if not bool(going.all()):
+            # Finished rows leave the decoder once they are a quarter of it: each drop copies its caches.
+            if len(rows) - still >= max(1, len(rows) // 4):
                 keep = going.nonzero()[:, 0]
-                rows, nxt, tokens = rows[keep], nxt[keep], tokens[keep]
+                rows, nxt, tokens, going = rows[keep], nxt[keep], tokens[keep], going[keep]
                 enc = {k: v[keep] for k, v in enc.items()}
                 decoder.keep(keep)
             tokens = torch.cat([tokens[:, -1:], nxt[:, None]], 1)

@@ -119,7 +119,8 @@ def test_policy_runs_in_bfloat16_on_float32_inputs(tok, encoder):
 def test_screen_encoder_resamples_any_screenshot_size_as_area_interpolation_does(tok):
     m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok)
     rng = np.random.default_rng(0)
-    for h, w in ((456, 216), (114, 54), (228, 108), (342, 162), (300, 100)):  # blocks of 4, 1, 2, 3; uneven
+    # Blocks of 4, 1, 2, 3, a phone's 20 (sums past int16), and uneven ones.
+    for h, w in ((456, 216), (114, 54), (228, 108), (342, 162), (2280, 1080), (300, 100)):
         shots = rng.integers(0, 256, (3, h, w, 3), np.uint8)
         want = F.interpolate(torch.as_tensor(shots).permute(0, 3, 1, 2).float(), size=(114, 54), mode="area")
         want = want.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
