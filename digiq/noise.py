@@ -39,13 +39,13 @@ def noise_key(*parts: int) -> int:
     """One 64-bit key from integers (a seed, an episode, a step...), the same in every process and run."""
     key = np.array([_GOLDEN])
     for part in parts:
-        key = _fold(key, np.uint64(part & _MASK64))
+        key = _fold(key, np.uint64(int(part) & _MASK64))
     return int(key[0])
 
 
 def row_streams(noise: Sequence[int], n: int) -> np.ndarray:
     """(len(noise) * n,) uint64: the stream of sample ``j`` of row ``i`` at ``i * n + j``, keyed by (noise[i], j)."""
-    keys = np.repeat(np.array([k & _MASK64 for k in noise], np.uint64), n)
+    keys = np.repeat(np.array([int(k) & _MASK64 for k in noise], np.uint64), n)
     return _fold(keys, np.tile(np.arange(n, dtype=np.uint64), len(noise)))
 
 

@@ -43,7 +43,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import torch
 
 from digiq.config import (
     ActorConfig,
@@ -180,7 +179,6 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         name = f"round{r:03d}"
         store = TrajectoryStore(run / name)
         tasks = round_tasks(cfg, train, job.seed, r)
-        torch.manual_seed(round_seed)  # the policy's sampling
         with EnvFactory(job.devices, dynamics, job.env.width, evaluator_for(job.devices, job.judge)) as make_env:
             ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=round_seed,
                           dynamics=dynamics, width=job.env.width, store=store, desc=f"{job.row} {name}",

@@ -217,6 +217,7 @@ def test_inverse_cdf_draws_follow_the_tempered_distribution():
 def test_noise_keys_are_stable_and_their_uniforms_uniform():
     assert noise_key(1, 2, 3) == noise_key(1, 2, 3) != noise_key(1, 3, 2)
     assert noise_key(-1) == noise_key(2**64 - 1)  # negative parts wrap as 64-bit words
+    assert noise_key(np.int64(3), 4) == noise_key(3, 4)  # numpy's integers (a table's ids) as Python's
     streams = row_streams([noise_key(0, i) for i in range(200)], 16)
     u = np.stack([token_uniforms(streams, t) for t in range(8)])  # (8 tokens, 3,200 streams)
     assert u.min() >= 0 and u.max() < 1 and len(np.unique(u)) == u.size
