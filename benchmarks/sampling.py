@@ -4,8 +4,9 @@ A policy checkpoint (default: the pipeline's base policy) samples actions
 for batches of real test prompts and simulator screenshots, as stage 08
 does: through ``AutoUIPolicy.sample``, and through the same loop calling
 transformers' ``T5ForConditionalGeneration`` once per token with its
-``EncoderDecoderCache``. Both take the same random draws; the
-benchmark checks that they write the same actions and times the two.
+``EncoderDecoderCache``. Both draw each row's tokens from the same noise
+keys (:mod:`digiq.noise`); the benchmark checks that they write the same
+actions and times the two.
 
 Last line: ``sampling_speedup=<number>`` (time of the transformers loop divided by StepDecoder's).
 """
@@ -24,21 +25,23 @@ from transformers.modeling_outputs import BaseModelOutput
 from digiq.data.trajectories import observation_text
 from digiq.env import AndroidSimEnv
 from digiq.env.tasks import TASK_SETS
-from digiq.models.policy import AutoUIPolicy
+from digiq.models.policy import AutoUIPolicy, inverse_cdf_draw
+from digiq.noise import noise_key, row_streams, token_uniforms
 from digiq.paths import Paths
 from digiq.stages.common import read_tasks
 
 
 @torch.no_grad()
-def sample_with_transformers_cache(policy: AutoUIPolicy, prompts: list[str], shots: np.ndarray,
-                                   temperature: float) -> list[str]:  # fmt: skip
+def sample_with_transformers_cache(policy: AutoUIPolicy, prompts: list[str], shots: np.ndarray, temperature: float,
+                                   noise: list[int]) -> list[str]:  # fmt: skip
     """One action per prompt, each token from a call of the whole T5 model with transformers' cache."""
     enc = policy.encode(prompts, shots)
     pad, eos = policy.tokenizer.pad_token_id, policy.tokenizer.eos_token_id
+    streams = row_streams(noise, 1)
     tokens = torch.full((len(prompts), 2), pad, dtype=torch.long)
     done = torch.zeros(len(prompts), dtype=torch.bool)
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    for _ in range(policy.cfg.max_action_tokens):
+    for t in range(policy.cfg.max_action_tokens):
         out = policy.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
                         decoder_input_ids=tokens[:, -1:], past_key_values=cache, use_cache=True,
                         output_hidden_states=policy.copy is not None)  # fmt: skip
@@ -47,8 +50,8 @@ def sample_with_transformers_cache(policy: AutoUIPolicy, prompts: list[str], sho
             scores = torch.log_softmax(out.logits[:, -1].float(), -1)
         else:
             scores = policy._mix(enc, out.logits, out.decoder_hidden_states[-1], tokens[:, -2:])[:, -1]
-        u = torch.rand_like(scores).clamp_(1e-10, 1.0)
-        nxt = (scores / temperature - torch.log(-torch.log(u))).argmax(-1).masked_fill(done, pad)
+        u = torch.from_numpy(token_uniforms(streams, t))
+        nxt = inverse_cdf_draw(scores, temperature, u).masked_fill(done, pad)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         done |= nxt == eos
         if bool(done.all()):
@@ -79,13 +82,14 @@ def main() -> None:
         batches.append((prompts, np.stack(shots)))
 
     times, written = {}, {}
-    for name, run in (("transformers", lambda p, s: sample_with_transformers_cache(policy, p, s, args.temperature)),
-                      ("step_decoder", lambda p, s: [a[0] for a in policy.sample(p, s, temperature=args.temperature)])):  # fmt: skip
-        torch.manual_seed(0)
-        run(*batches[0])  # warm-up
-        torch.manual_seed(1)
+    keys = [[noise_key(b, i) for i in range(args.batch)] for b in range(args.batches)]
+    runs = {"transformers": lambda p, s, k: sample_with_transformers_cache(policy, p, s, args.temperature, k),
+            "step_decoder": lambda p, s, k: [a[0] for a in policy.sample(p, s, temperature=args.temperature,
+                                                                          noise=k)]}  # fmt: skip
+    for name, run in runs.items():
+        run(*batches[0], keys[0])  # warm-up
         t0 = time.perf_counter()
-        written[name] = [a for p, s in batches for a in run(p, s)]
+        written[name] = [a for (p, s), k in zip(batches, keys, strict=True) for a in run(p, s, k)]
         times[name] = time.perf_counter() - t0
     same = sum(a == b for a, b in zip(written["transformers"], written["step_decoder"], strict=True))
     n = len(written["transformers"])
