@@ -104,7 +104,8 @@ def test_a_params_value_is_never_run_by_the_shell(tmp_path):
     """`dvc repro tasks` with a command in place of a number: the stage stops, naming the key, and runs nothing;
     with numbers, it writes the lists the generator gives."""
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "digiq", repo / "digiq", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("digiq", "notebooks"):  # the fingerprints stage, run first, reads every stage's notebook
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".dvc").mkdir()
     for rel in ("dvc.yaml", ".dvcignore", ".dvc/config"):
         shutil.copy2(ROOT / rel, repo / rel)
