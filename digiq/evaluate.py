@@ -1,9 +1,9 @@
 """Evaluate policy checkpoints on task lists: episodes, success by task set and family, seeds paired.
 
-Every seed's policies are evaluated with that seed's device and sampling
-seed (the base policy too, so its spread is sampling noise), which pairs
-seed ``s`` of one policy with seed ``s`` of another for the paired
-bootstrap. Stage 10 (:mod:`digiq.stages.eval`) and ``python -m
+Every seed's policies are evaluated on that seed's devices, with sampling
+noise keyed by that seed's episodes and steps (the base policy too, so its
+spread is sampling noise), which pairs seed ``s`` of one policy with seed
+``s`` of another for the paired bootstrap. Stage 10 (:mod:`digiq.stages.eval`) and ``python -m
 digiq.evaluate`` (:func:`main`: any checkpoint on any task file) run the
 same code.
 """
