@@ -386,17 +386,10 @@ class AutoUIPolicy(nn.Module):
         parts = [(rows, self.encode([prompts[i] for i in rows], screenshots[rows]))
                  for rows in np.array_split(order, -(-len(prompts) // group))]  # fmt: skip
         longest = max(part["mask"].shape[1] for _, part in parts)
+        fill = {"mask": 0, "input_ids": self.tokenizer.pad_token_id}  # states and start keys: zeros
         out: dict[str, torch.Tensor] = {}
-        for key, fill in (
-            ("states", 0.0),
-            ("mask", 0),
-            ("input_ids", self.tokenizer.pad_token_id),
-            ("start_keys", 0.0),
-        ):
-            if key not in parts[0][1]:
-                continue
-            first = parts[0][1][key]
-            out[key] = first.new_full((len(prompts), longest, *first.shape[2:]), fill)
+        for key, first in parts[0][1].items():
+            out[key] = first.new_full((len(prompts), longest, *first.shape[2:]), fill.get(key, 0))
             for rows, part in parts:
                 out[key][torch.as_tensor(rows), : part[key].shape[1]] = part[key]
         return out
