@@ -31,7 +31,7 @@ PARTS = [
     ("  screen resampling to the encoder's size (ScreenEncoder.prepare)", "digiq/models/policy.py", "prepare"),
     ("  encoder: prompt and screen (AutoUIPolicy.encode)", "digiq/models/policy.py", "encode"),
     ("  decoder, one token at a time (StepDecoder.step)", "digiq/models/policy.py", "step"),
-    ("  copy head (AutoUIPolicy._mix)", "digiq/models/policy.py", "_mix"),
+    ("  next-token probabilities (AutoUIPolicy._next_token_probs)", "digiq/models/policy.py", "_next_token_probs"),
     ("simulator: step and render (PhoneEnv.step)", "digiq/env/gym_env.py", "step"),
 ]
 

@@ -46,12 +46,9 @@ def sample_with_transformers_cache(policy: AutoUIPolicy, prompts: list[str], sho
                         decoder_input_ids=tokens[:, -1:], past_key_values=cache, use_cache=True,
                         output_hidden_states=policy.copy is not None)  # fmt: skip
         cache = out.past_key_values
-        if policy.copy is None:
-            scores = torch.log_softmax(out.logits[:, -1].float(), -1)
-        else:
-            scores = policy._mix(enc, out.logits, out.decoder_hidden_states[-1], tokens[:, -2:])[:, -1]
+        probs = policy._next_token_probs(enc, out.logits, out.decoder_hidden_states[-1], tokens[:, -2:])[:, -1]
         u = torch.from_numpy(token_uniforms(streams, t))
-        nxt = inverse_cdf_draw(scores, temperature, u).masked_fill(done, pad)
+        nxt = inverse_cdf_draw(probs, temperature, u).masked_fill(done, pad)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
         done |= nxt == eos
         if bool(done.all()):

@@ -71,13 +71,14 @@ class PolicyConfig:
             raise ValueError(f"image_encoder must be 'cnn' or 'blip2', got {self.image_encoder!r}")
 
 
-def inverse_cdf_draw(logprobs: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of (B, V) log-probabilities at ``temperature``: the first whose cumulative mass exceeds
-    ``u`` (B,) of the total. A token of probability 0 is never drawn."""
-    probs = torch.softmax(logprobs.double() / temperature, -1)
-    cdf = probs.cumsum(-1)
+def inverse_cdf_draw(probs: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of (B, V) probabilities at ``temperature`` (each raised to ``1 / temperature``, which is
+    the softmax of the log-probabilities over the temperature): the first token whose cumulative mass exceeds
+    ``u`` (B,) of the row's total. A token of probability 0 is never drawn."""
+    weights = probs.double() if temperature == 1.0 else probs.double() ** (1.0 / temperature)
+    cdf = weights.cumsum(-1)
     drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    return drawn.clamp_(max=logprobs.shape[-1] - 1)
+    return drawn.clamp_(max=probs.shape[-1] - 1)
 
 
 class ScreenEncoder(nn.Module):
@@ -228,7 +229,7 @@ class CopyHead(nn.Module):
     def forward(self, logits: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
                 input_ids: torch.Tensor, keys: torch.Tensor, written: torch.Tensor,
                 embed: nn.Embedding) -> torch.Tensor:  # fmt: skip
-        """Log-probabilities (B, T, V) of the mixture.
+        """Probabilities (B, T, V) of the mixture.
 
         ``keys`` are :meth:`start_keys` of ``input_ids``. ``written`` (B, T + 1)
         are the decoder's tokens so far: column t + 1 is the token just written
@@ -248,8 +249,7 @@ class CopyHead(nn.Module):
         context = attn @ states
         p_gen = torch.sigmoid(self.gate(torch.cat([hidden, context], -1)))
         copy = torch.zeros_like(logits).scatter_add_(2, input_ids[:, None, :].expand(-1, logits.shape[1], -1), attn)
-        mixed = p_gen * torch.softmax(logits.float(), -1) + (1 - p_gen) * copy
-        return torch.log(mixed.clamp_min(1e-12))
+        return p_gen * torch.softmax(logits.float(), -1) + (1 - p_gen) * copy
 
 
 class StepDecoder:
@@ -270,7 +270,7 @@ class StepDecoder:
         self.t5, self.blocks = t5, list(t5.decoder.block)
         self.batch, self.heads, self.d_kv = states.shape[0], cfg.num_heads, cfg.d_kv
         # Contiguous: attention reads them at every step, and a transposed view costs a copy each time.
-        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)).contiguous(),
+        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)).transpose(2, 3).contiguous(),
                        self._split(b.layer[1].EncDecAttention.v(states)).contiguous()) for b in self.blocks]  # fmt: skip
         lowest = torch.finfo(states.dtype).min  # padding of the prompt: never attended to
         self.cross_mask = torch.zeros_like(mask, dtype=states.dtype).masked_fill(mask == 0, lowest)[:, None, None, :]
@@ -279,6 +279,12 @@ class StepDecoder:
         # (1, heads, max_len, max_len): row t holds the bias of query position t over keys 0..max_len-1.
         self.bias = self.blocks[0].layer[0].SelfAttention.compute_bias(max_len, max_len, device=states.device)
         self.scale = cfg.d_model**-0.5 if cfg.scale_decoder_outputs else None
+        # Each block's self-attention query, key and value as one matrix, and the feed-forward's two input
+        # matrices as one: one product instead of three (two) per token, with the same sums in each column.
+        self.qkv = [torch.cat([b.layer[0].SelfAttention.q.weight, b.layer[0].SelfAttention.k.weight,
+                               b.layer[0].SelfAttention.v.weight]) for b in self.blocks]  # fmt: skip
+        self.ff_in = [torch.cat([b.layer[2].DenseReluDense.wi_0.weight, b.layer[2].DenseReluDense.wi_1.weight])
+                      for b in self.blocks]  # fmt: skip
         self.t = 0
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -305,17 +311,19 @@ class StepDecoder:
         bias = self.bias[:, :, t : t + 1, : t + 1]
         for i, block in enumerate(self.blocks):
             own, cross, ff = block.layer
-            attn, x = own.SelfAttention, own.layer_norm(h)
-            self.keys[i, :, :, t] = attn.k(x).view(self.batch, self.heads, self.d_kv)
-            self.values[i, :, :, t] = attn.v(x).view(self.batch, self.heads, self.d_kv)
-            out = F.scaled_dot_product_attention(self._split(attn.q(x)), self.keys[i, :, :, : t + 1],
-                                                 self.values[i, :, :, : t + 1], attn_mask=bias, scale=1.0)  # fmt: skip
+            attn = own.SelfAttention
+            q, k, v = F.linear(own.layer_norm(h), self.qkv[i]).view(self.batch, 3, self.heads, 1, self.d_kv).unbind(1)
+            self.keys[i, :, :, t : t + 1], self.values[i, :, :, t : t + 1] = k, v
+            out = F.scaled_dot_product_attention(q, self.keys[i, :, :, : t + 1], self.values[i, :, :, : t + 1],
+                                                 attn_mask=bias, scale=1.0)  # fmt: skip
             h = h + attn.o(self._merge(out))
             attn, x = cross.EncDecAttention, cross.layer_norm(h)
-            out = F.scaled_dot_product_attention(self._split(attn.q(x)), *self.cross[i], attn_mask=self.cross_mask,
-                                                 scale=1.0)  # fmt: skip
+            keys_t, values = self.cross[i]
+            out = torch.softmax(self._split(attn.q(x)) @ keys_t + self.cross_mask, -1) @ values
             h = h + attn.o(self._merge(out))
-            h = h + ff.DenseReluDense(ff.layer_norm(h))
+            dense = ff.DenseReluDense
+            gate, up = F.linear(ff.layer_norm(h), self.ff_in[i]).chunk(2, -1)
+            h = h + dense.wo(dense.act(gate) * up)
         h = self.t5.decoder.final_layer_norm(h)
         self.t += 1
         return h, self.t5.lm_head(h if self.scale is None else h * self.scale)
@@ -342,6 +350,10 @@ class AutoUIPolicy(nn.Module):
             feed_forward_proj="gated-gelu", tie_word_embeddings=cfg.tie_word_embeddings, dropout_rate=cfg.dropout,
         )  # fmt: skip
         self.t5 = T5ForConditionalGeneration(t5)
+        for block in (*self.t5.encoder.block, *self.t5.decoder.block):
+            # "gated-gelu" is GELU's tanh approximation, which transformers writes out op by op (tanh, pow,
+            # muls); torch's fused kernel computes the same formula at about half the cost per call.
+            block.layer[-1].DenseReluDense.act = nn.GELU(approximate="tanh")
         if not cfg.tie_word_embeddings:  # transformers ties T5's output layer to the embeddings regardless
             self.t5.lm_head.weight = nn.Parameter(self.t5.lm_head.weight.detach().clone())
         self.screen = ScreenEncoder(cfg) if cfg.image_encoder == "cnn" else PooledFeatureScreen(cfg)
@@ -421,11 +433,14 @@ class AutoUIPolicy(nn.Module):
                       decoder_input_ids=written[:, 1:], output_hidden_states=self.copy is not None)  # fmt: skip
         if self.copy is None:
             return torch.log_softmax(out.logits.float(), -1)
-        return self._mix(enc, out.logits, out.decoder_hidden_states[-1], written)
+        return torch.log(self._next_token_probs(enc, out.logits, out.decoder_hidden_states[-1], written).clamp_min(1e-12))
 
-    def _mix(self, enc: dict[str, torch.Tensor], logits: torch.Tensor, hidden: torch.Tensor,
-             written: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """The copy head's mixture of ``logits`` with copying from the prompt, as log-probabilities."""
+    def _next_token_probs(self, enc: dict[str, torch.Tensor], logits: torch.Tensor, hidden: torch.Tensor,
+                          written: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Next-token probabilities: the softmax of ``logits``, or the copy head's mixture of it with copying from
+        the prompt. Sampling draws from these directly; a log would cost as much as the mixing."""
+        if self.copy is None:
+            return torch.softmax(logits.float(), -1)
         return self.copy(logits, hidden, enc["states"], enc["mask"], enc["input_ids"], enc["start_keys"], written,
                          self.t5.shared)  # fmt: skip
 
@@ -497,15 +512,12 @@ class AutoUIPolicy(nn.Module):
         decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens)
         for t in range(self.cfg.max_action_tokens):
             hidden, logits = decoder.step(tokens[:, -1])
-            if self.copy is None:
-                scores = torch.log_softmax(logits[:, -1].float(), -1)
-            else:
-                scores = self._mix(enc, logits, hidden, tokens[:, -2:])[:, -1]
+            probs = self._next_token_probs(enc, logits, hidden, tokens[:, -2:])[:, -1]
             if greedy:
-                nxt = scores.argmax(-1)
+                nxt = probs.argmax(-1)
             else:
                 u = torch.from_numpy(token_uniforms(streams[rows.cpu().numpy()], t)).to(self.device)
-                nxt = inverse_cdf_draw(scores, temperature, u)
+                nxt = inverse_cdf_draw(probs, temperature, u)
             nxt = nxt.masked_fill(~going, pad)  # a finished row not yet dropped writes nothing more
             written[rows, t] = nxt
             going &= nxt != eos

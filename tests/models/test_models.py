@@ -161,8 +161,8 @@ def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
         pad, streams = tok.pad_token_id, row_streams([11, 12], 3)
         tokens, done = torch.full((6, 2), pad), torch.zeros(6, dtype=torch.bool)
         for t in range(12):
-            scores = m._logprobs(enc, tokens)[:, -1]
-            nxt = inverse_cdf_draw(scores, 0.8, torch.from_numpy(token_uniforms(streams, t))).masked_fill(done, pad)
+            probs = m._logprobs(enc, tokens)[:, -1].exp()
+            nxt = inverse_cdf_draw(probs, 0.8, torch.from_numpy(token_uniforms(streams, t))).masked_fill(done, pad)
             tokens = torch.cat([tokens, nxt[:, None]], 1)
             done |= nxt == tok.eos_token_id
             if bool(done.all()):
@@ -205,12 +205,12 @@ def test_sampling_refuses_to_draw_without_a_key_per_prompt(tok):
 def test_inverse_cdf_draws_follow_the_tempered_distribution():
     logp = torch.log_softmax(torch.tensor([[2.0, -1.0, 0.5, float("-inf"), 1.0]]), -1)
     u = torch.from_numpy(token_uniforms(row_streams([5], 20_000), 0))
-    drawn = inverse_cdf_draw(logp.expand(20_000, -1), 0.8, u)
+    drawn = inverse_cdf_draw(logp.exp().expand(20_000, -1), 0.8, u)
     want = torch.softmax(logp[0] / 0.8, -1).numpy()
     freq = np.bincount(drawn.numpy(), minlength=5) / 20_000
     assert freq[3] == 0  # probability 0 is never drawn
     assert np.abs(freq - want).max() < 0.015, (freq, want)  # 20,000 draws: sd of a share below 0.0036
-    edges = inverse_cdf_draw(logp.expand(2, -1), 1.0, torch.tensor([0.0, 1.0 - 2.0**-53]))
+    edges = inverse_cdf_draw(logp.exp().expand(2, -1), 1.0, torch.tensor([0.0, 1.0 - 2.0**-53]))
     assert edges.tolist() == [0, 4]
 
 
