@@ -65,6 +65,7 @@ STAGES = (
     "base_policy",
     "collect",
     "augment_actions",
+    "vlm_pretrain",
     "vlm_finetune",
     "embed",
     "critic",
@@ -310,13 +311,16 @@ def diagnostics_markdown(paths: Paths) -> str:
         out += skills_table(skills)
     out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]
     timing = _load(paths, "eval_timing") or {}
+    total = 0.0
     for stage in STAGES:
         m = _load(paths, stage)
         if m is None:
             continue
-        wall = timing.get("wall_time_s") if stage == "eval" else m.get("wall_time_s", "-")
+        wall = timing.get("wall_time_s") if stage == "eval" else m.get("wall_time_s")
+        total += wall or 0.0
         head = ", ".join(f"{k}={m[k]}" for k in HEADLINES.get(stage, ()) if k in m)
         out.append(f"| {stage} | {wall if wall is not None else '-'} | {head} |")
+    out.append(f"| all stages | {total:.0f} ({total / 60:.0f} min) | |")
     return "\n".join(out)
 
 

@@ -2,12 +2,14 @@
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
-from digiq.paths import Paths
+from digiq.paths import ROOT, Paths
 from digiq.report import (
     DIAGNOSTICS,
     END,
+    STAGES,
     START,
     VALIDATION,
     diagnostics_markdown,
@@ -248,3 +250,19 @@ def test_results_end_with_the_paper_s_claims_after_the_ablations(tmp_path):
     lead = "+30.0 [+20.0, +40.0], holds"  # Best-of-1 30 points behind: Best-of-16 not below it
     assert f"`digiq - digiq_n1 ≥ 0` on both task sets | {lead} | {lead} | **reproduced** |" in md
     assert "`digiq - filtered_bc > 0` on both task sets | not measured | not measured | **not measured** |" in md
+
+
+def test_stage_time_table_lists_every_stage_that_writes_metrics_and_their_sum(tmp_path):
+    """A stage of dvc.yaml with a metrics file and no row would drop its time from the table and the total."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    timed = [name for name, stage in stages.items()
+             if any(next(iter(m)) == f"metrics/{name}.json" for m in stage.get("metrics", []))]  # fmt: skip
+    assert timed and set(timed) <= set(STAGES), set(timed) - set(STAGES)
+    paths = Paths(tmp_path)
+    write_metrics(paths, "vlm_pretrain", {"wall_time_s": 240.0})
+    write_metrics(paths, "critic", {"wall_time_s": 90.5})
+    write_metrics(paths, "eval_timing", {"wall_time_s": 30.0})
+    write_metrics(paths, "eval", _base_and_digiq())
+    md = diagnostics_markdown(paths)
+    assert "| vlm_pretrain | 240.0 |" in md
+    assert "| all stages | 360 (6 min) | |" in md
