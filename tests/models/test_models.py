@@ -290,13 +290,15 @@ def test_encoding_by_length_gives_each_row_what_encoding_the_whole_batch_gives(t
     states and start keys at every real token (to float rounding)."""
     torch.manual_seed(0)
     m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok).eval()
-    monkeypatch.setattr(tok, "padding_side", "left")  # as a VLM sharing the tokenizer leaves it: prompts are padded on the right regardless
+    # As a VLM sharing the tokenizer leaves it: prompts are padded on the right regardless.
+    monkeypatch.setattr(tok, "padding_side", "left")
     prompts = [f"Previous Actions: {'tap x ' * (i % 9)}Goal: Open the clock {i}" for i in range(21)]
     shots = np.random.default_rng(4).integers(0, 256, (21, 228, 108, 3), np.uint8)
     with torch.no_grad():
         whole, grouped = m.encode(prompts, shots), m.encode_by_length(prompts, shots, group=4)
     assert torch.equal(grouped["input_ids"], whole["input_ids"]) and torch.equal(grouped["mask"], whole["mask"])
     real = whole["mask"].bool()
-    assert real[:, 0].all() and not real.all()  # some rows are padded, and groups of 4 pad them less than the whole batch does
+    # Some rows are padded, and groups of 4 pad them less than the whole batch does.
+    assert real[:, 0].all() and not real.all()
     for key in ("states", "start_keys"):
         torch.testing.assert_close(grouped[key][real], whole[key][real], atol=1e-5, rtol=1e-5)
