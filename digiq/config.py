@@ -394,19 +394,28 @@ def _check_across(name: str, cfg: Any, params: dict[str, Any], path: Path | str)
     """The rules between groups, checked whichever of a rule's groups a stage loads, so that no stage runs on
     a pair of groups that disagree.
 
-    Best-of-N over N' candidates (``ablations.n_candidates``) draws them from
-    the N that stage 02 sampled per state (``augment.n_candidates``): an N'
-    above N would silently run over N.
+    Best-of-N over N' candidates (``actor.k_candidates``, and each of
+    ``ablations.n_candidates``) draws them from the N that stage 02 sampled per
+    state (``augment.n_candidates``): an N' above N would silently run over N.
     """
-    if name not in ("augment", "ablations"):
+    if name not in ("augment", "ablations", "actor"):
         return
-    augment = cfg if name == "augment" else _build(AugmentConfig, "augment", params, path)
-    ablations = cfg if name == "ablations" else _build(AblationsConfig, "ablations", params, path)
-    over = [n for n in ablations.n_candidates if n > augment.n_candidates]
-    if over:
-        raise ConfigError(f"{_where(params, 'ablations', path, 'n_candidates')} {over} exceed "
-                          f"{_where(params, 'augment', path, 'n_candidates')} ({augment.n_candidates}): "
-                          "Best-of-N over N' candidates draws them from the N that stage 02 sampled per state")  # fmt: skip
+
+    def group(cls: type, key: str) -> Any:
+        return cfg if name == key else _build(cls, key, params, path)
+
+    augment = group(AugmentConfig, "augment")
+    drawn: list[tuple[str, str, list[int]]] = []  # (group, knob, candidate counts)
+    if name in ("augment", "ablations"):
+        drawn.append(("ablations", "n_candidates", group(AblationsConfig, "ablations").n_candidates))
+    if name in ("augment", "actor"):
+        drawn.append(("actor", "k_candidates", [group(ActorConfig, "actor").k_candidates]))
+    for key, knob, counts in drawn:
+        over = [n for n in counts if n > augment.n_candidates]
+        if over:
+            raise ConfigError(f"{_where(params, key, path, knob)} {over} exceed "
+                              f"{_where(params, 'augment', path, 'n_candidates')} ({augment.n_candidates}): "
+                              "Best-of-N over N' candidates draws them from the N that stage 02 sampled per state")  # fmt: skip
 
 
 @knobs

@@ -221,6 +221,17 @@ def test_ablation_candidates_may_not_exceed_the_candidates_stage_02_drew(tmp_pat
     assert load_section(AblationsConfig, "ablations", path=tmp_path / "params.yaml").n_candidates == [1, 4]
 
 
+def test_actor_candidates_may_not_exceed_the_candidates_stage_02_drew(tmp_path):
+    """The actor draws k of the N candidates per state: k above N is refused by the stages that load either."""
+    (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\nactor:\n  k_candidates: 16\n")
+    message = r"params.yaml: actor.k_candidates \[16\] exceed params.yaml: augment.n_candidates \(4\)"
+    for cls, group in ((ActorConfig, "actor"), (AugmentConfig, "augment")):
+        with pytest.raises(ConfigError, match=message):
+            load_section(cls, group, path=tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\nactor:\n  k_candidates: 4\n")
+    assert load_section(ActorConfig, "actor", path=tmp_path / "params.yaml").k_candidates == 4
+
+
 def test_every_count_rate_and_size_has_a_range():
     """A new numeric knob needs a range unless any number is meaningful for it."""
     unranged = [f"{group}.{f.name}" for group, cls in SECTIONS.items() for f in dataclasses.fields(cls)
