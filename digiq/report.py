@@ -1,4 +1,4 @@
-"""Write the README's results and the experiments page's diagnostics from the metrics files, never by hand.
+"""Write the README's results and the docs' diagnostics and stage times from the metrics files, never by hand.
 
 ``python -m digiq.report`` rebuilds the block between ``<!-- results:start -->``
 and ``<!-- results:end -->`` in README.md: success per policy and task set
@@ -6,9 +6,10 @@ and ``<!-- results:end -->`` in README.md: success per policy and task set
 tasks, the paper's protocol), each comparison with its paired bootstrap
 interval, the variants and the ablations, and the paper's claims each judged
 by its comparison's interval (:data:`~digiq.tables.PAPER_CLAIMS`). It also rebuilds the
-diagnostics block of docs/experiments.md: success per family, what each policy
-imitates, where the data can teach, the oracle diagnostic and the critic's
-picks, the base policy's missing skills, each stage's wall time.
+validation block of docs/experiments.md, the diagnostics block of
+docs/diagnostics.md (success per family, what each policy imitates, where the
+data can teach, the oracle diagnostic and the critic's picks, the base
+policy's missing skills) and the stage-time block of docs/pipeline-time.md.
 
 No stage runs this module. The tables a stage's notebook shows too are in
 :mod:`digiq.tables` and the results chart in :mod:`digiq.viz.charts`; what is
@@ -51,6 +52,7 @@ __all__ = [
     "env_steps_table",
     "validation_markdown",
     "diagnostics_markdown",
+    "stage_times_markdown",
     "representation_probe_table",
     "update_readme",
     "fill_block",
@@ -58,8 +60,9 @@ __all__ = [
 
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/experiments.md
 VALIDATION = ("<!-- validation:start -->", "<!-- validation:end -->")  # in docs/experiments.md
+DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/diagnostics.md
+STAGE_TIMES = ("<!-- stage-times:start -->", "<!-- stage-times:end -->")  # in docs/pipeline-time.md
 STAGES = (
     "tasks",
     "base_policy",
@@ -271,7 +274,7 @@ def validation_markdown(paths: Paths) -> str:
 
 
 def diagnostics_markdown(paths: Paths) -> str:
-    """The experiments page's diagnostics: per family, what each policy imitates, the critic's picks, stage times."""
+    """The diagnostics page's tables: per family, what each policy imitates, the critic's picks, missing skills."""
     ev, diag, skills = _load(paths, "eval"), _load(paths, "diagnostics") or {}, _load(paths, "skills")
     actor = _load(paths, "actor") or {}
     oracle = diag if diag.get("states") else {}
@@ -309,7 +312,12 @@ def diagnostics_markdown(paths: Paths) -> str:
         out += ["", "Where the base policy loses (stage 10, first seed, the first 96 test tasks; success % with one "
                 "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
         out += skills_table(skills)
-    out += ["", "| stage | wall time (s) | headline |", "|---|---|---|"]
+    return "\n".join(out)
+
+
+def stage_times_markdown(paths: Paths) -> str:
+    """Each stage's wall time (``wall_time_s`` of its metrics) and its headline numbers, and their total."""
+    out = ["| stage | wall time (s) | headline |", "|---|---|---|"]
     timing = _load(paths, "eval_timing") or {}
     total = 0.0
     for stage in STAGES:
@@ -334,21 +342,24 @@ def fill_block(path: Path, markers: tuple[str, str], body: str) -> None:
     atomic_write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
 
 
-def update_readme(readme: Path, paths: Paths, experiments: Path | None = None) -> None:
-    """The README's results block and, with ``experiments``, that page's diagnostics block, from the metrics."""
+def update_readme(readme: Path, paths: Paths, docs: Path | None = None) -> None:
+    """The README's results block and, with ``docs`` (the docs folder), the blocks of its experiments, diagnostics
+    and pipeline-time pages, from the metrics."""
     fill_block(readme, (START, END), results_markdown(paths))
-    if experiments is not None:
-        fill_block(experiments, VALIDATION, validation_markdown(paths))
-        fill_block(experiments, DIAGNOSTICS, diagnostics_markdown(paths))
+    if docs is not None:
+        fill_block(docs / "experiments.md", VALIDATION, validation_markdown(paths))
+        fill_block(docs / "diagnostics.md", DIAGNOSTICS, diagnostics_markdown(paths))
+        fill_block(docs / "pipeline-time.md", STAGE_TIMES, stage_times_markdown(paths))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", default=str(Paths().root / "README.md"))
-    ap.add_argument("--experiments", default=str(Paths().root / "docs" / "experiments.md"))
+    ap.add_argument("--docs", default=str(Paths().root / "docs"), help="the folder of experiments.md, "
+                    "diagnostics.md and pipeline-time.md")  # fmt: skip
     args = ap.parse_args()
-    update_readme(Path(args.readme), Paths(), Path(args.experiments))
-    print(f"updated {args.readme} and {args.experiments}")
+    update_readme(Path(args.readme), Paths(), Path(args.docs))
+    print(f"updated {args.readme} and the blocks in {args.docs}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Each function takes a metrics dict (``metrics/<stage>.json`` or a part of
 it) and returns the table's lines. The critic's, the diagnostics' and the
 evaluation's notebooks show their own stage's tables with these, so these
 are part of what those stages run; :mod:`digiq.report`, which gathers every
-stage's tables into README.md and docs/experiments.md, is not: a change to
+stage's tables into README.md and the docs' generated blocks, is not: a change to
 how the README reads reruns no stage.
 """
 

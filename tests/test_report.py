@@ -9,6 +9,7 @@ from digiq.paths import ROOT, Paths
 from digiq.report import (
     DIAGNOSTICS,
     END,
+    STAGE_TIMES,
     STAGES,
     START,
     VALIDATION,
@@ -16,6 +17,7 @@ from digiq.report import (
     env_steps_table,
     representation_probe_table,
     results_markdown,
+    stage_times_markdown,
     update_readme,
     validation_markdown,
 )
@@ -88,7 +90,7 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "digiq_reinforce weighs" not in md
     md = diagnostics_markdown(paths)
     assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
-    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in md
+    assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in stage_times_markdown(paths)
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "over the 30 of 50 stored states" in md
@@ -107,16 +109,22 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
         and "off" in wrong_pick_table({})[0]
         and "No rewarded step" in rewarded_table({})[0]
     )  # notebooks 06 and 05
-    readme, experiments = tmp_path / "README.md", tmp_path / "experiments.md"
+    readme, docs = tmp_path / "README.md", tmp_path / "docs"
     readme.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
-    experiments.write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
-    update_readme(readme, paths, experiments)
-    assert "run `make val` after `make repro`" in experiments.read_text()  # no metrics/val/ yet
+    docs.mkdir()
+    (docs / "experiments.md").write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n")
+    (docs / "diagnostics.md").write_text(f"notes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
+    (docs / "pipeline-time.md").write_text(f"notes\n{STAGE_TIMES[0]}\nold\n{STAGE_TIMES[1]}\n")
+    update_readme(readme, paths, docs)
+    assert "run `make val` after `make repro`" in (docs / "experiments.md").read_text()  # no metrics/val/ yet
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
-    assert "old" not in experiments.read_text() and "| alone | 20.0 | 40.0 |" in experiments.read_text()
-    with pytest.raises(ValueError, match="no <!-- validation:start -->"):
-        update_readme(readme, paths, readme)
+    diagnostics = (docs / "diagnostics.md").read_text()
+    assert "old" not in diagnostics and "| alone | 20.0 | 40.0 |" in diagnostics
+    assert "| critic | 12.5 |" in (docs / "pipeline-time.md").read_text()
+    (docs / "pipeline-time.md").write_text("no block\n")
+    with pytest.raises(ValueError, match="no <!-- stage-times:start -->"):
+        update_readme(readme, paths, docs)
     for row, rate in (("base", 0.2), ("digiq", 0.35)):  # what `make val` writes, one python -m digiq.evaluate per row
         run = {ts: {"success_rate": rate, "success_rate_std": 0.01, "n_episodes": 320} for ts in ("general", "webshop")}
         write_metrics(paths, f"val/{row}", {**run, "seeds": 3})
@@ -263,6 +271,6 @@ def test_stage_time_table_lists_every_stage_that_writes_metrics_and_their_sum(tm
     write_metrics(paths, "critic", {"wall_time_s": 90.5})
     write_metrics(paths, "eval_timing", {"wall_time_s": 30.0})
     write_metrics(paths, "eval", _base_and_digiq())
-    md = diagnostics_markdown(paths)
+    md = stage_times_markdown(paths)
     assert "| vlm_pretrain | 240.0 |" in md
     assert "| all stages | 360 (6 min) | |" in md
