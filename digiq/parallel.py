@@ -9,7 +9,7 @@ gradient of the whole batch and the replicas stay identical. Only the main
 process writes files (:func:`is_main`).
 
 Our losses come from model methods (``AutoUIPolicy.loss``, ``ScreenVLM.loss``,
-``td_step``), not from one ``forward``, so the loops average gradients
+``td_losses``), not from one ``forward``, so the loops average gradients
 themselves (one all-reduce of all gradients, flattened) instead of wrapping
 models in DDP. With one process every function here is a no-op, and a run is
 exactly the plain single-process loop.

@@ -8,7 +8,7 @@ imitate:
   the action taken) are scored by the critic, A = Q(s, a) - V(s); the best
   valid one is kept when A clears a threshold (0.10 General, 0.05 Web Shopping).
 - ``filtered_bc``: every step of the trajectories that succeeded.
-- ``digirl_offline``: DigiRL's own rule on the same data (:mod:`digiq.models.digirl`):
+- ``digirl_offline``: DigiRL's own rule on the same data (:mod:`digiq.algos.digirl`):
   success classifiers V_inst and V_step on the frozen base policy's
   features, the doubly-robust step advantage, the 1/H filter, and the top
   share of episodes by outcome - V_inst.
@@ -38,11 +38,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-import torch
 
 from digiq import parallel
+from digiq.algos.digiq import (
+    best_of_n_picks,
+    drawn_advantages,
+    extraction_picks,
+    imitation_rows,
+    perfect_critic_picks,
+)
+from digiq.algos.digirl import StepFeatures, digirl_offline_picks, step_features
+from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
-    EXTRACTIONS,
     PERFECT_CRITIC_ROW,
     AblationsConfig,
     ActorConfig,
@@ -63,7 +70,6 @@ from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
 from digiq.models.critic import Critic
 from digiq.models.critic_inputs import trained_inputs
-from digiq.models.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
@@ -75,16 +81,7 @@ __all__ = [
     "run_actor",
     "ActorFitJob",
     "fit_actor_job",
-    "drawn_advantages",
-    "best_of_n",
-    "best_of_n_picks",
-    "extraction_weights",
-    "extraction_picks",
-    "perfect_critic_picks",
-    "filtered_bc_picks",
-    "digirl_offline_picks",
     "offline_step_features",
-    "imitation_rows",
     "policy_names",
     "METHODS",
 ]
@@ -116,128 +113,12 @@ def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tu
     return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
 
 
-def drawn_advantages(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
-                     rng: np.random.Generator) -> np.ndarray:  # fmt: skip
-    """(S, N): A = Q(s, a) - V(s) of the K candidates drawn per state (0, the action taken, always in); -inf elsewhere.
-
-    A candidate not drawn, or drawn but invalid, gets -inf: Best-of-N never
-    picks it and the weighted extractions never imitate it. Every extraction
-    of one seed reads this one matrix, so they all see the same candidates.
-    """
-    S, N = valid.shape
-    drawn = np.zeros((S, N), bool)
-    drawn[:, 0] = True
-    for i in range(S):
-        drawn[i, 1 + rng.permutation(N - 1)[: max(0, min(k, N) - 1)]] = True
-    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
-    adv = adv.numpy()
-    adv[~(drawn & valid)] = -np.inf
-    return adv
-
-
-def best_of_n(adv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per state: the index of the best drawn valid candidate of :func:`drawn_advantages`, and its advantage."""
-    best = adv.argmax(1)
-    return best, adv[np.arange(len(adv)), best]
-
-
-def imitation_rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
-    """Imitation rows: each picked state with its picked candidate and the row's weight."""
-    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c], float(w))
-            for i, c, w in zip(picks.states, picks.columns, picks.row_weights(), strict=True)]  # fmt: skip
-
-
-def best_of_n_picks(cfg: ActorConfig, adv: np.ndarray, steps: pd.DataFrame) -> tuple[Picks, dict[str, float]]:
-    """Digi-Q's rows: each state's best drawn candidate, kept where its advantage clears the task set's threshold.
-
-    ``adv`` is :func:`drawn_advantages`'s matrix for the seed.
-    """
-    best, adv = best_of_n(adv)
-    task_sets = steps.task_set.to_numpy()
-    kept = adv > cfg.thresholds(task_sets)
-    keep = np.flatnonzero(kept)
-    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
-             **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
-    return Picks(keep, best[keep]), stats
-
-
-def extraction_weights(cfg: ActorConfig, method: str, adv: np.ndarray) -> np.ndarray:
-    """(S, N): the weight each drawn valid candidate of ``adv`` (:func:`drawn_advantages`) is imitated with; NaN elsewhere.
-
-    ``awr``: exp(A / beta) clipped at ``awr_max_weight`` (Peng et al. 2019), so
-    every candidate is imitated, the better ones more. ``reinforce``: A itself,
-    the policy-gradient update with the critic's advantage on the base
-    policy's own samples (the candidates are drawn from it); a negative
-    weight pushes the candidate's likelihood down.
-    """
-    drawn = np.isfinite(adv)
-    a = np.where(drawn, adv, 0.0).astype(np.float64)
-    if method == "awr":
-        with np.errstate(over="ignore"):  # a weight past the clip may overflow to inf before it is clipped
-            w = np.minimum(np.exp(a / cfg.awr_beta), cfg.awr_max_weight)
-    elif method == "reinforce":
-        w = a
-    else:
-        raise ValueError(f"unknown extraction {method!r}; known: {list(EXTRACTIONS)}")
-    return np.where(drawn, w, np.nan)
-
-
-def extraction_picks(cfg: ActorConfig, method: str, adv: np.ndarray) -> tuple[Picks, dict[str, float]]:
-    """Every drawn valid candidate of every state as a row, weighted by :func:`extraction_weights`.
-
-    Also what the weights are: their mean and range, and the share clipped
-    (AWR) or negative (REINFORCE); nothing where no candidate is valid.
-    """
-    w = extraction_weights(cfg, method, adv)
-    states, columns = np.nonzero(np.isfinite(w))
-    weights = w[states, columns]
-    stats = {"weight_mean": float(weights.mean()), "weight_min": float(weights.min()),
-             "weight_max": float(weights.max())} if len(weights) else {}  # fmt: skip
-    if len(weights) and method == "awr":
-        stats["clipped_fraction"] = float(np.mean(weights >= cfg.awr_max_weight))
-    elif len(weights):
-        stats["negative_fraction"] = float(np.mean(weights < 0))
-    return Picks(states, columns, weights), stats
-
-
-def perfect_critic_picks(right: np.ndarray) -> Picks:
-    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
-
-    ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. States where no candidate does are
-    left out, as a critic could not pick what was never sampled. Trained like
-    Digi-Q's actor, this policy bounds what any critic could give Digi-Q on
-    these data: a target it misses is out of reach of the actor, not of the
-    critic.
-    """
-    states = np.flatnonzero(right.any(1))
-    return Picks(states, right[states].argmax(1))
-
-
-def filtered_bc_picks(steps: pd.DataFrame) -> Picks:
-    """Every step of the successful trajectories, with the action taken."""
-    return Picks.taken(np.flatnonzero(steps.trajectory_reward.to_numpy() > 0))
-
-
 def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
     """What offline DigiRL's value functions read: the frozen base policy's features of every stored step."""
     base = AutoUIPolicy.load(paths.base_policy)
     store = TrajectoryStore(paths.offline)
     screens = load_screens(base, store, [*steps.image_path, *steps.next_image_path])
     return step_features(base, steps, screens)
-
-
-def digirl_offline_picks(cfg: DigiRLConfig, feats: StepFeatures, steps: pd.DataFrame,
-                         seed: int) -> tuple[Picks, dict[str, Any]]:  # fmt: skip
-    """Offline DigiRL's rows: its value functions fit on the offline data, then its step filter and curriculum.
-
-    ``feats`` is :func:`offline_step_features`. The taken action of each kept
-    step is imitated (weight 1); also what the fit and the filter did.
-    """
-    order = np.lexsort((steps.step_id.to_numpy(), steps.traj_id.to_numpy()))
-    ordered = steps.iloc[order].assign(episode=steps.traj_id.to_numpy()[order])
-    values = DigiRLValues(feats.state.shape[1], seed=seed)
-    kept, stats = fit_and_select(values, feats.take(order), ordered, cfg, seed)
-    return Picks.taken(np.sort(order[kept])), stats
 
 
 class ActorFitJob(NamedTuple):

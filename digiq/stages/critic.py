@@ -1,19 +1,13 @@
-"""Stage 06: TD learning of double Q and V heads on frozen VLM features.
+"""Stage 06: Digi-Q's critics (:func:`digiq.algos.digiq.fit_critic`) on the stored steps, one per row and seed.
 
-Q target: r + gamma * (1 - done) * V_target(s');  V target: Q_target(s, a_data)
-(pessimistic minima of the twin heads), target networks soft-updated with tau.
-This is Digi-Q's critic; the features stay frozen, so it trains in seconds.
-Its inputs are the VLM's features and, as in Digi-Q, text features of the
-goal and the actions (``text_features``; :mod:`digiq.models.critic_inputs`).
-
-Beyond the paper, as named variants with their own rows (``variants`` in
-params.yaml): ``conservative``, a CQL term (Kumar et al. 2020). TD fits Q on
-the taken action only, yet stage 07 takes the argmax over 16 candidates, so
-it picks whichever untaken candidate the heads happen to overestimate; the
-term lowers the log-sum-exp of Q over a state's valid candidates against Q
-of the taken action. With ``tap_targets`` the term counts each distinct
-action of a state once (:func:`scored_candidates`), so that an action offered
-many times over (Back) is not pushed down many times over.
+Each row's critic reads its VLM's features of every stored (state,
+candidate) pair and the text features its settings add
+(:mod:`digiq.models.critic_inputs`): ``digiq`` the paper's critic on the
+fine-tuned VLM's features, the VLM ablations the same critic on another
+VLM's, and each named variant (``variants`` in params.yaml) the paper's
+critic with some settings changed. This module loads those inputs, shares
+the fits among worker processes, saves every critic and writes the stage's
+metrics; the learning rule itself is in :mod:`digiq.algos.digiq`.
 """
 
 from __future__ import annotations
@@ -24,10 +18,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from digiq import parallel
+from digiq.algos.digiq import fit_critic
 from digiq.config import (
     VLM_OF_ROW,
     AblationsConfig,
@@ -39,9 +32,9 @@ from digiq.config import (
     vlm_rows,
 )
 from digiq.data.candidates import read_candidates
-from digiq.data.trajectories import DataError, TrajectoryStore, split_trajectories
+from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.io import require
-from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic import Critic
 from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -54,70 +47,11 @@ __all__ = [
     "run_critic",
     "CriticJob",
     "fit_critic_job",
-    "fit_critic",
     "transitions",
     "spec_inputs",
-    "transition_tensors",
-    "build_critic",
-    "td_step",
-    "batch_losses",
-    "td_fit",
     "scored_candidates",
     "rewarded_fit",
 ]
-
-
-def _td_target(net: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
-    """r + gamma * (1 - done) * V(s'), V the pessimistic minimum of ``net``'s twin heads."""
-    return batch["reward"] + gamma * (1 - batch["done"]) * torch.minimum(*net.v(batch["next_state"]))
-
-
-def td_step(
-    critic: Critic, target: Critic, batch: dict[str, torch.Tensor], gamma: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Q and V losses of one batch of transitions."""
-    with torch.no_grad():
-        q_target = _td_target(target, batch, gamma)
-        v_target = torch.minimum(*target.q(batch["state"], batch["action"]))
-    q1, q2 = critic.q(batch["state"], batch["action"])
-    v1, v2 = critic.v(batch["state"])
-    return F.mse_loss(q1, q_target) + F.mse_loss(q2, q_target), F.mse_loss(v1, v_target) + F.mse_loss(v2, v_target)
-
-
-def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor, scored: torch.Tensor,
-                         floor: float | None = None) -> torch.Tensor:  # fmt: skip
-    """Per state (B,): logsumexp of Q over its scored candidates minus Q of the taken one (column 0), both heads summed.
-
-    Minimising it lowers the candidates the data never tried against the one
-    it did, unless TD lifts them through shared features (CQL's regulariser,
-    over the stored candidates instead of sampled actions).
-
-    With ``floor``, an untried candidate's Q enters the sum as no less than
-    ``floor``, so the term stops pushing it once it is there (the
-    calibration of Cal-QL, with the lowest possible return as the bound).
-    Without it, an action that is a candidate almost everywhere and rarely
-    taken (Back, Home) has its Q pushed far below any return, where returns
-    lie in [0, 1].
-    """
-    ok = scored.clone()
-    ok[:, 0] = True  # the taken action counts even when it did not parse
-    q_all = critic.q(state[:, None].expand(-1, candidates.shape[1], -1), candidates)
-    if floor is not None:
-        q_all = tuple(torch.cat([q[:, :1], q[:, 1:].clamp(min=floor)], 1) for q in q_all)
-    return sum(torch.logsumexp(q.masked_fill(~ok, float("-inf")), 1) - q[:, 0] for q in q_all)
-
-
-@torch.no_grad()
-def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
-    """(B,) bool: the data's step raised the target critic's value (r + gamma V(s') > V(s)), or its episode succeeded.
-
-    The conservative term lifts Q of the data's action against the other
-    candidates; at every step it also lifts the base's slips, and the
-    critic's wrong picks go to the commonest of them (Back).
-    ``critic.conservative_gate`` keeps the term to these steps.
-    """
-    gain = _td_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"]))
-    return (gain > 0) | (batch["mc_return"] > 0)
 
 
 def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
@@ -136,114 +70,6 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     lists = table.column("action_list").to_pylist()
     store = TrajectoryStore(paths.offline)
     return valid & distinct_actions(lists, tap_targets(store, store.read().column("image_path").to_pylist(), lists))
-
-
-def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dict[str, torch.Tensor]:
-    """One row per stored step: the features of s, s' and the action taken (candidate 0), reward, done, MC return."""
-    return {
-        "state": torch.from_numpy(np.asarray(feats["state"])),
-        "next_state": torch.from_numpy(np.asarray(feats["next_state"])),
-        "action": torch.from_numpy(np.asarray(feats["candidates"][:, 0])),  # index 0: the action taken
-        "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
-        "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
-        "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
-    }
-
-
-def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
-    """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed)."""
-    net = CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
-                          action_dim=feats["candidates"].shape[2], text=cfg.text_features, targets=cfg.tap_targets,
-                          typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
-    return Critic(net)
-
-
-def batch_losses(cfg: CriticConfig, critic: Critic, target: Critic, data: dict[str, torch.Tensor],
-                 mine: list[tuple[int, bool]], penalised: int) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The losses of one process's share of a batch: ``mine`` is (row, whether the conservative term scores it).
-
-    TD on every row; with ``cfg.conservative``, the CQL term on the scored
-    rows, scaled so that every process's share sums to the batch's mean.
-    """
-    dev = next(critic.parameters()).device
-    idx = torch.as_tensor([i for i, _ in mine])
-    q_loss, v_loss = td_step(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
-    out = {"q": q_loss, "v": v_loss}
-    if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
-        pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
-        rows = {k: t[pen].to(dev) for k, t in data.items()}
-        marked = rows["scored"]
-        if cfg.conservative_gate:
-            marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
-        term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor).sum()
-                if len(pen) else q_loss * 0)  # fmt: skip
-        out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
-    return out
-
-
-def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
-               scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
-    """Train one critic by TD (seeded by ``seed``); the held-out V-vs-return correlation measures it.
-
-    ``scored`` (states, N) marks the candidates the conservative term
-    (``cfg.conservative`` > 0) pushes down, which needs it: stage 06 passes
-    :func:`scored_candidates`.
-    """
-    if cfg.conservative > 0 and scored is None:
-        raise ValueError("the conservative term needs the mask of the candidates it scores")
-    torch.manual_seed(seed)
-    held = split_trajectories(steps.traj_id.tolist(), cfg.holdout, seed)
-    train_idx = np.flatnonzero(~steps.traj_id.isin(held).to_numpy())
-    test_idx = np.flatnonzero(steps.traj_id.isin(held).to_numpy())
-    data = transition_tensors(feats, steps)
-    if cfg.conservative > 0:
-        data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
-        data["scored"] = torch.from_numpy(np.asarray(scored, bool))
-    # The conservative term scores all N candidates of only the batch's first ``penalised`` states (all of them
-    # would cost N TD steps); a row carries whether it is one, so that each process's share sums to the batch's.
-    penalised = min(cfg.penalty_states, cfg.batch_size)
-    names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
-    dev = parallel.device()
-    critic = build_critic(cfg, feats).to(dev)
-    target = critic.target()
-    opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
-    curves: dict[str, list[float]] = {name: [] for name in names}
-    rng = np.random.default_rng(seed)
-    for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
-        for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
-            opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
-            batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
-            rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
-            loss = parallel.backward_share(rows, lambda mine: batch_losses(cfg, critic, target, data, mine, penalised),
-                                           critic.parameters(), names=names)  # fmt: skip
-            opt.step()
-            target.soft_update(critic, cfg.tau)
-            for name in names:
-                curves[name].append(loss[name])
-    critic.eval()
-    with torch.no_grad():
-        v_held = torch.minimum(*critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
-    mc = steps.mc_return.to_numpy()[test_idx]
-    corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
-    transitions = {k: data[k][train_idx].to(dev) for k in ("state", "next_state", "action", "reward", "done")}
-    fit = td_fit(critic, transitions, cfg.gamma)
-    return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx),
-            "train_rows": train_idx, **fit}  # fmt: skip
-
-
-@torch.no_grad()
-def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[str, float]:
-    """How far Q of the taken actions is from its TD target, and from V, over ``data`` (the training transitions).
-
-    Best-of-N keeps a pick when Q - V clears a fixed threshold, so Q and V
-    must agree where they meet, at the taken action. A conservative term
-    strong enough to outweigh TD moves Q off its target by a shift that
-    differs from seed to seed, and with it the share of states kept.
-    """
-    q = torch.minimum(*critic.q(data["state"], data["action"]))
-    target = _td_target(critic, data, gamma)
-    gap = q - torch.minimum(*critic.v(data["state"]))
-    return {"q_td_rmse": float(((q - target) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
 
 
 @torch.no_grad()

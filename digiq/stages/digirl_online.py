@@ -9,7 +9,7 @@ Each online row (``digirl.online``) runs per seed, in rounds:
    so far (the buffer), on the frozen base policy's features;
 3. **compute the advantages and filter**: DigiRL's doubly-robust step
    advantage, the 1/H step filter and the curriculum's top share of episodes
-   (:func:`digiq.models.digirl.fit_and_select`);
+   (:func:`digiq.algos.digirl.fit_and_select`);
 4. **update** the policy by maximum likelihood on the kept steps for
    ``digirl.actor_updates`` optimizer steps.
 
@@ -44,6 +44,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from digiq.algos.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
+from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
     ActorConfig,
     ComputeConfig,
@@ -61,12 +63,10 @@ from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import require, swap_in
 from digiq.judge import evaluator_for
 from digiq.models.agents import ModelPolicy
-from digiq.models.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
 from digiq.rollout import rollout
-from digiq.stages.actor import filtered_bc_picks
 from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
 from digiq.workers import map_jobs
 

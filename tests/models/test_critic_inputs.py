@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import TAP, TEXT_D, H
 
+from digiq.algos.digiq import conservative_penalty
 from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.candidates import read_candidates
@@ -29,7 +30,7 @@ from digiq.models.critic_inputs import (
 )
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stages.critic import conservative_penalty, scored_candidates
+from digiq.stages.critic import scored_candidates
 from digiq.viz.values import load_values
 
 

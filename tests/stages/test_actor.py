@@ -8,19 +8,19 @@ import pytest
 import torch
 import yaml
 
-from digiq.config import ActorConfig, load_params
-from digiq.data.picks import read_picks
-from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.critic_inputs import trained_inputs
-from digiq.models.policy import AutoUIPolicy
-from digiq.paths import Paths
-from digiq.stages.actor import (
+from digiq.algos.digiq import (
     best_of_n,
     best_of_n_picks,
     drawn_advantages,
     extraction_picks,
     extraction_weights,
 )
+from digiq.config import ActorConfig, load_params
+from digiq.data.picks import read_picks
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic_inputs import trained_inputs
+from digiq.models.policy import AutoUIPolicy
+from digiq.paths import Paths
 from digiq.stages.actor import from_params as actor_stage
 from digiq.stages.launch import run_stage
 

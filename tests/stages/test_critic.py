@@ -9,11 +9,12 @@ import torch
 import yaml
 
 import digiq.stages.critic as critic_module
+from digiq.algos.digiq import conservative_penalty, moved_forward, td_fit, td_losses
 from digiq.config import load_params, with_defaults
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
-from digiq.stages.critic import conservative_penalty, moved_forward, rewarded_fit, td_fit, td_step
 from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.critic import rewarded_fit
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():
@@ -32,7 +33,7 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
     target = critic.target()
     opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
     for _ in range(1500):
-        q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+        q_loss, v_loss = td_losses(critic, target, batch, gamma=0.9)
         opt.zero_grad()
         (q_loss + v_loss).backward()
         opt.step()
@@ -88,7 +89,7 @@ def test_conservative_term_keeps_untried_candidates_below_the_taken_action():
         critic = Critic(CriticNetConfig(feature_dim=4, hidden=32))
         target, opt = critic.target(), torch.optim.Adam(critic.parameters(), lr=3e-3)
         for _ in range(400):
-            q_loss, v_loss = td_step(critic, target, batch, gamma=0.9)
+            q_loss, v_loss = td_losses(critic, target, batch, gamma=0.9)
             loss = q_loss + v_loss + conservative * conservative_penalty(critic, state, cands, valid).mean()
             opt.zero_grad()
             loss.backward()

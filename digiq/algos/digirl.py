@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from digiq.config import DigiRLConfig
+from digiq.data.picks import Picks
 from digiq.env.tasks import MAX_STEPS
 from digiq.models.critic import mlp
 from digiq.models.policy import AutoUIPolicy
@@ -58,6 +59,7 @@ __all__ = [
     "instruction_priorities",
     "curriculum",
     "DigiRLValues",
+    "digirl_offline_picks",
     "digirl_steps",
     "StepFeatures",
     "step_features",
@@ -221,6 +223,7 @@ class DigiRLValues:
         }  # fmt: skip
 
     def save(self, folder: Path) -> None:
+        """Both classifiers' weights, as ``folder/values.pt`` (the online stage's checkpoint of a round)."""
         torch.save({"instruction": self.instruction.state_dict(), "step": self.step.state_dict()},
                    folder / "values.pt")  # fmt: skip
 
@@ -314,3 +317,17 @@ def fit_and_select(values: DigiRLValues, feats: StepFeatures, steps: pd.DataFram
         "kept_episodes": len(np.unique(episode[kept])),
         "buffer_episodes": len(first),
     }
+
+
+def digirl_offline_picks(cfg: DigiRLConfig, feats: StepFeatures, steps: pd.DataFrame,
+                         seed: int) -> tuple[Picks, dict[str, Any]]:  # fmt: skip
+    """Offline DigiRL's rows: its value functions fit on the offline data, then its step filter and curriculum.
+
+    ``feats`` is :func:`offline_step_features`. The taken action of each kept
+    step is imitated (weight 1); also what the fit and the filter did.
+    """
+    order = np.lexsort((steps.step_id.to_numpy(), steps.traj_id.to_numpy()))
+    ordered = steps.iloc[order].assign(episode=steps.traj_id.to_numpy()[order])
+    values = DigiRLValues(feats.state.shape[1], seed=seed)
+    kept, stats = fit_and_select(values, feats.take(order), ordered, cfg, seed)
+    return Picks.taken(np.sort(order[kept])), stats

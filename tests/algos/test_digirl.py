@@ -1,10 +1,10 @@
-"""digiq.models.digirl: DigiRL's advantage, filters, curriculum and success classifiers, checked by hand."""
+"""digiq.algos.digirl: DigiRL's advantage, filters, curriculum and success classifiers, checked by hand."""
 
 import numpy as np
 import pytest
 import torch
 
-from digiq.models.digirl import (
+from digiq.algos.digirl import (
     DigiRLValues,
     SuccessClassifier,
     curriculum,

@@ -1,0 +1,9 @@
+"""The learning rules, one file each, readable top to bottom: arrays and models in, models and picks out.
+
+- :mod:`digiq.algos.digiq`: Digi-Q's critic (TD on frozen VLM features) and actor (Best-of-N);
+- :mod:`digiq.algos.digirl`: DigiRL's success classifiers, step advantage and filters;
+- :mod:`digiq.algos.filtered_bc`: Filtered BC, the successful trajectories' own steps.
+
+Nothing here reads or writes a file or schedules a job: the stages
+(:mod:`digiq.stages`) load the data, call these and save what they return.
+"""

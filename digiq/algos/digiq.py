@@ -1,0 +1,335 @@
+"""Digi-Q (Bai et al., 2025): a TD critic on frozen VLM features, and a policy extracted from it by Best-of-N.
+
+The data are stored steps (s, a, r, s', done) of the base policy on train
+tasks, each state with N candidate actions a_0..a_{N-1} the base policy
+sampled there (a_0 the action taken). phi(s) and phi(s, a) are frozen
+features (the fine-tuned VLM's, with text features of the goal and the
+actions; :mod:`digiq.models.critic_inputs`).
+
+**Critic.** Twin heads Q_1, Q_2 over (phi(s), phi(s, a)) and V_1, V_2 over
+phi(s), with target copies (bars) soft-updated at rate tau:
+
+    y_Q = r + gamma (1 - done) min_j Vbar_j(s')
+    y_V = min_j Qbar_j(s, a)
+    L   = sum_j (Q_j(s, a) - y_Q)^2 + sum_j (V_j(s) - y_V)^2
+    thetabar <- (1 - tau) thetabar + tau theta
+
+over random minibatches of the training trajectories' steps
+(:func:`fit_critic`); the held-out trajectories measure it.
+
+**Actor.** At each stored state, K of the N candidates (a_0 always among
+them) are scored by A(s, a) = min_j Q_j(s, a) - min_j V_j(s); the best
+valid one is kept when A clears the task set's threshold
+(:func:`best_of_n_picks`), and the base policy is fit to the kept
+(s, a*) pairs by maximum likelihood (:func:`imitation_rows`, then
+:func:`digiq.models.policy_fit.fit_policy`).
+
+**The paper's extraction ablation**: every drawn valid candidate imitated
+with a weight, exp(A / beta) clipped (AWR) or A itself (REINFORCE)
+(:func:`extraction_picks`). **A bound**: Best-of-N with a perfect critic,
+the simulator's expert (:func:`perfect_critic_picks`).
+
+**Beyond the paper** (named variants, their own rows): a conservative term
+(CQL over the stored candidates, :func:`conservative_penalty`), optionally
+gated to steps that moved forward (:func:`moved_forward`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from digiq import parallel
+from digiq.config import EXTRACTIONS, ActorConfig, CriticConfig
+from digiq.data.picks import Picks
+from digiq.data.trajectories import split_trajectories
+from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.policy_fit import FitRow
+
+__all__ = [
+    "q_target",
+    "td_losses",
+    "transition_tensors",
+    "build_critic",
+    "fit_critic",
+    "td_fit",
+    "conservative_penalty",
+    "moved_forward",
+    "drawn_advantages",
+    "best_of_n",
+    "best_of_n_picks",
+    "imitation_rows",
+    "extraction_weights",
+    "extraction_picks",
+    "perfect_critic_picks",
+]
+
+
+# ---------------------------------------------------------------- the critic
+
+
+def q_target(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+    """y_Q = r + gamma (1 - done) min_j Vbar_j(s'), by the target critic ``target``."""
+    return batch["reward"] + gamma * (1 - batch["done"]) * torch.minimum(*target.v(batch["next_state"]))
+
+
+def td_losses(
+    critic: Critic, target: Critic, batch: dict[str, torch.Tensor], gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Q and V losses of one batch of transitions: each head's squared error to its target, summed over heads.
+
+    Q's target is :func:`q_target`; V's is y_V = min_j Qbar_j(s, a), the target critic's Q of the action taken.
+    """
+    with torch.no_grad():
+        y_q, y_v = q_target(target, batch, gamma), torch.minimum(*target.q(batch["state"], batch["action"]))
+    q1, q2 = critic.q(batch["state"], batch["action"])
+    v1, v2 = critic.v(batch["state"])
+    return F.mse_loss(q1, y_q) + F.mse_loss(q2, y_q), F.mse_loss(v1, y_v) + F.mse_loss(v2, y_v)
+
+
+def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dict[str, torch.Tensor]:
+    """One row per stored step: the features of s, s' and the action taken (candidate 0), reward, done, MC return."""
+    return {
+        "state": torch.from_numpy(np.asarray(feats["state"])),
+        "next_state": torch.from_numpy(np.asarray(feats["next_state"])),
+        "action": torch.from_numpy(np.asarray(feats["candidates"][:, 0])),  # index 0: the action taken
+        "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
+        "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
+        "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
+    }
+
+
+def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
+    """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed)."""
+    net = CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
+                          action_dim=feats["candidates"].shape[2], text=cfg.text_features, targets=cfg.tap_targets,
+                          typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+    return Critic(net)
+
+
+def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
+               scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train one critic by TD (seeded by ``seed``) on ``feats`` (:mod:`digiq.models.critic_inputs`, one row per
+    stored step) and ``steps`` (their reward, done, MC return and trajectory); the held-out V-vs-return correlation
+    measures it.
+
+    ``cfg.holdout`` of the trajectories are held out; ``cfg.epochs`` passes of
+    random minibatches of ``cfg.batch_size`` transitions go over the rest.
+    ``scored`` (states, N) marks the candidates the conservative term
+    (``cfg.conservative`` > 0) pushes down, which needs it.
+    """
+    if cfg.conservative > 0 and scored is None:
+        raise ValueError("the conservative term needs the mask of the candidates it scores")
+    torch.manual_seed(seed)
+    held = split_trajectories(steps.traj_id.tolist(), cfg.holdout, seed)
+    train_idx = np.flatnonzero(~steps.traj_id.isin(held).to_numpy())
+    test_idx = np.flatnonzero(steps.traj_id.isin(held).to_numpy())
+    data = transition_tensors(feats, steps)
+    if cfg.conservative > 0:
+        data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
+        data["scored"] = torch.from_numpy(np.asarray(scored, bool))
+    # The conservative term scores all N candidates of only the batch's first ``penalised`` states (all of them
+    # would cost N TD steps); a row carries whether it is one, so that each process's share sums to the batch's.
+    penalised = min(cfg.penalty_states, cfg.batch_size)
+    names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
+    dev = parallel.device()
+    critic = build_critic(cfg, feats).to(dev)
+    target = critic.target()
+    opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
+
+    def share_losses(mine: list[tuple[int, bool]]) -> dict[str, torch.Tensor]:
+        """This process's share of a batch (rows, and whether the conservative term scores each): TD on every row;
+        with ``cfg.conservative``, the CQL term on the scored rows, scaled so that the shares sum to the batch's mean."""
+        idx = torch.as_tensor([i for i, _ in mine])
+        q_loss, v_loss = td_losses(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
+        out = {"q": q_loss, "v": v_loss}
+        if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
+            pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
+            rows = {k: t[pen].to(dev) for k, t in data.items()}
+            marked = rows["scored"]
+            if cfg.conservative_gate:
+                marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
+            term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor)
+                    .sum() if len(pen) else q_loss * 0)  # fmt: skip
+            out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
+        return out
+
+    curves: dict[str, list[float]] = {name: [] for name in names}
+    rng = np.random.default_rng(seed)
+    for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
+        for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
+            opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
+            batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
+            rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
+            loss = parallel.backward_share(rows, share_losses, critic.parameters(), names=names)
+            opt.step()
+            target.soft_update(critic, cfg.tau)
+            for name in names:
+                curves[name].append(loss[name])
+    critic.eval()
+    with torch.no_grad():
+        v_held = torch.minimum(*critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
+    mc = steps.mc_return.to_numpy()[test_idx]
+    corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
+    transitions = {k: data[k][train_idx].to(dev) for k in ("state", "next_state", "action", "reward", "done")}
+    fit = td_fit(critic, transitions, cfg.gamma)
+    return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx),
+            "train_rows": train_idx, **fit}  # fmt: skip
+
+
+@torch.no_grad()
+def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[str, float]:
+    """How far Q of the taken actions is from its TD target, and from V, over ``data`` (the training transitions).
+
+    Best-of-N keeps a pick when Q - V clears a fixed threshold, so Q and V
+    must agree where they meet, at the taken action. A conservative term
+    strong enough to outweigh TD moves Q off its target by a shift that
+    differs from seed to seed, and with it the share of states kept.
+    """
+    q = torch.minimum(*critic.q(data["state"], data["action"]))
+    y_q = q_target(critic, data, gamma)
+    gap = q - torch.minimum(*critic.v(data["state"]))
+    return {"q_td_rmse": float(((q - y_q) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
+
+
+def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor, scored: torch.Tensor,
+                         floor: float | None = None) -> torch.Tensor:  # fmt: skip
+    """Per state (B,): logsumexp of Q over its scored candidates minus Q of the taken one (column 0), both heads summed.
+
+    Minimising it lowers the candidates the data never tried against the one
+    it did, unless TD lifts them through shared features (CQL's regulariser,
+    Kumar et al. 2020, over the stored candidates instead of sampled actions).
+    TD fits Q on the taken action only, yet Best-of-N takes the argmax over
+    all candidates, so it picks whichever untaken candidate the heads happen
+    to overestimate.
+
+    With ``floor``, an untried candidate's Q enters the sum as no less than
+    ``floor``, so the term stops pushing it once it is there (the
+    calibration of Cal-QL, with the lowest possible return as the bound).
+    Without it, an action that is a candidate almost everywhere and rarely
+    taken (Back, Home) has its Q pushed far below any return, where returns
+    lie in [0, 1].
+    """
+    ok = scored.clone()
+    ok[:, 0] = True  # the taken action counts even when it did not parse
+    q_all = critic.q(state[:, None].expand(-1, candidates.shape[1], -1), candidates)
+    if floor is not None:
+        q_all = tuple(torch.cat([q[:, :1], q[:, 1:].clamp(min=floor)], 1) for q in q_all)
+    return sum(torch.logsumexp(q.masked_fill(~ok, float("-inf")), 1) - q[:, 0] for q in q_all)
+
+
+@torch.no_grad()
+def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+    """(B,) bool: the data's step raised the target critic's value (r + gamma V(s') > V(s)), or its episode succeeded.
+
+    The conservative term lifts Q of the data's action against the other
+    candidates; at every step it also lifts the base's slips, and the
+    critic's wrong picks go to the commonest of them (Back).
+    ``critic.conservative_gate`` keeps the term to these steps.
+    """
+    return (q_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"])) > 0) | (batch["mc_return"] > 0)
+
+
+# ---------------------------------------------------------------- the actor
+
+
+def drawn_advantages(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
+                     rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """(S, N): A = Q(s, a) - V(s) of the K candidates drawn per state (0, the action taken, always in); -inf elsewhere.
+
+    A candidate not drawn, or drawn but invalid, gets -inf: Best-of-N never
+    picks it and the weighted extractions never imitate it. Every extraction
+    of one seed reads this one matrix, so they all see the same candidates.
+    """
+    S, N = valid.shape
+    drawn = np.zeros((S, N), bool)
+    drawn[:, 0] = True
+    for i in range(S):
+        drawn[i, 1 + rng.permutation(N - 1)[: max(0, min(k, N) - 1)]] = True
+    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
+    adv = adv.numpy()
+    adv[~(drawn & valid)] = -np.inf
+    return adv
+
+
+def best_of_n(adv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per state: the index of the best drawn valid candidate of :func:`drawn_advantages`, and its advantage."""
+    best = adv.argmax(1)
+    return best, adv[np.arange(len(adv)), best]
+
+
+def best_of_n_picks(cfg: ActorConfig, adv: np.ndarray, steps: pd.DataFrame) -> tuple[Picks, dict[str, float]]:
+    """Digi-Q's rows: each state's best drawn candidate, kept where its advantage clears the task set's threshold.
+
+    ``adv`` is :func:`drawn_advantages`'s matrix for the seed; ``steps`` the stored steps (their task set).
+    """
+    best, adv = best_of_n(adv)
+    task_sets = steps.task_set.to_numpy()
+    kept = adv > cfg.thresholds(task_sets)
+    keep = np.flatnonzero(kept)
+    stats = {"kept_not_taken_fraction": float(np.mean(best[keep] != 0)) if len(keep) else 0.0,
+             **{f"kept_fraction_{ts}": float(kept[task_sets == ts].mean()) for ts in np.unique(task_sets)}}  # fmt: skip
+    return Picks(keep, best[keep]), stats
+
+
+def imitation_rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> list[FitRow]:
+    """What the policy is fit to: each picked state's prompt and screenshot, its picked candidate and the row's weight."""
+    return [FitRow(steps.observation.iat[i], steps.image_path.iat[i], cands.action_list.iat[i][c], float(w))
+            for i, c, w in zip(picks.states, picks.columns, picks.row_weights(), strict=True)]  # fmt: skip
+
+
+def extraction_weights(cfg: ActorConfig, method: str, adv: np.ndarray) -> np.ndarray:
+    """(S, N): the weight each drawn valid candidate of ``adv`` (:func:`drawn_advantages`) is imitated with; NaN elsewhere.
+
+    ``awr``: exp(A / beta) clipped at ``awr_max_weight`` (Peng et al. 2019), so
+    every candidate is imitated, the better ones more. ``reinforce``: A itself,
+    the policy-gradient update with the critic's advantage on the base
+    policy's own samples (the candidates are drawn from it); a negative
+    weight pushes the candidate's likelihood down.
+    """
+    drawn = np.isfinite(adv)
+    a = np.where(drawn, adv, 0.0).astype(np.float64)
+    if method == "awr":
+        with np.errstate(over="ignore"):  # a weight past the clip may overflow to inf before it is clipped
+            w = np.minimum(np.exp(a / cfg.awr_beta), cfg.awr_max_weight)
+    elif method == "reinforce":
+        w = a
+    else:
+        raise ValueError(f"unknown extraction {method!r}; known: {list(EXTRACTIONS)}")
+    return np.where(drawn, w, np.nan)
+
+
+def extraction_picks(cfg: ActorConfig, method: str, adv: np.ndarray) -> tuple[Picks, dict[str, float]]:
+    """Every drawn valid candidate of every state as a row, weighted by :func:`extraction_weights`.
+
+    Also what the weights are: their mean and range, and the share clipped
+    (AWR) or negative (REINFORCE); nothing where no candidate is valid.
+    """
+    w = extraction_weights(cfg, method, adv)
+    states, columns = np.nonzero(np.isfinite(w))
+    weights = w[states, columns]
+    stats = {"weight_mean": float(weights.mean()), "weight_min": float(weights.min()),
+             "weight_max": float(weights.max())} if len(weights) else {}  # fmt: skip
+    if len(weights) and method == "awr":
+        stats["clipped_fraction"] = float(np.mean(weights >= cfg.awr_max_weight))
+    elif len(weights):
+        stats["negative_fraction"] = float(np.mean(weights < 0))
+    return Picks(states, columns, weights), stats
+
+
+def perfect_critic_picks(right: np.ndarray) -> Picks:
+    """Best-of-N with a perfect critic: at each stored state, the first candidate that does what the expert would.
+
+    ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. States where no candidate does are
+    left out, as a critic could not pick what was never sampled. Trained like
+    Digi-Q's actor, this policy bounds what any critic could give Digi-Q on
+    these data: a target it misses is out of reach of the actor, not of the
+    critic.
+    """
+    states = np.flatnonzero(right.any(1))
+    return Picks(states, right[states].argmax(1))
