@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_folder", "atomic_write_text", "write_error", "check_writable", "text_lines",
-           "printable", "StageError", "require"]  # fmt: skip
+__all__ = ["atomic_path", "atomic_folder", "atomic_write_text", "fill_block", "write_error", "check_writable",
+           "text_lines", "printable", "StageError", "require"]  # fmt: skip
 
 PRINTED_CHARS = 200  # the most of one file's line a message shows; the rest is counted, not printed
 
@@ -92,6 +93,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole; a failure names ``path`` (:func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def fill_block(path: Path, markers: tuple[str, str], body: str) -> None:
+    """Replace the block between ``markers`` in ``path`` with ``body`` (a generated part of a hand-written page)."""
+    start, end = markers
+    text = path.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no {start} ... {end} block to fill")
+    block = f"{start}\n{body}\n{end}"
+    atomic_write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
 
 
 @contextmanager

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from digiq import pipeline
 from digiq.env.tasks import TASK_SETS
-from digiq.io import atomic_write_text
+from digiq.io import fill_block
 from digiq.paths import Paths
 from digiq.tables import (
     TASK_SET_NAMES,
@@ -55,7 +55,6 @@ __all__ = [
     "stage_times_markdown",
     "representation_probe_table",
     "update_readme",
-    "fill_block",
 ]
 
 
@@ -63,20 +62,8 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 VALIDATION = ("<!-- validation:start -->", "<!-- validation:end -->")  # in docs/experiments.md
 DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/diagnostics.md
 STAGE_TIMES = ("<!-- stage-times:start -->", "<!-- stage-times:end -->")  # in docs/pipeline-time.md
-STAGES = (
-    "tasks",
-    "base_policy",
-    "collect",
-    "augment_actions",
-    "vlm_pretrain",
-    "vlm_finetune",
-    "embed",
-    "critic",
-    "actor",
-    "diagnostics",
-    "digirl_online",
-    "eval",
-)
+# The stages with a metrics file of their name (their wall time among the metrics), in the pipeline's order.
+STAGES = tuple(s.name for s in pipeline.stages() if f"metrics/{s.name}.json" in s.metrics)
 HEADLINES = {
     "base_policy": ("demo_episodes", "train_loss_last"),
     "collect": ("trajectories", "transitions", "success_rate_by_task_set"),
@@ -330,16 +317,6 @@ def stage_times_markdown(paths: Paths) -> str:
         out.append(f"| {stage} | {wall if wall is not None else '-'} | {head} |")
     out.append(f"| all stages | {total:.0f} ({total / 60:.0f} min) | |")
     return "\n".join(out)
-
-
-def fill_block(path: Path, markers: tuple[str, str], body: str) -> None:
-    """Replace the block between ``markers`` in ``path`` with ``body``."""
-    start, end = markers
-    text = path.read_text(encoding="utf-8")
-    if start not in text or end not in text:
-        raise ValueError(f"{path} has no {start} ... {end} block to fill")
-    block = f"{start}\n{body}\n{end}"
-    atomic_write_text(path, re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S))
 
 
 def update_readme(readme: Path, paths: Paths, docs: Path | None = None) -> None:

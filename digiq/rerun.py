@@ -20,8 +20,8 @@ from typing import Any
 
 from digiq.config import load_params, with_defaults
 from digiq.env.tasks import TASK_SETS
+from digiq.io import fill_block
 from digiq.paths import Paths
-from digiq.report import fill_block
 from digiq.tables import TASK_SET_NAMES, pct
 
 __all__ = ["params_differences", "rerun_markdown", "RERUN"]

@@ -97,7 +97,7 @@ def test_closure_follows_lazy_imports_parents_and_submodules() -> None:
     assert "digiq.paths" in notebook_imports(ROOT / "notebooks" / "06_critic.ipynb")
 
 
-@pytest.mark.parametrize("name", ["augment_actions", "embed", "critic", "actor", "diagnostics", "eval"])
+@pytest.mark.parametrize("name", COMPUTE)
 def test_no_stage_runs_the_viewers_or_the_readme_generator(name: str) -> None:
     """The interactive viewers and the README's tables change without rerunning any compute."""
     files = set(stage_code(STAGES[name]["cmd"]))

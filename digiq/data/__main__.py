@@ -1,4 +1,5 @@
-"""Command line: ``import-legacy IN.pt OUT_DIR --images DIR --task-set general``, ``start-at STAGE DIR...``."""
+"""Command line: ``import-legacy IN.pt OUT_DIR --images DIR --task-set general``, ``start-at STAGE DIR...``,
+``upstream STAGE``."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("stage", choices=sorted(START_STAGES), help="the first stage to run on the imported data")
     start.add_argument("folders", nargs="+", help="folders written by import-legacy (merged when several)")
     start.add_argument("--root", default=".", help="the pipeline root holding params.yaml and data/ (.)")
+    up = sub.add_parser("upstream", help="the stages to run before `dvc repro --downstream STAGE` on imported data")
+    up.add_argument("stage", choices=sorted(START_STAGES), help="the first stage to run on the imported data")
     args = parser.parse_args(argv)
+    if args.command == "upstream":
+        print(" ".join(upstream_stages(args.stage)))
+        return 0
     try:
         if args.command == "import-legacy":
             summary = import_legacy(args.src, args.out, args.images, task_set=args.task_set,

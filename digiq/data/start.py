@@ -11,11 +11,11 @@ their outputs:
   ``image_features`` as the state, ``next_image_features`` as the next
   state, ``q_rep_out_list`` as the candidates' representations.
 
-Then ``dvc repro`` of the stages the skipped ones do not replace
-(:func:`upstream_stages`: the base policy, which the actors start from, so
-set ``base_policy.checkpoint`` for the released AutoUI; and below the
-critic, the VLM pretraining, which the fine-tune starts from) and ``dvc
-repro --downstream STAGE`` run the rest (``make repro-from`` does all three).
+Then ``dvc repro`` of the stages above the start that the import does not
+replace (:func:`upstream_stages`: the base policy, which the actors start
+from, so set ``base_policy.checkpoint`` for the released AutoUI; and below
+the critic, the VLM) and ``dvc repro --downstream STAGE`` run the rest
+(``make repro-from`` does all three).
 
 Several folders (General and Web Shopping are released as separate files)
 are merged; each keeps its screenshots in its own subfolder, and trajectory
@@ -33,9 +33,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from digiq import pipeline
 from digiq.config import CriticConfig, load_section, load_variants
 from digiq.data.candidates import CANDIDATE_FIELDS
 from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
+from digiq.fingerprint import STAGE as FINGERPRINTS
 from digiq.io import atomic_folder
 from digiq.paths import Paths
 
@@ -46,6 +48,12 @@ START_STAGES = {
     "augment_actions": (),
     "vlm_finetune": ("candidates.parquet",),
     "critic": ("candidates.parquet", "image_features.npy", "next_image_features.npy", "q_rep_out_list.npy"),
+}
+# Stage -> the stages whose outputs the import writes in their place: the steps, the candidates, the features.
+REPLACED = {
+    "augment_actions": ("collect",),
+    "vlm_finetune": ("collect", "augment_actions"),
+    "critic": ("collect", "augment_actions", "embed"),
 }
 
 
@@ -72,10 +80,19 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
 
 
 def upstream_stages(stage: str) -> list[str]:
-    """The stages to run before ``dvc repro --downstream stage`` on imported data: what it needs but no import holds."""
+    """The stages to run before ``dvc repro --downstream stage`` on imported data: those whose outputs ``stage`` or
+    a stage after it reads, apart from the ones the import replaces, in ``dvc.yaml``'s order.
+
+    ``dvc repro --downstream`` runs no stage above ``stage``, so each of these
+    must have run: the base policy, which the actors start from, and, below
+    the critic, the VLM (its pretraining, and its fine-tune where the embed
+    stage needs it).
+    """
     if stage not in START_STAGES:
         raise DataError(f"cannot start at {stage!r}: choose one of {sorted(START_STAGES)}")
-    return ["base_policy"] if stage == "critic" else ["base_policy", "vlm_pretrain"]
+    after = pipeline.downstream(stage)
+    needed = pipeline.ancestors(set(after), skip={*REPLACED[stage], *after, FINGERPRINTS})
+    return [s.name for s in pipeline.stages() if s.name in needed]
 
 
 def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str, np.ndarray]]:

@@ -1,8 +1,8 @@
-"""The pipeline's stages, one module per DVC stage, in order.
+"""One module per notebook stage of ``dvc.yaml``, named as the stage; :mod:`digiq.pipeline` lists them in order.
 
-``base_policy`` (00), ``collect`` (01), ``augment_actions`` (02),
-``vlm_finetune`` (03), ``embed`` (04), ``critic`` (05), ``actor`` (06) and
-``eval`` (07); each stage's notebook calls its module. ``launch`` runs a
-training stage in one process or several; ``common`` holds what every stage
-does alike (read task lists, write metrics, time itself, draw a curve).
+Each stage's notebook calls its module, which loads the stage's inputs,
+calls the learning rules (:mod:`digiq.algos`) or the models, and saves what
+they return with the stage's metrics. ``launch`` runs a training stage in one
+process or several; ``common`` holds what every stage does alike (read task
+lists, write metrics, time itself, draw a curve).
 """

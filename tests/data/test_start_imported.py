@@ -87,8 +87,11 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
         place_imported([digirl], paths, "embed", OFF)
     assert not paths.offline.exists()  # nothing written by a refused call
     # The fine-tune starts from stage 03's VLM, which no import holds; the critic on imported features does not.
-    assert upstream_stages("vlm_finetune") == upstream_stages("augment_actions") == ["base_policy", "vlm_pretrain"]
-    assert upstream_stages("critic") == ["base_policy"]
+    # dvc repro --downstream runs nothing above the start: the embed stage after augment_actions needs the VLM's
+    # fine-tune, which reads the (imported) steps but is no stage after augment_actions.
+    assert upstream_stages("augment_actions") == ["tasks", "base_policy", "vlm_pretrain", "vlm_finetune"]
+    assert upstream_stages("vlm_finetune") == ["tasks", "base_policy", "vlm_pretrain"]
+    assert upstream_stages("critic") == ["tasks", "base_policy"]
     with pytest.raises(DataError, match="cannot start at 'embed'"):
         upstream_stages("embed")
     placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02
