@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 import yaml
 
+from digiq.rows import ABLATION_NAMES, EXTRACTIONS, ONLINE_ROWS
+
 __all__ = [
     "ConfigError",
     "fits_type",
@@ -44,7 +46,6 @@ __all__ = [
     "load_variants",
     "ActorConfig",
     "DigiRLConfig",
-    "ONLINE_ROWS",
     "DiagnosticsConfig",
     "EvalConfig",
     "SECTIONS",
@@ -648,10 +649,6 @@ class ExperimentConfig:
     )
 
 
-# Policy extractions from Digi-Q's critic beside Best-of-N (the actor stage): each weighs every drawn candidate.
-EXTRACTIONS = ("awr", "reinforce")
-
-
 @knobs
 class AblationsConfig:
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
@@ -752,19 +749,6 @@ class CriticConfig:
 
 
 # The ablation rows with a name of their own (besides digiq_n<N>), which a variant must not take.
-UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
-ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
-#: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
-VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
-
-
-def vlm_rows(ablations: AblationsConfig) -> list[str]:
-    """The rows, ``digiq`` first, whose critics read another VLM's features: the VLM ablations switched on."""
-    return ["digiq"] + [
-        row for row, on in ((UNTUNED_ROW, ablations.untuned_vlm), (BLIND_ROW, ablations.blind_vlm)) if on
-    ]
-
-
 def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str, CriticConfig]:
     """The named Digi-Q variants of group ``variants``: each is the ``critic`` group with the keys it changes.
 
@@ -824,10 +808,6 @@ class ActorConfig:
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
-
-
-# DigiRL's online rows (stage 09): how each starts and what its actor imitates.
-ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
 
 
 @knobs

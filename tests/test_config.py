@@ -27,8 +27,8 @@ from digiq.config import (
 )
 from digiq.env.state import Dynamics
 from digiq.paths import Paths
-from digiq.stages.actor import from_params as actor_stage
-from digiq.stages.diagnostics import from_params as diagnostics_stage
+from digiq.stages.actor import run as actor_stage
+from digiq.stages.diagnostics import run as diagnostics_stage
 from digiq.stages.launch import run_stage
 
 

@@ -16,9 +16,9 @@ from digiq.models.critic import Critic
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.paths import Paths
 from digiq.stages.collect import run_collect
-from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.critic import run as critic_stage
 from digiq.stages.launch import run_stage
-from digiq.stages.vlm_finetune import from_params as vlm_stage
+from digiq.stages.vlm_finetune import run as vlm_stage
 
 pytestmark = pytest.mark.slow  # accelerate launch with several processes
 
@@ -123,7 +123,5 @@ def test_a_failing_launched_stage_reports_its_error(tmp_path):
         RuntimeError, match=r"stage critic on 2 processes failed:\nStageError: .*missing input .*finetuned"
     ):
         run_stage(critic_stage, Paths(tmp_path), tmp_path / "params.yaml")
-    with pytest.raises(
-        ValueError, match="run_stage takes a digiq module's from_params, got digiq.stages.collect.run_collect"
-    ):
+    with pytest.raises(ValueError, match="run_stage takes a stage module's run, got digiq.stages.collect.run_collect"):
         run_stage(run_collect, Paths(tmp_path), tmp_path / "params.yaml")

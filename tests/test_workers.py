@@ -26,7 +26,7 @@ from digiq.evaluate import EvalJob, device_pool, evaluate_job
 from digiq.models.critic import Critic
 from digiq.paths import Paths
 from digiq.stages import diagnostics
-from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.critic import run as critic_stage
 from digiq.stages.launch import run_stage
 from digiq.workers import map_jobs, threads_per_worker
 

@@ -45,11 +45,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import EXTRACTIONS, ActorConfig, CriticConfig
+from digiq.config import ActorConfig, CriticConfig
 from digiq.data.picks import Picks
 from digiq.data.trajectories import split_trajectories
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy_fit import FitRow
+from digiq.rows import EXTRACTIONS
 
 __all__ = [
     "q_target",

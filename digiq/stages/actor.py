@@ -50,7 +50,6 @@ from digiq.algos.digiq import (
 from digiq.algos.digirl import StepFeatures, digirl_offline_picks, step_features
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
-    PERFECT_CRITIC_ROW,
     AblationsConfig,
     ActorConfig,
     CollectConfig,
@@ -61,7 +60,6 @@ from digiq.config import (
     ExperimentConfig,
     load_section,
     load_variants,
-    vlm_rows,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import Picks, write_picks
@@ -73,44 +71,20 @@ from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
+from digiq.rows import Row, all_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
-    "from_params",
+    "run",
     "run_actor",
     "ActorFitJob",
     "fit_actor_job",
     "offline_step_features",
-    "policy_names",
-    "METHODS",
 ]
 
-METHODS = ("digiq", "filtered_bc", "digirl_offline")
-
-
-def best_of_n_plan(ablations: AblationsConfig, variants: Sequence[str] = ()) -> dict[str, tuple[str, int | None]]:
-    """Every Best-of-N policy stage 07 trains: name -> (whose critic, candidates per state).
-
-    The critic is named by its row (stage 06, :func:`digiq.stages.critic.critic_specs`); ``None``
-    candidates means ``actor.k_candidates`` (Digi-Q's own setting).
-    """
-    out: dict[str, tuple[str, int | None]] = {"digiq": ("digiq", None)}
-    out.update({name: (name, None) for name in variants})
-    out.update({f"digiq_n{n}": ("digiq", n) for n in ablations.n_candidates})
-    out.update({row: (row, None) for row in vlm_rows(ablations)[1:]})  # the VLM ablations' own critics
-    return out
-
-
-def extraction_rows(ablations: AblationsConfig) -> list[str]:
-    """The rows of the extraction ablation, ``digiq_<extraction>``, in the order ``ablations.extraction`` lists them."""
-    return [f"digiq_{e}" for e in ablations.extraction]
-
-
-def policy_names(ablations: AblationsConfig, variants: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
-    """The policies the actor stage trains and the eval stage evaluates: the paper's comparison, the named variants, the ablations."""
-    extra = [n for n in best_of_n_plan(ablations) if n != "digiq"] + extraction_rows(ablations)
-    return list(METHODS), list(variants), extra + ([PERFECT_CRITIC_ROW] if ablations.perfect_critic else [])
+# With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
+DATA_PARALLEL = True
 
 
 def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
@@ -152,10 +126,10 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
 
 
 @one_run_at_a_time("actor")
-def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: AblationsConfig, env: EnvConfig,
-              collect: CollectConfig, digirl: DigiRLConfig | None = None, variants: Sequence[str] = (),
-              workers: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Train every policy (the paper's comparison, the named ``variants``, the ablations) for every seed.
+def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row], env: EnvConfig,
+              collect: CollectConfig, digirl: DigiRLConfig | None = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """Train the policy of every offline row of ``table`` (:func:`digiq.rows.all_rows`: the paper's comparison,
+    the named variants, the ablations) for every seed.
 
     The fits, all with the same number of updates, are shared among ``workers`` processes (:mod:`digiq.workers`).
     ``digirl`` sets offline DigiRL's rule (default: the paper's values).
@@ -163,11 +137,12 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
     """
     digirl = digirl or DigiRLConfig()
-    plan = best_of_n_plan(ablations, variants)
-    critic_rows = sorted({row for row, _ in plan.values()})  # the stage-06 critics the Best-of-N policies use
+    offline = [r for r in table if r.group != "online"]
+    best_of_n = [r for r in offline if r.kind == "best_of_n"]
+    perfect_row = next((r for r in offline if r.kind == "perfect_critic"), None)
+    critic_rows = sorted({r.critic for r in best_of_n})  # the stage-06 critics the Best-of-N policies use
     require("actor", paths.base_policy / "config.json",
             *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
-    main, named, extra = policy_names(ablations, variants)
     metrics: dict[str, Any] = {}
     parts: dict[str, float] = {}
     # Inside the block, paths.actors is a temporary folder, swapped in whole at its end.
@@ -179,13 +154,13 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
         with timed(parts, "digirl_features"):
             digirl_feats = offline_step_features(paths, steps)
         digirl_stats: list[dict[str, Any]] = []
-        if ablations.perfect_critic:
+        if perfect_row:
             with timed(parts, "expert_matrix"):
                 right, _ = expert_matrix(env, collect.seed, steps, cands)
             perfect = perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
-        kept: dict[str, list[int]] = {name: [] for name in main + named + extra}
+        kept: dict[str, list[int]] = {r.name: [] for r in offline}
         kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row (several for AWR's)
         not_taken: dict[str, list[float]] = {}
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
@@ -196,22 +171,27 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
             seed = cfg.seed + s
             critics = {row: Critic.load(paths.critic(s, row)) for row in critic_rows}
             plans: dict[str, Picks] = {}
-            for name, (row, k) in plan.items():
-                k = cfg.k_candidates if k is None else k
-                adv = drawn_advantages(critics[row], feats[row]["state"], feats[row]["candidates"], valid, k,
+            for row in best_of_n:
+                k = cfg.k_candidates if row.candidates is None else row.candidates
+                data = feats[row.critic]
+                adv = drawn_advantages(critics[row.critic], data["state"], data["candidates"], valid, k,
                                        np.random.default_rng(seed))  # fmt: skip
-                plans[name], stats = best_of_n_picks(cfg, adv, steps)
-                not_taken.setdefault(name, []).append(stats.pop("kept_not_taken_fraction"))
-                by_set.setdefault(name, []).append({k: round(v, 4) for k, v in stats.items()})
-                if name == "digiq":  # the extraction ablation: Digi-Q's critic and the very candidates it drew
-                    for method, row_name in zip(ablations.extraction, extraction_rows(ablations), strict=True):
-                        plans[row_name], weights = extraction_picks(cfg, method, adv)
-                        weighting.setdefault(row_name, []).append(weights)
-            if ablations.perfect_critic:
-                plans[PERFECT_CRITIC_ROW] = perfect
-            plans["filtered_bc"] = filtered_bc_picks(steps)
-            plans["digirl_offline"], stats = digirl_offline_picks(digirl, digirl_feats, steps, seed)
-            digirl_stats.append(stats)
+                plans[row.name], stats = best_of_n_picks(cfg, adv, steps)
+                not_taken.setdefault(row.name, []).append(stats.pop("kept_not_taken_fraction"))
+                by_set.setdefault(row.name, []).append({k: round(v, 4) for k, v in stats.items()})
+                # The extraction ablation: this row's critic and the very candidates Best-of-N drew here.
+                for other in (r for r in offline if r.kind == "extraction" and r.critic == row.name):
+                    plans[other.name], weights = extraction_picks(cfg, other.extraction, adv)
+                    weighting.setdefault(other.name, []).append(weights)
+            if perfect_row:
+                plans[perfect_row.name] = perfect
+            for row in offline:
+                if row.kind == "filtered_bc":
+                    plans[row.name] = filtered_bc_picks(steps)
+            for row in offline:
+                if row.kind == "digirl_offline":
+                    plans[row.name], stats = digirl_offline_picks(digirl, digirl_feats, steps, seed)
+                    digirl_stats.append(stats)
             for name, picks in plans.items():
                 rows = imitation_rows(steps, cands, picks)
                 every[(name, s)] = picks
@@ -247,14 +227,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, ablations: Ablation
     return metrics
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 07 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and ablations.perfect_critic:
         raise ValueError("ablations.perfect_critic must be false with devices.backend emulator: the perfect critic "
                          "replays the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
     return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-                     ablations=ablations, env=load_section(EnvConfig, "env", params),
+                     table=all_rows(ablations, list(load_variants(params))), env=load_section(EnvConfig, "env", params),
                      collect=load_section(CollectConfig, "collect", params),
-                     digirl=load_section(DigiRLConfig, "digirl", params), variants=list(load_variants(params)),
+                     digirl=load_section(DigiRLConfig, "digirl", params),
                      workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

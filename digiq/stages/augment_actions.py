@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from digiq.config import AugmentConfig
+from digiq.config import AugmentConfig, load_section
 from digiq.data.candidates import write_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
@@ -23,7 +23,7 @@ from digiq.noise import noise_key
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 
-__all__ = ["run_augment"]
+__all__ = ["run", "run_augment"]
 
 
 @one_run_at_a_time("augment_actions")
@@ -70,3 +70,8 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
     )
     write_metrics(paths, "augment_actions", metrics)
     return metrics
+
+
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 02 as ``params.yaml`` sets it."""
+    return run_augment(load_section(AugmentConfig, "augment", params), paths)

@@ -32,7 +32,10 @@ from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 
-__all__ = ["from_params", "run_base_policy", "randomize_copied_words"]
+__all__ = ["run", "run_base_policy", "randomize_copied_words"]
+
+# With compute.processes > 1, every process takes its share of the SFT's batches (digiq.parallel).
+DATA_PARALLEL = True
 
 _TYPED = re.compile(r'("typed_text": ")(.*?)(")')
 _WORD = re.compile(r"[A-Za-z0-9]{2,}")
@@ -159,7 +162,7 @@ def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
     return metrics
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 00 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     return run_base_policy(load_section(BasePolicyConfig, "base_policy", params), load_section(EnvConfig, "env", params),
                            paths, split_seed=load_section(TasksConfig, "tasks", params).split_seed)  # fmt: skip

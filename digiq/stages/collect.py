@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
 from digiq.env.state import Dynamics
@@ -18,7 +18,7 @@ from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 
-__all__ = ["run_collect"]
+__all__ = ["run", "run_collect"]
 
 
 def _first_tasks(cfg: CollectConfig, paths: Paths) -> dict[str, int]:
@@ -82,3 +82,10 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     )
     write_metrics(paths, "collect", metrics)
     return metrics
+
+
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 01 as ``params.yaml`` sets it."""
+    return run_collect(load_section(CollectConfig, "collect", params), load_section(EnvConfig, "env", params), paths,
+                       devices=load_section(DeviceConfig, "devices", params),
+                       judge=load_section(JudgeConfig, "judge", params))  # fmt: skip

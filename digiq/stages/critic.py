@@ -21,27 +21,19 @@ import torch
 
 from digiq import parallel
 from digiq.algos.digiq import fit_critic
-from digiq.config import (
-    VLM_OF_ROW,
-    AblationsConfig,
-    ComputeConfig,
-    CriticConfig,
-    ExperimentConfig,
-    load_section,
-    load_variants,
-    vlm_rows,
-)
+from digiq.config import AblationsConfig, ComputeConfig, CriticConfig, ExperimentConfig, load_section, load_variants
 from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.io import require
 from digiq.models.critic import Critic
 from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
+from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
-    "from_params",
+    "run",
     "CriticSpec",
     "critic_specs",
     "run_critic",
@@ -52,6 +44,9 @@ __all__ = [
     "scored_candidates",
     "rewarded_fit",
 ]
+
+# With compute.processes > 1, every process takes its share of each critic's TD batches (digiq.parallel).
+DATA_PARALLEL = True
 
 
 def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
@@ -109,16 +104,14 @@ class CriticSpec(NamedTuple):
     cfg: CriticConfig
 
 
-def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], rows: Sequence[str] = ("digiq",)
+def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], table: Sequence[Row]
                  ) -> dict[str, CriticSpec]:  # fmt: skip
-    """Every critic of the stage, by the row whose actor uses it.
+    """Every critic of the stage, by the row whose actor uses it (:func:`digiq.rows.critic_rows`).
 
-    ``digiq`` is the paper's critic; each named variant changes some of its keys; the VLM ablations
-    among ``rows`` (:func:`digiq.config.vlm_rows`) are the paper's critic on another VLM's features.
+    ``digiq`` is the paper's critic; the VLM ablations are the paper's critic on another VLM's features; each
+    named variant changes some of its keys (``variants``, :func:`digiq.config.load_variants`).
     """
-    specs = {row: CriticSpec(VLM_OF_ROW[row], critic) for row in rows}
-    specs.update({name: CriticSpec("finetuned", cfg) for name, cfg in variants.items()})
-    return specs
+    return {r.name: CriticSpec(r.vlm, variants.get(r.name, critic)) for r in critic_rows(table)}
 
 
 class CriticJob(NamedTuple):
@@ -213,10 +206,11 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
     return metrics
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    specs = critic_specs(load_section(CriticConfig, "critic", params), load_variants(params),
-                         vlm_rows(load_section(AblationsConfig, "ablations", params)))  # fmt: skip
+    variants = load_variants(params)
+    table = all_rows(load_section(AblationsConfig, "ablations", params), list(variants))
+    specs = critic_specs(load_section(CriticConfig, "critic", params), variants, table)
     return run_critic(
         specs,
         paths,

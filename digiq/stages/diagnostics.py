@@ -37,7 +37,6 @@ import pandas as pd
 import torch
 
 from digiq.config import (
-    VLM_OF_ROW,
     AblationsConfig,
     CollectConfig,
     ComputeConfig,
@@ -78,11 +77,11 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
 from digiq.rollout import episode_seed
-from digiq.stages.actor import policy_names
+from digiq.rows import VLM_OF_ROW, all_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
-__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "from_params"]
+__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "run"]
 
 
 # States per oracle job. Fixed, not derived from the number of workers, so the
@@ -216,7 +215,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                     policies: Sequence[str], threshold: float, workers: int = 1) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
 
-    ``policies`` are the ones stage 07 trained (:func:`~digiq.stages.actor.policy_names`); one that kept no
+    ``policies`` are the ones stage 07 trained (:func:`digiq.rows.all_rows`); one that kept no
     row of a task set on a seed has no share there (``None``). ``threshold`` is the VLM fine-tune's
     (``vlm_finetune.threshold``): the probes' "changes the screen" is the label that VLM learnt.
     """
@@ -308,15 +307,15 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
     return metrics
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 08 as ``params.yaml`` sets it."""
     cfg = load_section(DiagnosticsConfig, "diagnostics", params)
     if load_section(DeviceConfig, "devices", params).backend == "emulator" and cfg.oracle_states:
         raise ValueError("diagnostics.oracle_states must be 0 with devices.backend emulator: the diagnostics "
                          "replay the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
-    main, named, extra = policy_names(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
+    table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
     return run_diagnostics(cfg, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-                           policies=[*main, *named, *extra],
+                           policies=[r.name for r in table],
                            threshold=load_section(VLMFinetuneConfig, "vlm_finetune", params).threshold,
                            env=load_section(EnvConfig, "env", params),
                            collect=load_section(CollectConfig, "collect", params),

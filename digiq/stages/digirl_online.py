@@ -71,7 +71,7 @@ from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_ta
 from digiq.workers import map_jobs
 
 __all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "split_runs", "start_checkpoint",
-           "from_params"]  # fmt: skip
+           "run"]  # fmt: skip
 
 OFFLINE = "offline"  # the buffer's name for the offline data (off2on)
 
@@ -300,7 +300,7 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     return metrics
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 09 as ``params.yaml`` sets it."""
     return run_digirl_online(
         load_section(DigiRLConfig, "digirl", params), load_section(ActorConfig, "actor", params),

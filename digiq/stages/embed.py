@@ -20,7 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from digiq import parallel
-from digiq.config import EmbedConfig
+from digiq.config import AblationsConfig, ComputeConfig, EmbedConfig, load_section
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore
@@ -28,10 +28,21 @@ from digiq.env.actions import Action, parse_action
 from digiq.io import atomic_folder, require
 from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
+from digiq.rows import VLM_OF_ROW, vlm_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
 
-__all__ = ["run_embed", "EmbedJob", "EmbedPart", "embed_job", "embed_rows", "load_vlm", "state_rows", "pair_rows"]
+__all__ = [
+    "run",
+    "run_embed",
+    "EmbedJob",
+    "EmbedPart",
+    "embed_job",
+    "embed_rows",
+    "load_vlm",
+    "state_rows",
+    "pair_rows",
+]
 
 # What the VLM is shown for a row: its screenshot, its task and the candidate's parsed action (None: the
 # state alone). Two rows with one key get the same image and prompt, so the same representation.
@@ -220,3 +231,10 @@ def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned"
                     "feature_dim": int(feats["state"].shape[1]), "vlms": list(vlms)})  # fmt: skip
     write_metrics(paths, "embed", metrics)
     return metrics
+
+
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 05 as ``params.yaml`` sets it: the features of the VLMs the rows' critics read, the paper's first."""
+    vlms = [VLM_OF_ROW[row] for row in vlm_rows(load_section(AblationsConfig, "ablations", params))]
+    return run_embed(load_section(EmbedConfig, "embed", params), paths, vlms,
+                     workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

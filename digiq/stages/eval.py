@@ -46,7 +46,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from digiq.config import ONLINE_ROWS, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
+from digiq.config import (
+    AblationsConfig,
+    ComputeConfig,
+    DeviceConfig,
+    DigiRLConfig,
+    EnvConfig,
+    EvalConfig,
+    ExperimentConfig,
+    JudgeConfig,
+    load_section,
+    load_variants,
+)
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
@@ -55,10 +66,11 @@ from digiq.io import require
 from digiq.models.checkpoint import read_typed_config
 from digiq.models.policy import PolicyConfig
 from digiq.paths import Paths
+from digiq.rows import ONLINE_ROWS, all_rows
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
 
-__all__ = ["run_eval", "train_tasks", "ONLINE_PAIRS"]
+__all__ = ["run", "run_eval", "train_tasks", "ONLINE_PAIRS"]
 
 # The DigiRL paper's comparisons among its own rows, as "A - B", beside Digi-Q minus each.
 ONLINE_PAIRS = (("digirl_online", "filtered_bc_online"), ("digirl_off2on", "digirl_offline"))
@@ -177,3 +189,14 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     write_metrics(paths, "eval_train", train_summary)
     write_metrics(paths, "eval_timing", {**timing, "workers": workers if on_sim else 1})
     return summary
+
+
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    """Stage 10 as ``params.yaml`` sets it: the base and every row, the ablations into their own table."""
+    table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
+    main, variants, ablations = ([r.name for r in table if r.group == g] for g in ("paper", "variant", "ablation"))
+    return run_eval(load_section(EvalConfig, "eval", params), load_section(EnvConfig, "env", params), paths,
+                    seeds=load_section(ExperimentConfig, "experiment", params).seeds, main=main, variants=variants,
+                    online=load_section(DigiRLConfig, "digirl", params).online, ablations=ablations,
+                    devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
+                    workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip

@@ -1,11 +1,13 @@
-"""Run a training stage in this process or in several (``accelerate launch``): ``python -m digiq.stages.launch MODULE``.
+"""Run a stage in this process, or a data-parallel one in several (``accelerate launch``):
+``python -m digiq.stages.launch MODULE``.
 
-The notebooks of stages 00, 04, 06 and 07 call :func:`run_stage` with their
-module's ``from_params``. With ``compute.processes: 1`` the stage runs right
-there, in the notebook's kernel. With N > 1 it starts ``accelerate launch
---num_processes N -m digiq.stages.launch MODULE`` (data parallel,
-:mod:`digiq.parallel`) and returns the metrics the main process wrote, so
-the notebook reads the same either way.
+Every stage's notebook calls :func:`run_stage` with its module's ``run``. A
+stage runs right there, in the notebook's kernel, unless its module is data
+parallel (``DATA_PARALLEL``: the base policy's SFT, the VLM's fine-tune, the
+critics, the actors) and ``compute.processes`` is N > 1: then it starts
+``accelerate launch --num_processes N -m digiq.stages.launch MODULE`` (data
+parallel, :mod:`digiq.parallel`) and returns the metrics the main process
+wrote, so the notebook reads the same either way.
 """
 
 from __future__ import annotations
@@ -25,22 +27,23 @@ from digiq.paths import Paths
 
 __all__ = ["StageFunction", "run_stage", "main"]
 
-# A training stage: its module's ``from_params(params, paths)``, which returns the metrics it also writes.
+# A stage: its module's ``run(params, paths)``, which returns the metrics it also writes.
 StageFunction = Callable[[dict[str, Any], Paths], dict[str, Any]]
 
 
 def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> dict[str, Any]:
-    """Run ``stage`` with ``compute.processes`` processes; its metrics (what the stage function returns).
+    """Run ``stage``, in ``compute.processes`` processes if its module is data parallel; its metrics (what the
+    stage function returns).
 
-    ``stage`` is a training module's ``from_params`` (e.g. :func:`digiq.stages.critic.from_params`), so a
-    notebook imports exactly the module it runs, and DVC's deps follow from its imports.
+    ``stage`` is a stage module's ``run`` (e.g. :func:`digiq.stages.critic.run`), so a notebook imports
+    exactly the module it runs, and DVC's deps follow from its imports.
     """
     module, name = stage.__module__, stage.__module__.rsplit(".", 1)[-1]
-    if stage.__name__ != "from_params" or not module.startswith("digiq."):
-        raise ValueError(f"run_stage takes a digiq module's from_params, got {module}.{stage.__name__}")
+    if stage.__name__ != "run" or not module.startswith("digiq.stages."):
+        raise ValueError(f"run_stage takes a stage module's run, got {module}.{stage.__name__}")
     params = load_params(params_file)
     compute = load_section(ComputeConfig, "compute", params)
-    if compute.processes == 1:
+    if compute.processes == 1 or not getattr(sys.modules[module], "DATA_PARALLEL", False):
         return stage(params, paths)
     # accelerate's multi-process launcher (torchrun underneath; "multi_gpu" in name only): every process
     # joins one group, on the GPUs or, without GPUs or with compute.cpu, on the CPU (digiq.parallel.state).
@@ -68,14 +71,14 @@ def _read(paths: Paths, name: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m digiq.stages.launch", description=__doc__.splitlines()[0])
-    ap.add_argument("module", help="the training stage's module, e.g. digiq.stages.critic (its from_params runs)")
+    ap.add_argument("module", help="a data-parallel stage's module, e.g. digiq.stages.critic (its run runs)")
     ap.add_argument("--root", default=None, help="pipeline root (default: this repository)")
     ap.add_argument("--params", default=None, help="params file (default: ROOT/params.yaml)")
     args = ap.parse_args(argv)
     paths = Paths(Path(args.root)) if args.root else Paths()
     params = load_params(Path(args.params) if args.params else paths.root / "params.yaml")
     try:
-        importlib.import_module(args.module).from_params(params, paths)
+        importlib.import_module(args.module).run(params, paths)
     except Exception as e:  # marked, so that run_stage can pick the cause out of N processes' logs
         print(f"{_FAILED}{type(e).__name__}: {e}", file=sys.stderr)
         raise

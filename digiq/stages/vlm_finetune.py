@@ -30,7 +30,10 @@ from digiq.models.vlm import ScreenVLM, effect_label
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 
-__all__ = ["from_params", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
+__all__ = ["run", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
+
+# With compute.processes > 1, every process takes its share of the fine-tune's batches (digiq.parallel).
+DATA_PARALLEL = True
 
 # The language model's linear layers (Llama names); the vision tower's q/k/v/out projections stay frozen.
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
@@ -260,7 +263,7 @@ def _finetune(cfg: VLMFinetuneConfig, vlm: ScreenVLM, paths: Paths, out: Path) -
     return metrics, curve
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 04 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths,
                             blind=load_section(AblationsConfig, "ablations", params).blind_vlm)  # fmt: skip

@@ -41,7 +41,7 @@ from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 from digiq.stages.vlm_finetune import lr_factor
 
-__all__ = ["from_params", "run_vlm_pretrain", "questions", "accuracy"]
+__all__ = ["run", "run_vlm_pretrain", "questions", "accuracy"]
 
 
 def questions(objectives: Sequence[str], screens: Sequence[LabelledScreen], bases: Sequence[np.ndarray],
@@ -154,7 +154,7 @@ def _train(vlm: ScreenVLM, cfg: VLMPretrainConfig, screens: list[LabelledScreen]
     return curve
 
 
-def from_params(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 03 as ``params.yaml`` sets it."""
     return run_vlm_pretrain(load_section(VLMPretrainConfig, "vlm_pretrain", params),
                             load_section(VLMFinetuneConfig, "vlm_finetune", params),

@@ -21,7 +21,7 @@ from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.critic_inputs import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.stages.actor import from_params as actor_stage
+from digiq.stages.actor import run as actor_stage
 from digiq.stages.launch import run_stage
 
 

@@ -13,8 +13,8 @@ from digiq.algos.digiq import conservative_penalty, moved_forward, td_fit, td_lo
 from digiq.config import load_params, with_defaults
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.paths import Paths
-from digiq.stages.critic import from_params as critic_stage
 from digiq.stages.critic import rewarded_fit
+from digiq.stages.critic import run as critic_stage
 
 
 def test_td_learning_recovers_values_of_a_two_step_chain():

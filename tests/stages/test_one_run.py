@@ -30,11 +30,12 @@ from digiq.config import (
 from digiq.io import StageError
 from digiq.lock import stage_lock
 from digiq.paths import ROOT, Paths
+from digiq.rows import all_rows
 from digiq.stages.actor import run_actor
 from digiq.stages.augment_actions import run_augment
 from digiq.stages.base_policy import run_base_policy
 from digiq.stages.collect import run_collect
-from digiq.stages.critic import from_params as critic_stage
+from digiq.stages.critic import run as critic_stage
 from digiq.stages.critic import run_critic
 from digiq.stages.diagnostics import run_diagnostics
 from digiq.stages.digirl_online import run_digirl_online
@@ -49,9 +50,9 @@ import sys
 from pathlib import Path
 from digiq.config import load_params, with_defaults
 from digiq.paths import Paths
-from digiq.stages.critic import from_params
+from digiq.stages.critic import run
 root = Path(sys.argv[1])
-from_params(with_defaults(load_params(root / "params.yaml")), Paths(root))
+run(with_defaults(load_params(root / "params.yaml")), Paths(root))
 """
 
 
@@ -106,7 +107,7 @@ ENTRIES: dict[str, Callable[[Paths], object]] = {
     "embed": lambda p: run_embed(EmbedConfig(), p),
     "critic": lambda p: run_critic({}, p),
     "actor": lambda p: run_actor(
-        ActorConfig(), p, seeds=1, ablations=AblationsConfig(), env=EnvConfig(), collect=CollectConfig()
+        ActorConfig(), p, seeds=1, table=all_rows(AblationsConfig()), env=EnvConfig(), collect=CollectConfig()
     ),  # fmt: skip
     "diagnostics": lambda p: run_diagnostics(
         DiagnosticsConfig(), p, seeds=1, env=EnvConfig(), collect=CollectConfig(), policies=[], threshold=0.0
