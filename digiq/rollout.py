@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from digiq.data.trajectories import Step, TrajectoryStore, mc_returns, observation_text
 from digiq.env.actions import format_action
@@ -40,6 +39,7 @@ from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 from digiq.io import write_error
 from digiq.noise import noise_key
+from digiq.progress import Progress, progress
 
 __all__ = [
     "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by", "FAULTS_FILE"
@@ -134,7 +134,7 @@ class _Rollouts:
 
     def __init__(self, tasks: Sequence[Task], envs: list[PhoneEnv], *, todo: Sequence[int], seed: int, gamma: float,
                  store: TrajectoryStore | None, part_size: int, max_faults: int, screen_text: bool,
-                 hierarchies: bool, bar: tqdm) -> None:  # fmt: skip
+                 hierarchies: bool, bar: Progress) -> None:  # fmt: skip
         self.tasks, self.envs, self.seed, self.gamma = tasks, envs, seed, gamma
         self.store, self.part_size, self.max_faults, self.bar = store, part_size, max_faults, bar
         self.screen_text, self.keep_xml = screen_text, hierarchies and store is not None
@@ -314,7 +314,7 @@ def rollout(
     todo = [i for i in range(len(tasks)) if i not in stored]
     make = env_factory if env_factory is not None else (lambda: AndroidSimEnv(dynamics=dynamics, width=width))
     envs = [make() for _ in range(min(n_envs, max(1, len(todo))))]
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=desc, leave=False)
+    bar = progress(total=len(tasks), initial=len(tasks) - len(todo), desc=desc)
     run = _Rollouts(tasks, envs, todo=todo, seed=seed, gamma=gamma, store=store, part_size=part_size,
                     max_faults=max_faults, screen_text=screen_text, hierarchies=hierarchies, bar=bar)  # fmt: skip
     threads = ThreadPoolExecutor(len(envs)) if any(e.parallel_steps for e in envs) else None

@@ -42,7 +42,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import ActorConfig, CriticConfig
@@ -50,6 +49,7 @@ from digiq.data.picks import Picks
 from digiq.data.trajectories import split_trajectories
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy_fit import FitRow
+from digiq.progress import progress
 from digiq.rows import EXTRACTIONS
 
 __all__ = [
@@ -162,7 +162,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
 
     curves: dict[str, list[float]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
-    for _ in tqdm(range(cfg.epochs), desc=f"TD epochs (seed {seed})", leave=False, disable=not parallel.is_main()):
+    for _ in progress(range(cfg.epochs), desc=f"TD epochs (seed {seed})"):
         for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
             opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
             batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]

@@ -194,7 +194,7 @@ class TrajectoryStore:
         path = self.root / rel
         try:
             with Image.open(path) as im:
-                return np.asarray(im.convert("RGB"))
+                return np.array(im.convert("RGB"))  # writable: torch warns on a read-only array
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read screenshot {path}: {e}") from None
 

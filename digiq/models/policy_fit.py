@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.data.trajectories import TrajectoryStore
 from digiq.models.policy import AutoUIPolicy
+from digiq.progress import progress
 
 __all__ = ["FitRow", "load_screens", "fit_policy", "demo_rows"]
 
@@ -39,7 +39,7 @@ def load_screens(
     """
     names = sorted(set(paths))
     out: dict[str, torch.Tensor] = {}
-    for i in tqdm(range(0, len(names), chunk), desc="load screenshots", leave=False):
+    for i in progress(range(0, len(names), chunk), desc="load screenshots"):
         batch = names[i : i + chunk]
         small = model.screen.prepare(store.load_images(batch))
         out.update(zip(batch, small, strict=True))
@@ -82,7 +82,7 @@ def fit_policy(
     curve: list[dict[str, float]] = []
     model.train()
     order = list(range(len(rows)))
-    bar = tqdm(total=total, desc=desc, leave=False, disable=not parallel.is_main())
+    bar = progress(total=total, desc=desc)
     epoch = 0
     while len(curve) < total:
         rng.shuffle(order)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 from transformers import (
-    CLIPImageProcessor,
+    CLIPImageProcessorPil,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
@@ -309,7 +309,7 @@ def recipe_for(name: str, checkpoint: str = "", image_size: int = VLMConfig.imag
     if checkpoint:
         ip = LlavaProcessor.from_pretrained(checkpoint).image_processor
         return recipe(name, _tower_size(ip), ip.image_mean, LLAVA_TEMPLATE)
-    return recipe(name, image_size, CLIPImageProcessor().image_mean, VLMConfig.prompt_template)
+    return recipe(name, image_size, CLIPImageProcessorPil().image_mean, VLMConfig.prompt_template)
 
 
 def saved_recipe(folder: Path | str) -> Recipe:
@@ -318,7 +318,7 @@ def saved_recipe(folder: Path | str) -> Recipe:
     return recipe_for(cfg.recipe, str(Path(folder) / "hf") if cfg.source else "", cfg.image_size)
 
 
-def _tower_size(ip: CLIPImageProcessor) -> int:
+def _tower_size(ip: CLIPImageProcessorPil) -> int:
     """The square input of a released processor: its crop size, else its resize target."""
     crop = getattr(ip, "crop_size", None) or {}
     return int(crop.get("height") or ip.size.get("height") or ip.size["shortest_edge"])
@@ -331,7 +331,7 @@ def llava_processor(tokenizer: PreTrainedTokenizerBase, image_size: int, patch_s
     benchmarks; a released checkpoint brings its own processor.
     """
     square = {"height": image_size, "width": image_size}
-    images = CLIPImageProcessor(size=square, do_center_crop=False, crop_size=square)
+    images = CLIPImageProcessorPil(size=square, do_center_crop=False, crop_size=square)
     return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=patch_size,
                           vision_feature_select_strategy="default", image_token="<image>",
                           num_additional_image_tokens=1)  # fmt: skip

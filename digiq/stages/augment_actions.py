@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from digiq.config import AugmentConfig, load_section
 from digiq.data.candidates import write_candidates
@@ -21,6 +20,7 @@ from digiq.io import require
 from digiq.models.policy import AutoUIPolicy
 from digiq.noise import noise_key
 from digiq.paths import Paths
+from digiq.progress import progress
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 
 __all__ = ["run", "run_augment"]
@@ -35,7 +35,7 @@ def run_augment(cfg: AugmentConfig, paths: Paths) -> dict[str, Any]:
         store = TrajectoryStore(paths.offline)
         steps = store.read().select(["traj_id", "step_id", "observation", "image_path", "action"]).to_pylist()
         lists, resampled = [], 0
-        for start in tqdm(range(0, len(steps), cfg.batch_states), desc="candidates", leave=False):
+        for start in progress(range(0, len(steps), cfg.batch_states), desc="candidates"):
             batch = steps[start : start + cfg.batch_states]
             images = model.screen.prepare(store.load_images([s["image_path"] for s in batch]))
             prompts = [s["observation"] for s in batch]

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import AblationsConfig, ComputeConfig, EmbedConfig, load_section
@@ -28,6 +27,7 @@ from digiq.env.actions import Action, parse_action
 from digiq.io import atomic_folder, require
 from digiq.models.vlm import ScreenVLM
 from digiq.paths import Paths
+from digiq.progress import progress
 from digiq.rows import VLM_OF_ROW, vlm_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import map_jobs, process_cached
@@ -80,7 +80,7 @@ def embed_rows(vlm: ScreenVLM, store: TrajectoryStore, rows: Sequence[Key], batc
     """
     recipe = vlm.recipe
     reps, yes, distinct = [], [], 0
-    for i in tqdm(range(0, len(rows), batch), desc=desc, leave=False):
+    for i in progress(range(0, len(rows), batch), desc=desc):
         chunk = rows[i : i + batch]
         unique = list(dict.fromkeys(chunk))
         names = list(dict.fromkeys(path for path, _, _ in unique))

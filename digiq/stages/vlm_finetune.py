@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
-from tqdm.auto import tqdm
 
 from digiq import parallel
 from digiq.config import AblationsConfig, VLMFinetuneConfig, load_section
@@ -28,6 +27,7 @@ from digiq.env.actions import parse_action
 from digiq.io import require
 from digiq.models.vlm import ScreenVLM, effect_label
 from digiq.paths import Paths
+from digiq.progress import progress
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 
 __all__ = ["run", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
@@ -43,7 +43,7 @@ def labelled_pairs(store: TrajectoryStore, vlm: ScreenVLM, threshold: float) -> 
     """One (marked image, question, Yes/No label) per stored transition."""
     rows = store.read().select(["traj_id", "task", "image_path", "next_image_path", "action"]).to_pylist()
     out = []
-    for i in tqdm(range(0, len(rows), 64), desc="label transitions", leave=False):
+    for i in progress(range(0, len(rows), 64), desc="label transitions"):
         batch = rows[i : i + 64]
         # The label compares a screen with the next one pixel by pixel: a pair of two sizes is named.
         pairs = [store.load_images([r["image_path"], r["next_image_path"]]) for r in batch]
@@ -219,7 +219,7 @@ def _finetune(cfg: VLMFinetuneConfig, vlm: ScreenVLM, paths: Paths, out: Path) -
     compute = (torch.autocast(parallel.device().type, dtype=torch.bfloat16) if cfg.autocast
                else contextlib.nullcontext())  # fmt: skip
     curve: list[float] = []
-    bar = tqdm(total=total, desc="fine-tune VLM", leave=False, disable=not parallel.is_main())
+    bar = progress(total=total, desc="fine-tune VLM")
     while len(curve) < total:  # whole epochs, then the fraction of one that is left
         vlm.model.train()
         rng.shuffle(train)

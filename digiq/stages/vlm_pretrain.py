@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
@@ -38,6 +37,7 @@ from digiq.io import StageError, atomic_write_text, require
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
+from digiq.progress import progress
 from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 from digiq.stages.vlm_finetune import lr_factor
 
@@ -139,7 +139,7 @@ def _train(vlm: ScreenVLM, cfg: VLMPretrainConfig, screens: list[LabelledScreen]
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, cfg.warmup, "cosine"))
     vlm.model.train()
     curve = []
-    for _ in tqdm(range(cfg.steps), desc="pretrain VLM", leave=False):
+    for _ in progress(range(cfg.steps), desc="pretrain VLM"):
         batch = questions(cfg.objectives, screens, bases, vlm, cfg.batch_size, rng)
         loss = vlm.text_loss([q.image for q in batch], [q.prompt for q in batch], [q.answer for q in batch])
         opt.zero_grad()

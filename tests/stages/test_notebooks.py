@@ -65,6 +65,31 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
+def _noise(executed: Path) -> tuple[int, int]:
+    """(lines of stderr, counting progress-bar redraws, and widget outputs with no static image beside them in
+    their cell): what an executed notebook shows a reader on the web beyond the stage's own output."""
+    lines = bare = 0
+    for cell in json.loads(executed.read_text())["cells"]:
+        outputs = cell.get("outputs", [])
+        images = sum("image/png" in o.get("data", {}) for o in outputs)
+        for o in outputs:
+            if o.get("name") == "stderr":
+                text = "".join(o["text"])
+                lines += text.count("\n") + text.count("\r")
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {}) and not images:
+                bare += 1
+    return lines, bare
+
+
+def test_noise_counts_progress_redraws_and_widgets_without_a_picture(tmp_path):
+    cells = [{"cell_type": "code", "outputs": [{"name": "stderr", "text": ["\rfit: 1/80", "\rfit: 2/80"]},
+                                               {"data": {"application/vnd.jupyter.widget-view+json": {}}}]},
+             {"cell_type": "code", "outputs": [{"data": {"application/vnd.jupyter.widget-view+json": {}}},
+                                               {"data": {"image/png": "..."}}]}]  # fmt: skip
+    (tmp_path / "nb.ipynb").write_text(json.dumps({"cells": cells}))
+    assert _noise(tmp_path / "nb.ipynb") == (2, 1)
+
+
 def test_notebooks_are_committed_without_outputs():
     for name in NOTEBOOKS:
         nb = json.loads((ROOT / "notebooks" / name).read_text())
@@ -84,6 +109,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
             progress_bar=False,
             cwd=str(workspace),
         )
+    for name in STAGES:  # what a reader of the executed notebook sees: the stage's output, no progress or noise
+        stderr, bare = _noise(workspace / f"executed_{name}")
+        assert stderr <= 3, (name, stderr)
+        assert bare == 0, (name, bare)
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
     online = {"digirl_online", "digirl_off2on", "filtered_bc_online"}
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"} | online
