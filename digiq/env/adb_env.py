@@ -513,7 +513,7 @@ class AdbEnv(PhoneEnv):
         im = self.link.screenshot()
         if im.size != (self.width, self.height):
             im = im.resize((self.width, self.height), Image.Resampling.BOX)
-        frame = np.array(im, dtype=np.uint8)
+        frame = np.asarray(im, dtype=np.uint8)
         frame.setflags(write=False)
         return frame
 
