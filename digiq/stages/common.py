@@ -157,17 +157,41 @@ def log_curves(folder: Path, curves: dict[str, list[float]]) -> None:
     (folder / "metrics.json").unlink(missing_ok=True)  # the last values only; stage metrics live in metrics/
 
 
+SHARED_PANEL = 4  # the most curves one panel holds; more are drawn as small multiples, one curve a panel
+
+
 def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylabel: str = "loss") -> Path:
     """Learning curves as a PNG (renders anywhere, no charting library from the network), and logged by
-    :func:`log_curves` into the folder of the same name, for ``dvc plots diff``."""
+    :func:`log_curves` into the folder of the same name, for ``dvc plots diff``.
+
+    Up to :data:`SHARED_PANEL` curves share one panel; more are small multiples on shared axes, one curve
+    a panel titled by its name, four panels a row, so that none hides another.
+    """
     log_curves(path.with_suffix(""), curves)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, ys in curves.items():
-        ax.plot(range(len(ys)), ys, label=name)
-    ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    if len(curves) > 1:
-        ax.legend()
+    if len(curves) <= SHARED_PANEL:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for name, ys in curves.items():
+            ax.plot(range(len(ys)), ys, label=name)
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if len(curves) > 1:
+            ax.legend()
+        fig.tight_layout()
+        return save_figure(fig, path)
+    cols = 4
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
+    for ax, (name, ys) in zip(axes.flat, curves.items(), strict=False):
+        ax.plot(range(len(ys)), ys, lw=1)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(curves) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.suptitle(title)
     fig.tight_layout()
     return save_figure(fig, path)
 

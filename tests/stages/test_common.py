@@ -27,6 +27,17 @@ def test_curves_are_logged_per_step_beside_their_png_and_replace_an_earlier_run(
     assert not (tmp_path / "critic_td_loss" / "metrics.json").exists()
 
 
+def test_many_curves_are_drawn_as_small_multiples_one_a_panel(tmp_path):
+    from PIL import Image
+
+    few, many = tmp_path / "few.png", tmp_path / "many.png"
+    save_curve_plot(few, {f"fit {i}": [1.0, 0.5] for i in range(4)}, "fits")
+    save_curve_plot(many, {f"fit {i}": [1.0, 0.5] for i in range(9)}, "fits")
+    width, height = Image.open(few).size
+    wide, tall = Image.open(many).size
+    assert (width, height) == (600, 350) and (wide, tall) == (1200, 660)  # 4 panels a row, 3 rows
+
+
 def test_curves_in_a_repository_without_a_commit_name_the_fix(tmp_path, monkeypatch):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     monkeypatch.chdir(tmp_path)  # dvclive finds the repository from the working directory
