@@ -2,7 +2,8 @@
 
 A screen is a stored screenshot and the view hierarchy dumped with it
 (``uiautomator dump`` on a device; the simulator writes the same XML). The
-corpus comes from the noisy expert's episodes on the tasks of one split, so
+corpus comes from the noisy expert's episodes on the tasks of one split
+(recorded by :func:`digiq.stages.vlm_pretrain.record_screens`), so
 pretraining on the train split never shows a validation or test entity.
 Nothing here is particular to the simulator: any stored episodes whose
 hierarchies were kept (``collect.view_hierarchy``) make a corpus.
@@ -12,17 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.hierarchy import Element, screen_elements
-from digiq.env.state import Dynamics
-from digiq.env.tasks import Task
-from digiq.rollout import ExpertPolicy, rollout
 
-__all__ = ["LabelledScreen", "record_screens", "labelled_screens", "screen_images"]
+__all__ = ["LabelledScreen", "labelled_screens", "screen_images"]
 
 
 @dataclass(frozen=True)
@@ -32,18 +29,6 @@ class LabelledScreen:
     image_path: str
     elements: tuple[Element, ...]
     xml: str
-
-
-def record_screens(folder: Path, tasks: Sequence[Task], *, noise: float, seed: int, dynamics: Dynamics,
-                   width: int) -> TrajectoryStore:  # fmt: skip
-    """The noisy expert's episode on each task, stored with every screen's view hierarchy.
-
-    A run cut short resumes with the tasks not yet stored (:func:`digiq.rollout.rollout`).
-    """
-    store = TrajectoryStore(folder)
-    rollout(ExpertPolicy(noise, seed), tasks, n_envs=32, seed=seed, dynamics=dynamics, width=width, store=store,
-            desc=f"screens of {folder.name}", hierarchies=True)  # fmt: skip
-    return store
 
 
 def labelled_screens(store: TrajectoryStore, exclude: Sequence[LabelledScreen] = ()) -> list[LabelledScreen]:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m digiq.env {check-tasks,render-demo,generate-tasks,generate-task-lists,adb-server}``."""
+"""Command line: ``python -m digiq.env {check-tasks,generate-tasks,generate-task-lists,adb-server}``."""
 
 from __future__ import annotations
 
@@ -9,19 +9,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from digiq.config import ConfigError, TasksConfig, load_section
 from digiq.env.adb_server import AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.taskgen import FAMILY_WEIGHTS, PROTOCOL_TASKS, SPLITS, generate_tasks
-from digiq.env.tasks import Task, UnsupportedInstruction, parse_task
-from digiq.io import StageError, atomic_path, atomic_write_text
+from digiq.env.tasks import UnsupportedInstruction, parse_task
+from digiq.io import StageError, atomic_write_text
 from digiq.lock import stage_lock
 from digiq.paths import Paths
-from digiq.viz.draw import contact_sheet, draw_action
 
 
 def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str | None = None) -> dict[str, Any]:
@@ -111,27 +108,6 @@ def generate_task_lists(root: Path) -> None:
         raise SystemExit(f"generate-task-lists: {e}") from None
 
 
-def render_demo(out: str, seed: int, width: int, max_frames: int) -> None:
-    """A contact sheet of one expert episode per task family."""
-    env = AndroidSimEnv(width=width)
-    rows = []
-    for task_set, weights in FAMILY_WEIGHTS.items():
-        for fam in weights:
-            instruction = generate_tasks(task_set, "train", 1, seed=seed, families=[fam])[0]
-            task: Task = parse_task(instruction, task_set)
-            frames: list[Image.Image] = []
-            ok, steps = run_episode(
-                env, task, seed, Expert(), on_step=lambda shot, a, out=frames: out.append(draw_action(shot, a))
-            )
-            frames.append(Image.fromarray(env.device.screenshot()))  # where the episode ended
-            rows.append(
-                (f"[{fam}] {instruction} -> {'success' if ok else 'failed'} in {steps} steps", frames[:max_frames])
-            )
-    with atomic_path(Path(out)) as tmp:
-        contact_sheet(rows).save(tmp, format="PNG")
-    print(f"wrote {out}: {len(rows)} episodes")
-
-
 def adb_server(host: str, port: int, devices: int, width: int, calm: bool) -> None:
     """Serve simulated phones over adb's protocol until interrupted or sent ``adb kill-server``."""
     try:
@@ -175,11 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--metrics", help="also write the counts, per family too, to this JSON file")
-    r = sub.add_parser("render-demo", help="contact sheet of one expert episode per family")
-    r.add_argument("out")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--width", type=int, default=162)
-    r.add_argument("--max-frames", type=int, default=9)
     g = sub.add_parser("generate-tasks", help="write an AitW-style task list")
     g.add_argument("out")
     g.add_argument("--task-set", choices=sorted(FAMILY_WEIGHTS), required=True)
@@ -201,8 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "check-tasks":
         check_tasks(args.files, args.task_set, args.seed, args.metrics)
-    elif args.cmd == "render-demo":
-        render_demo(args.out, args.seed, args.width, args.max_frames)
     elif args.cmd == "generate-task-lists":
         generate_task_lists(Path(args.root))
     elif args.cmd == "adb-server":

@@ -22,6 +22,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,18 +31,32 @@ from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
 from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_section
-from digiq.data.screen_corpus import LabelledScreen, labelled_screens, record_screens, screen_images
+from digiq.data.screen_corpus import LabelledScreen, labelled_screens, screen_images
+from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
-from digiq.env.tasks import TASK_SETS
+from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, atomic_write_text, require
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
 from digiq.progress import progress
+from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
 from digiq.stages.vlm_finetune import lr_factor
 
-__all__ = ["run", "run_vlm_pretrain", "questions", "accuracy"]
+__all__ = ["run", "run_vlm_pretrain", "record_screens", "questions", "accuracy"]
+
+
+def record_screens(folder: Path, tasks: Sequence[Task], *, noise: float, seed: int, dynamics: Dynamics,
+                   width: int) -> TrajectoryStore:  # fmt: skip
+    """The noisy expert's episode on each task, stored with every screen's view hierarchy.
+
+    A run cut short resumes with the tasks not yet stored (:func:`digiq.rollout.rollout`).
+    """
+    store = TrajectoryStore(folder)
+    rollout(ExpertPolicy(noise, seed), tasks, n_envs=32, seed=seed, dynamics=dynamics, width=width, store=store,
+            desc=f"screens of {folder.name}", hierarchies=True)  # fmt: skip
+    return store
 
 
 def questions(objectives: Sequence[str], screens: Sequence[LabelledScreen], bases: Sequence[np.ndarray],

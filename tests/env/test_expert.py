@@ -84,7 +84,7 @@ def test_render_demo_writes_a_contact_sheet(tmp_path):
 
     out = tmp_path / "demo.png"
     subprocess.run(
-        [sys.executable, "-m", "digiq.env", "render-demo", str(out), "--width", "108"],
+        [sys.executable, "-m", "digiq.viz", "render-demo", str(out), "--width", "108"],
         check=True,
         cwd=ROOT,
         capture_output=True,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_params, load_section
-from digiq.data.screen_corpus import LabelledScreen, labelled_screens, record_screens
+from digiq.data.screen_corpus import LabelledScreen, labelled_screens
 from digiq.env import parse_task
 from digiq.env.hierarchy import Element, screen_elements
 from digiq.env.state import Dynamics
@@ -18,7 +18,7 @@ from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import NOTHING, Question, ask, correct
 from digiq.paths import Paths
-from digiq.stages.vlm_pretrain import run_vlm_pretrain
+from digiq.stages.vlm_pretrain import record_screens, run_vlm_pretrain
 from tests.conftest import ROOT
 
 SMALL = VLMConfig(image_size=32, patch_size=16, vision_hidden=16, hidden=32, layers=1, heads=2)
