@@ -25,8 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import yaml
-
+from digiq import pipeline
 from digiq.paths import ROOT
 
 LAST = "diagnostics"  # the last stage whose cost grows with the offline data
@@ -59,14 +58,11 @@ def main() -> None:
             [str(clone / ".venv" / "bin" / "python"), "-m", "digiq.preset", "params/presets/paper_scale.yaml"],
             cwd=clone,
         )
-    # The clone's own environment only: a PYTHONPATH pointing at this checkout would run this checkout's code there.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{clone / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    env = {**os.environ, "PATH": f"{clone / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     run([str(clone / ".venv" / "bin" / "dvc"), "repro", LAST], cwd=clone, env=env)
 
     print("\n| stage | today's scale (s) | paper's scale (s) | ratio |\n|---|---|---|---|")
-    order = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])  # dvc.yaml lists stages in run order
-    names = order[: order.index(LAST) + 1]
+    names = [s.name for s in pipeline.stages() if s.name == LAST or LAST in pipeline.downstream(s.name)]
     total = {"today": 0.0, "paper": 0.0}
     for name in names:
         today, paper = wall_time(ROOT, name), wall_time(clone, name)
