@@ -82,6 +82,11 @@ class Paths:
         return self.data / "features" / vlm
 
     @property
+    def critic_inputs(self) -> Path:
+        """The critic's text and view-hierarchy features, per stored step and candidate (:mod:`digiq.stages.critic_inputs`)."""
+        return self._output("critic_inputs", self.data / "critic_inputs")
+
+    @property
     def critics(self) -> Path:
         """Stage 06's output folder: every critic of every seed."""
         return self._output("critics", self.data / "models" / "critic")
@@ -129,4 +134,4 @@ class Paths:
         return self.root / "plots"
 
 
-_REDIRECTABLE = {"vlm", "critics", "actors"}
+_REDIRECTABLE = {"vlm", "critic_inputs", "critics", "actors"}

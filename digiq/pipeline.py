@@ -48,6 +48,7 @@ class Stage:
 
     name: str
     desc: str
+    cmd: str
     notebook: str | None
     deps: tuple[str, ...]
     outs: tuple[str, ...]
@@ -70,8 +71,9 @@ def stages(dvc_yaml: Path = ROOT / "dvc.yaml") -> tuple[Stage, ...]:
     out = []
     for name, spec in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
         found = _NOTEBOOK.search(spec["cmd"])
-        out.append(Stage(name, spec.get("desc", ""), found.group(1) if found else None, _paths(spec.get("deps", [])),
-                         _paths(spec.get("outs", [])), _paths(spec.get("metrics", []))))  # fmt: skip
+        out.append(Stage(name, spec.get("desc", ""), spec["cmd"], found.group(1) if found else None,
+                         _paths(spec.get("deps", [])), _paths(spec.get("outs", [])),
+                         _paths(spec.get("metrics", []))))  # fmt: skip
     return tuple(out)
 
 

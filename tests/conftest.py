@@ -17,6 +17,7 @@ from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages.critic_inputs import write_critic_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 AITW = ROOT.parent / "shared" / "aitw"
@@ -68,6 +69,7 @@ def values_root(tmp_path_factory) -> Path:
     policy = AutoUIPolicy(PolicyConfig(d_model=TEXT_D, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),
                           train_tokenizer(default_corpus(n_tasks=50)))  # fmt: skip
     policy.save(paths.base_policy, stage="base_policy")
+    write_critic_inputs(paths)
     return root
 
 

@@ -119,6 +119,10 @@ class TrajectoryStore:
             self.root / self.hierarchy_name(image), json.dumps({"width": size[0], "height": size[1], "xml": xml})
         )
 
+    def has_hierarchy(self, image: str) -> bool:
+        """Whether the screen ``image``'s view hierarchy was stored (``collect.view_hierarchy``)."""
+        return (self.root / self.hierarchy_name(image)).exists()
+
     def load_hierarchy(self, image: str) -> tuple[str, tuple[int, int]]:
         """The stored (XML, (width, height)) of the screen ``image``; a missing or broken file is named."""
         path = self.root / self.hierarchy_name(image)

@@ -10,15 +10,19 @@ seconds on a CPU.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
-from digiq.models.checkpoint import load_weights, read_typed_config, save_checkpoint
+from digiq.data.features import critic_inputs
+from digiq.models.checkpoint import load_weights, read_meta, read_typed_config, save_checkpoint
+from digiq.paths import Paths
 
-__all__ = ["CriticNetConfig", "Critic", "mlp"]
+__all__ = ["CriticNetConfig", "Critic", "mlp", "inputs_for", "trained_inputs"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class CriticNetConfig:
     # scores with this critic must build its inputs the same way.
     text: bool = False
     # Whether the candidates' text features end with the label of the element each tap lands on
-    # (critic.tap_targets; digiq.models.critic_inputs.tap_targets).
+    # (critic.tap_targets; digiq.stages.critic_inputs.tapped).
     targets: bool = False
     # Whether they end with the typed text's match with the goal (critic.typed_match; critic_inputs.typed_match).
     typed: bool = False
@@ -87,3 +91,25 @@ class Critic(nn.Module):
         critic = cls(read_typed_config(folder, "critic", CriticNetConfig))
         load_weights(folder, critic)
         return critic.eval()
+
+
+def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
+    """:func:`~digiq.data.features.critic_inputs` as a trained critic's config says it was trained (stage 07, the
+    Q/V viewer)."""
+    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
+
+
+def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each stage-06 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
+
+    Rows whose critics read the same VLM's features with the same options
+    share one build (the paper's row and its ablations over N, for instance).
+    """
+    built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for row in rows:
+        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
+        if key not in built:
+            built[key] = inputs_for(paths, *key)
+        out[row] = built[key]
+    return out

@@ -1,4 +1,4 @@
-"""What the critic reads: stage 05's VLM features and, as in Digi-Q, text features of the goal and the actions.
+"""What the critic reads beside the VLM's features: as in Digi-Q, text features of the goal and the actions.
 
 Digi-Q's critic does not rely on the VLM representation alone. In its
 release Q reads the goal, the previous action's type and typed text, and the
@@ -11,7 +11,10 @@ checkpoint), frozen, its states averaged over the tokens
 
 Without them the critic cannot tell a candidate that types the goal's words
 from one that types garbage: the VLM's fine-tune asks only whether an action
-changes the screen.
+changes the screen. These functions compute them from strings and a policy;
+the critic_inputs stage (:mod:`digiq.stages.critic_inputs`) writes them for
+every stored step and candidate, and :func:`digiq.data.features.critic_inputs`
+puts them beside the VLM's features.
 """
 
 from __future__ import annotations
@@ -22,25 +25,13 @@ from difflib import SequenceMatcher
 import numpy as np
 import pandas as pd
 
-from digiq import parallel
-from digiq.data.candidates import read_candidates
-from digiq.data.features import load_features
-from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.env.actions import ActionType, format_action, parse_action
-from digiq.env.hierarchy import Tapped, tapped_elements
-from digiq.io import require
-from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, CriticNetConfig
+from digiq.env.hierarchy import Tapped
 from digiq.models.policy import AutoUIPolicy
-from digiq.paths import Paths
 
 __all__ = [
-    "critic_inputs",
-    "inputs_for",
-    "trained_inputs",
     "action_text",
-    "tapped",
-    "tap_targets",
+    "action_features",
     "entry_features",
     "typed_match",
     "distinct_actions",
@@ -71,32 +62,6 @@ def action_text(action: str) -> tuple[str, str]:
     """
     parsed = parse_action(action)
     return (parsed.type.name, parsed.text) if parsed.is_valid else (action, action)
-
-
-def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[Tapped]:
-    """Per state (screenshot ``images[i]``) and candidate, flat: what a tap lands on; ``Tapped("")`` for other actions.
-
-    Read from the view hierarchy stored beside each screenshot
-    (``collect.view_hierarchy``), one parse per screen. Digi-Q's critic gets
-    this from LLaVA, which reads the screen; the tiny VLM here cannot read a
-    label at 96 pixels, so without it a tap is only a point to the critic.
-    """
-    out = []
-    for image, texts in zip(images, action_lists, strict=True):
-        actions = [parse_action(text) for text in texts]
-        taps = [i for i, action in enumerate(actions) if action.is_valid and action.is_tap]
-        row = [Tapped("")] * len(actions)
-        if taps:
-            xml, size = store.load_hierarchy(image)
-            for i, hit in zip(taps, tapped_elements(xml, [actions[i].touch for i in taps], size), strict=True):
-                row[i] = hit
-        out.extend(row)
-    return out
-
-
-def tap_targets(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[str]:
-    """Per state and candidate, flat: the label of the element a tap lands on, else "" (:func:`tapped`)."""
-    return [hit.label for hit in tapped(store, images, action_lists)]
 
 
 def entry_features(hits: Sequence[Tapped]) -> np.ndarray:
@@ -137,7 +102,7 @@ def distinct_actions(action_lists: Sequence[Sequence[str]], targets: Sequence[st
     them). A term that sums over the list counts an action as often as it was
     sampled, so stage 06's conservative term scores only these. An action is
     its parsed decision (a garbled plan before it changes nothing) and, with
-    ``targets`` (:func:`tap_targets`, flat over the states' candidates), a tap
+    ``targets`` (each tap's element label, flat over the states' candidates), a tap
     is the element it lands on, wherever inside it. A candidate that does not
     parse is its own text.
     """
@@ -175,82 +140,7 @@ def encode_texts(policy: AutoUIPolicy, texts: Sequence[str], batch: int = 256) -
     return np.stack([rows[t] for t in texts]).astype(np.float32) if texts else np.zeros((0, width), np.float32)
 
 
-def _action_features(policy: AutoUIPolicy, actions: Sequence[str]) -> np.ndarray:
+def action_features(policy: AutoUIPolicy, actions: Sequence[str]) -> np.ndarray:
     """The :data:`ACTION_TEXT` features of each action: (len(actions), 2 * d_model)."""
     types, typed = zip(*map(action_text, actions), strict=True) if actions else ((), ())
     return np.concatenate([encode_texts(policy, types), encode_texts(policy, typed)], 1)
-
-
-def critic_inputs(
-    paths: Paths,
-    vlm: str = "finetuned",
-    *,
-    text: bool,
-    targets: bool = False,
-    typed: bool = False,
-    entries: bool = False,
-) -> dict[str, np.ndarray]:
-    """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what stage 06's critic trains on.
-
-    Stage 05's features of ``vlm``; with ``text``, followed by the
-    :data:`STATE_TEXT` features (s' has the step's own action as its previous
-    one) and, per candidate, the :data:`ACTION_TEXT` features, read by the
-    base policy in ``paths.base_policy``; with ``targets``, :data:`TAP_TARGET`,
-    with ``typed``, the two :data:`TYPED_MATCH` numbers, and with ``entries``, the two
-    :data:`LIST_ENTRY` numbers last. Stages 06 and 07 and the Q/V viewer
-    all call this, so the critic always sees the inputs it was trained on.
-    """
-    feats = load_features(paths, vlm)
-    out = {name: feats[name] for name in ("state", "next_state", "candidates")}
-    if (targets or typed or entries) and not text:
-        raise ValueError("the tapped element, the typed match and the list entry are text features: targets, typed "
-                         "and entries need text")  # fmt: skip
-    if not text:
-        return out
-    require("critic (text features)", paths.base_policy / "config.json")
-    store = TrajectoryStore(paths.offline)
-    steps = store.read().select(["traj_id", "step_id", "task", "action", "image_path"]).to_pandas()
-    action_lists = read_candidates(paths).column("action_list").to_pylist()
-    S, N = out["candidates"].shape[:2]
-    if len(steps) != S or len(action_lists) != S:
-        raise DataError(f"features in {paths.features(vlm)} have {S} rows but {paths.offline} has {len(steps)} steps "
-                        f"and {paths.candidates} {len(action_lists)}; rerun embed")  # fmt: skip
-    policy = AutoUIPolicy.load(paths.base_policy, device=str(parallel.device()))
-    goal = encode_texts(policy, steps.task.tolist())
-    candidates = _action_features(policy, [a for row in action_lists for a in row]).reshape(S, N, -1)
-    hits = tapped(store, steps.image_path.tolist(), action_lists) if targets or entries else []
-    if targets:
-        labels = encode_texts(policy, [hit.label for hit in hits]).reshape(S, N, -1)
-        candidates = np.concatenate([candidates, labels], 2)
-    if typed:
-        match = [typed_match(task, a) for task, row in zip(steps.task, action_lists, strict=True) for a in row]
-        candidates = np.concatenate([candidates, np.array(match, np.float32).reshape(S, N, 2)], 2)
-    if entries:
-        candidates = np.concatenate([candidates, entry_features(hits).reshape(S, N, 2)], 2)
-    before, taken = _action_features(policy, previous_actions(steps)), _action_features(policy, steps.action.tolist())
-    return {
-        "state": np.concatenate([out["state"], goal, before], 1),
-        "next_state": np.concatenate([out["next_state"], goal, taken], 1),
-        "candidates": np.concatenate([out["candidates"], candidates], 2),
-    }
-
-
-def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
-    """:func:`critic_inputs` built as a trained critic's config says it was trained (stage 07, the Q/V viewer)."""
-    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
-
-
-def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Each stage-06 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
-
-    Rows whose critics read the same VLM's features with the same options
-    share one build (the paper's row and its ablations over N, for instance).
-    """
-    built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for row in rows:
-        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
-        if key not in built:
-            built[key] = inputs_for(paths, *key)
-        out[row] = built[key]
-    return out

@@ -66,8 +66,7 @@ from digiq.data.picks import Picks, write_picks
 from digiq.data.trajectories import TrajectoryStore
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
-from digiq.models.critic import Critic
-from digiq.models.critic_inputs import trained_inputs
+from digiq.models.critic import Critic, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths

@@ -23,10 +23,10 @@ from digiq import parallel
 from digiq.algos.digiq import fit_critic
 from digiq.config import AblationsConfig, ComputeConfig, CriticConfig, ExperimentConfig, load_section, load_variants
 from digiq.data.candidates import read_candidates
+from digiq.data.features import critic_inputs, load_text_features
 from digiq.data.trajectories import DataError, TrajectoryStore
 from digiq.io import require
 from digiq.models.critic import Critic
-from digiq.models.critic_inputs import critic_inputs, distinct_actions, tap_targets
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -53,18 +53,21 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
     """(S, N) bool: the candidates the conservative term scores: those that parse, and with ``targets`` each action once.
 
     With ``targets`` (``critic.tap_targets``) an action is what it does,
-    taps on the same element being one (:func:`distinct_actions`), as for the
-    perfect critic (stage 07). Without them a tap is only its point; counting
-    distinct action strings would count taps a pixel apart as two and
+    taps on the same element being one (the critic_inputs stage's
+    ``distinct``, :func:`~digiq.models.critic_inputs.distinct_actions`), as
+    for the perfect critic (stage 07). Without them a tap is only its point;
+    counting distinct action strings would count taps a pixel apart as two and
     push the right tap down with its near copies, so every candidate stays.
     """
     table = read_candidates(paths)
     valid = np.stack(table.column("valid_list").to_numpy(zero_copy_only=False))
     if not targets:
         return valid
-    lists = table.column("action_list").to_pylist()
-    store = TrajectoryStore(paths.offline)
-    return valid & distinct_actions(lists, tap_targets(store, store.read().column("image_path").to_pylist(), lists))
+    words = load_text_features(paths)
+    if "distinct" not in words:
+        raise DataError(f"{paths.critic_inputs} has no distinct.npy: the view hierarchies were not stored with the "
+                        "steps (collect with collect.view_hierarchy: true)")  # fmt: skip
+    return valid & np.asarray(words["distinct"])
 
 
 @torch.no_grad()

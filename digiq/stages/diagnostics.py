@@ -71,8 +71,7 @@ from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic
-from digiq.models.critic_inputs import trained_inputs
+from digiq.models.critic import Critic, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths

@@ -31,8 +31,7 @@ from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic
-from digiq.models.critic_inputs import inputs_for
+from digiq.models.critic import Critic, inputs_for
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
 from digiq.viz.draw import draw_candidates, short_action

@@ -90,8 +90,9 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     # dvc repro --downstream runs nothing above the start: the embed stage after augment_actions needs the VLM's
     # fine-tune, which reads the (imported) steps but is no stage after augment_actions.
     assert upstream_stages("augment_actions") == ["tasks", "base_policy", "vlm_pretrain", "vlm_finetune"]
-    assert upstream_stages("vlm_finetune") == ["tasks", "base_policy", "vlm_pretrain"]
-    assert upstream_stages("critic") == ["tasks", "base_policy"]
+    # The critic's text features read the (imported) steps and candidates and the base policy, never a VLM.
+    assert upstream_stages("vlm_finetune") == ["tasks", "base_policy", "vlm_pretrain", "critic_inputs"]
+    assert upstream_stages("critic") == ["tasks", "base_policy", "critic_inputs"]
     with pytest.raises(DataError, match="cannot start at 'embed'"):
         upstream_stages("embed")
     placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02

@@ -1,4 +1,5 @@
-"""The critic's inputs: stage 05's features, then text features of the goal and the actions (Digi-Q's critic)."""
+"""The critic's inputs: stage 05's features, then text features of the goal and the actions (Digi-Q's critic),
+written once by the critic_inputs stage."""
 
 import shutil
 
@@ -12,25 +13,23 @@ from digiq.algos.digiq import conservative_penalty
 from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.candidates import read_candidates
-from digiq.data.features import load_features
+from digiq.data.features import critic_inputs, load_features
 from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
 from digiq.env.hierarchy import Tapped, tapped_elements
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.critic_inputs import (
     action_text,
-    critic_inputs,
     distinct_actions,
     encode_texts,
     entry_features,
     previous_actions,
-    tap_targets,
-    tapped,
     typed_match,
 )
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stages.critic import scored_candidates
+from digiq.stages.critic_inputs import tapped, write_critic_inputs
 from digiq.viz.values import load_values
 
 
@@ -93,7 +92,7 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     store = TrajectoryStore(paths.offline)
     steps = store.read().to_pandas()
     lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]
-    labels = np.array(tap_targets(store, steps.image_path.tolist(), lists)).reshape(S, 3)
+    labels = np.array([hit.label for hit in tapped(store, steps.image_path.tolist(), lists)]).reshape(S, 3)
     assert (labels[:, 2] == "").all()  # Back is no tap
     for i in range(S):  # the fixed tap: whatever the stored screen has at TAP
         xml, size = store.load_hierarchy(steps.image_path.iat[i])
@@ -105,8 +104,14 @@ def test_tap_targets_add_the_label_each_tap_lands_on(values_root, tmp_path):
     bare = shutil.copytree(values_root, tmp_path / "bare")
     for f in (bare / "data" / "offline" / "images").glob("*.hierarchy.json"):
         f.unlink()
+    assert write_critic_inputs(Paths(bare))["optional_files_absent"] == ["tapped", "entries", "distinct"]
+    np.testing.assert_array_equal(critic_inputs(Paths(bare), text=True, typed=True)["candidates"],
+                                  critic_inputs(paths, text=True, typed=True)["candidates"])  # fmt: skip
+    for option in ("targets", "entries"):
+        with pytest.raises(DataError, match="collect.view_hierarchy: true"):
+            critic_inputs(Paths(bare), text=True, **{option: True})
     with pytest.raises(DataError, match="collect.view_hierarchy: true"):
-        critic_inputs(Paths(bare), text=True, targets=True)
+        scored_candidates(Paths(bare), targets=True)
     with pytest.raises(ValueError, match="tap_targets: true needs text_features"):
         CriticConfig(text_features=False, tap_targets=True, typed_match=False)
     with pytest.raises(ValueError, match="typed_match: true needs text_features"):
@@ -178,7 +183,7 @@ def test_the_conservative_term_scores_a_repeated_candidate_once(values_root):
     assert (scored <= valid).all() and (scored[:, 0] == valid[:, 0]).all()
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     store = TrajectoryStore(paths.offline)
-    labels = np.array(tap_targets(store, steps.image_path.tolist(), lists)).reshape(len(lists), -1)
+    labels = np.array([hit.label for hit in tapped(store, steps.image_path.tolist(), lists)]).reshape(len(lists), -1)
     taps = np.array([[parse_action(a).is_tap for a in row] for row in lists])
     same = taps[:, 0] & taps[:, 1] & (labels[:, 0] == labels[:, 1])  # the taken action taps the fixed tap's element
     assert same.any() and (~same).any()

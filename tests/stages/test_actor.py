@@ -17,8 +17,7 @@ from digiq.algos.digiq import (
 )
 from digiq.config import ActorConfig, load_params
 from digiq.data.picks import read_picks
-from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.critic_inputs import trained_inputs
+from digiq.models.critic import Critic, CriticNetConfig, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stages.actor import run as actor_stage

@@ -37,6 +37,7 @@ from digiq.stages.base_policy import run_base_policy
 from digiq.stages.collect import run_collect
 from digiq.stages.critic import run as critic_stage
 from digiq.stages.critic import run_critic
+from digiq.stages.critic_inputs import write_critic_inputs
 from digiq.stages.diagnostics import run_diagnostics
 from digiq.stages.digirl_online import run_digirl_online
 from digiq.stages.embed import run_embed
@@ -105,6 +106,7 @@ ENTRIES: dict[str, Callable[[Paths], object]] = {
     "vlm_pretrain": lambda p: run_vlm_pretrain(VLMPretrainConfig(), VLMFinetuneConfig(), EnvConfig(), p),
     "vlm_finetune": lambda p: run_vlm_finetune(VLMFinetuneConfig(), p),
     "embed": lambda p: run_embed(EmbedConfig(), p),
+    "critic_inputs": write_critic_inputs,
     "critic": lambda p: run_critic({}, p),
     "actor": lambda p: run_actor(
         ActorConfig(), p, seeds=1, table=all_rows(AblationsConfig()), env=EnvConfig(), collect=CollectConfig()
