@@ -135,7 +135,8 @@ def entry_modules(cmd: str, root: Path = ROOT) -> set[str]:
         if before == "papermill":
             modules |= notebook_imports(root / word)
         elif before == "-m":  # `python -m pkg` runs pkg/__main__.py when pkg is a package
-            modules |= {word, f"{word}.__main__"}
+            main = f"{word}.__main__"
+            modules |= {word, main} if module_file(main, root) else {word}
     return modules
 
 
