@@ -156,8 +156,8 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "copy"],
                    cwd=repo, check=True)  # as a clone has: dvclive logs curves against a commit  # fmt: skip
     placed = json.loads(run(sys.executable, "-m", "digiq.data", "start-at", "critic", str(general)))
-    assert placed["next"] == ["dvc repro base_policy", "dvc repro --downstream critic"]
-    run(sys.executable, "-m", "dvc", "repro", "base_policy")
+    assert placed["next"] == ["dvc repro tasks base_policy critic_inputs", "dvc repro --downstream critic"]
+    run(sys.executable, "-m", "dvc", "repro", "tasks", "base_policy", "critic_inputs")
     run(sys.executable, "-m", "dvc", "repro", "--downstream", "critic")
     metrics = repo / "metrics"
     assert not (metrics / "collect.json").exists() and not (metrics / "embed.json").exists()  # skipped
@@ -174,5 +174,6 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     report = json.loads((metrics / "eval.json").read_text())
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_cql"}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    assert {"critic", "actor", "eval", "base_policy"} <= set(lock) and not {"collect", "embed"} & set(lock)
+    assert {"critic_inputs", "critic", "actor", "eval", "base_policy"} <= set(lock)
+    assert not {"collect", "embed"} & set(lock)
     assert pq.read_table(repo / "data" / "candidates" / "candidates.parquet").num_rows == 9
