@@ -31,7 +31,7 @@ repro: venv
 #   make repro-from STAGE=critic DATA="data/imported/general data/imported/webshop"
 repro-from: venv
 	$(BIN)/python -m digiq.data start-at $(STAGE) $(DATA)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro $$($(BIN)/python -m digiq.data upstream $(STAGE))
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro --single-item $$($(BIN)/python -m digiq.data upstream $(STAGE))
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro --downstream $(STAGE)
 
 # After `make repro`: the base, the paper's rows and the variants on the validation lists, where every

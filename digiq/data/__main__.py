@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             params = load_params(paths.root / "params.yaml")
             summary = place_imported(args.folders, paths, args.stage, params)
             summary["next"] = [
-                f"dvc repro {' '.join(upstream_stages(args.stage))}",
+                f"dvc repro --single-item {' '.join(upstream_stages(args.stage))}",
                 f"dvc repro --downstream {args.stage}",
             ]
     except DataError as e:
