@@ -157,7 +157,10 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
                    cwd=repo, check=True)  # as a clone has: dvclive logs curves against a commit  # fmt: skip
     placed = json.loads(run(sys.executable, "-m", "digiq.data", "start-at", "critic", str(general)))
     # Each stage alone (--single-item): the critic's text inputs read the imported steps, which no stage here wrote.
-    assert placed["next"] == ["dvc repro --single-item tasks base_policy critic_inputs", "dvc repro --downstream critic"]
+    assert placed["next"] == [
+        "dvc repro --single-item tasks base_policy critic_inputs",
+        "dvc repro --downstream critic",
+    ]
     run(sys.executable, "-m", "dvc", "repro", "--single-item", "tasks", "base_policy", "critic_inputs")
     run(sys.executable, "-m", "dvc", "repro", "--downstream", "critic")
     metrics = repo / "metrics"
