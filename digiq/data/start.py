@@ -37,7 +37,6 @@ from digiq import pipeline
 from digiq.config import CriticConfig, load_section, load_variants
 from digiq.data.candidates import CANDIDATE_FIELDS
 from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
-from digiq.fingerprint import STAGE as FINGERPRINTS
 from digiq.io import atomic_folder
 from digiq.paths import Paths
 
@@ -84,14 +83,16 @@ def upstream_stages(stage: str) -> list[str]:
     a stage after it reads, apart from the ones the import replaces, in ``dvc.yaml``'s order.
 
     ``dvc repro --downstream`` runs no stage above ``stage``, so each of these
-    must have run: the base policy, which the actors start from, and, below
-    the critic, the VLM (its pretraining, and its fine-tune where the embed
-    stage needs it).
+    must have run, each alone (``dvc repro --single-item``: some read what the
+    import placed): the code fingerprints, the task lists, the base policy,
+    which the actors start from, the critic's text inputs and, below the
+    critic, the VLM (its pretraining, and its fine-tune where the embed stage
+    needs it).
     """
     if stage not in START_STAGES:
         raise DataError(f"cannot start at {stage!r}: choose one of {sorted(START_STAGES)}")
     after = pipeline.downstream(stage)
-    needed = pipeline.ancestors(set(after), skip={*REPLACED[stage], *after, FINGERPRINTS})
+    needed = pipeline.ancestors(set(after), skip={*REPLACED[stage], *after})
     return [s.name for s in pipeline.stages() if s.name in needed]
 
 

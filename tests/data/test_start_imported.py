@@ -89,10 +89,16 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     # The fine-tune starts from stage 03's VLM, which no import holds; the critic on imported features does not.
     # dvc repro --downstream runs nothing above the start: the embed stage after augment_actions needs the VLM's
     # fine-tune, which reads the (imported) steps but is no stage after augment_actions.
-    assert upstream_stages("augment_actions") == ["tasks", "base_policy", "vlm_pretrain", "vlm_finetune"]
+    assert upstream_stages("augment_actions") == [
+        "fingerprints",
+        "tasks",
+        "base_policy",
+        "vlm_pretrain",
+        "vlm_finetune",
+    ]
     # The critic's text features read the (imported) steps and candidates and the base policy, never a VLM.
-    assert upstream_stages("vlm_finetune") == ["tasks", "base_policy", "vlm_pretrain", "critic_inputs"]
-    assert upstream_stages("critic") == ["tasks", "base_policy", "critic_inputs"]
+    assert upstream_stages("vlm_finetune") == ["fingerprints", "tasks", "base_policy", "vlm_pretrain", "critic_inputs"]
+    assert upstream_stages("critic") == ["fingerprints", "tasks", "base_policy", "critic_inputs"]
     with pytest.raises(DataError, match="cannot start at 'embed'"):
         upstream_stages("embed")
     placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02
@@ -158,10 +164,10 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     placed = json.loads(run(sys.executable, "-m", "digiq.data", "start-at", "critic", str(general)))
     # Each stage alone (--single-item): the critic's text inputs read the imported steps, which no stage here wrote.
     assert placed["next"] == [
-        "dvc repro --single-item tasks base_policy critic_inputs",
+        "dvc repro --single-item fingerprints tasks base_policy critic_inputs",
         "dvc repro --downstream critic",
     ]
-    run(sys.executable, "-m", "dvc", "repro", "--single-item", "tasks", "base_policy", "critic_inputs")
+    run(sys.executable, "-m", "dvc", "repro", "--single-item", "fingerprints", "tasks", "base_policy", "critic_inputs")
     run(sys.executable, "-m", "dvc", "repro", "--downstream", "critic")
     metrics = repo / "metrics"
     assert not (metrics / "collect.json").exists() and not (metrics / "embed.json").exists()  # skipped
