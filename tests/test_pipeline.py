@@ -45,12 +45,13 @@ def test_the_report_times_every_stage_with_a_metrics_file_and_headlines_only_sta
 
 
 def _stage_lists(path: Path) -> list[tuple[int, list[str]]]:
-    """Literal tuples, lists and sets in ``path`` that name five or more stages."""
+    """Literal tuples, lists and sets in ``path`` that name six or more stages: a list of the pipeline, not a test's
+    expectation of a few stages it names."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
-            if len(named) >= 5:
+            if len(named) >= 6:
                 found.append((node.lineno, named))
     return found
 
