@@ -412,12 +412,9 @@ class AutoUIPolicy(nn.Module):
         order = np.argsort([len(row) for row in ids], kind="stable")
         parts = []
         for rows in np.array_split(order, -(-len(prompts) // group)):
-            tokens = torch.full((len(rows), max(len(ids[i]) for i in rows)), self.tokenizer.pad_token_id)
-            for k, i in enumerate(rows):
-                tokens[k, : len(ids[i])] = torch.tensor(ids[i])
-            mask = (torch.arange(tokens.shape[1]) < torch.tensor([len(ids[i]) for i in rows])[:, None]).long()
-            parts.append((rows, self._encode_tokens({"input_ids": tokens.to(self.device),
-                                                     "attention_mask": mask.to(self.device)}, screenshots[rows])))  # fmt: skip
+            enc = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, padding_side="right", return_tensors="pt")
+            enc = {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
+            parts.append((rows, self._encode_tokens(enc, screenshots[rows])))
         longest = max(part["mask"].shape[1] for _, part in parts)
         fill = {"mask": 0, "input_ids": self.tokenizer.pad_token_id}  # states and start keys: zeros
         out: dict[str, torch.Tensor] = {}
