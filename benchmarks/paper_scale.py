@@ -58,7 +58,9 @@ def main() -> None:
             [str(clone / ".venv" / "bin" / "python"), "-m", "digiq.preset", "params/presets/paper_scale.yaml"],
             cwd=clone,
         )
-    env = {**os.environ, "PATH": f"{clone / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    # The clone's own environment only: a PYTHONPATH pointing at this checkout would run this checkout's code there.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{clone / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
     run([str(clone / ".venv" / "bin" / "dvc"), "repro", LAST], cwd=clone, env=env)
 
     print("\n| stage | today's scale (s) | paper's scale (s) | ratio |\n|---|---|---|---|")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from IPython.display import Image as IPImage
     from matplotlib.figure import Figure
 
-__all__ = ["contact_sheet", "draw_action", "draw_candidates", "draw_touch", "short_action", "snapshot"]
+__all__ = ["contact_sheet", "draw_action", "draw_candidates", "draw_touch", "figure_png", "short_action", "snapshot"]
 
 _RED = (230, 30, 60)
 _PALETTE = [(230, 30, 60), (30, 120, 230), (20, 160, 80), (240, 150, 0), (150, 60, 200), (0, 170, 170)]
@@ -94,19 +94,25 @@ def draw_candidates(screenshot: np.ndarray, actions: list[str], indices: list[in
     return img
 
 
+def figure_png(fig: Figure) -> bytes:
+    """A matplotlib figure as PNG bytes, the figure closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def snapshot(fig: Figure) -> IPImage:
     """A matplotlib figure as a PNG image for ``display``: what an executed notebook keeps.
 
     The pipeline's modules select matplotlib's Agg backend (no display needed),
     under which Jupyter shows a bare figure as text; a PNG shows everywhere.
     """
-    import matplotlib.pyplot as plt
     from IPython.display import Image as IPImage
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return IPImage(data=buf.getvalue(), format="png")
+    return IPImage(data=figure_png(fig), format="png")
 
 
 def contact_sheet(rows: Sequence[tuple[str, Sequence[Image.Image]]], label_width: int = 260) -> Image.Image:

@@ -6,26 +6,34 @@ live in JupyterLab next to the data. Open them with one call each::
     from digiq.viz.values import load_values
     from digiq.viz.viewers import TrajectoryViewer, ActionViewer
     data = load_values()            # the pipeline's outputs, seed 0's critic
-    TrajectoryViewer(data).widget   # every step: screenshot + action, V, Q, Q - V, reward
-    ActionViewer(data).widget       # one state's N candidates sorted by Q, Best-of-N's pick, oracle values
+    TrajectoryViewer(data)   # every step: screenshot + action, V, Q, Q - V, reward
+    ActionViewer(data)       # one state's N candidates sorted by Q, Best-of-N's pick, oracle values
 
-Both keep what they show as plain attributes (``image``: the drawn PIL image,
-``table``: the DataFrame), so tests and scripts can drive the controls and
-check the pictures; ``figure()`` gives the same view as a matplotlib figure
-for executed notebooks, where no widget frontend is attached.
+A viewer displays as its widget together with a picture of its first view
+(``figure()`` as a PNG in the same output): JupyterLab shows the widget, and
+where no widget frontend runs (an executed notebook on the web, nbviewer)
+the picture stands in. Both keep what they show as plain attributes
+(``image``: the drawn PIL image, ``table``: the DataFrame), so tests and
+scripts can drive the controls and check the pictures.
 """
 
 from __future__ import annotations
 
+import base64
 import io
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import pandas as pd
 from PIL import Image
 
 from digiq.env.actions import parse_action
-from digiq.viz.draw import draw_action, short_action
+from digiq.viz.draw import draw_action, figure_png, short_action
 from digiq.viz.values import ValueData
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["TrajectoryViewer", "ActionViewer"]
 
@@ -43,7 +51,22 @@ def _table_html(table: pd.DataFrame, highlight: int | None = None) -> str:
     return styled.to_html()
 
 
-class TrajectoryViewer:
+class _Viewer(ABC):
+    """What both viewers display: their widget, with a static picture of the view beside it in one output."""
+
+    widget: W.Widget
+
+    @abstractmethod
+    def figure(self) -> Figure:
+        """The current view as a static matplotlib figure."""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["image/png"] = base64.b64encode(figure_png(self.figure())).decode("ascii")
+        return bundle
+
+
+class TrajectoryViewer(_Viewer):
     """Pick a trajectory (by index, or filtered by family, outcome and task text) and a step."""
 
     def __init__(self, data: ValueData) -> None:
@@ -106,7 +129,7 @@ class TrajectoryViewer:
         self.picture.value = _png(self.image)
         self.values.value = f"<b>{row.task}</b><br>" + _table_html(self.table, highlight=self.step.value)
 
-    def figure(self):
+    def figure(self) -> Figure:
         """Every step of the current trajectory as a static matplotlib figure, values in the titles."""
         import matplotlib.pyplot as plt
 
@@ -122,7 +145,7 @@ class TrajectoryViewer:
         return fig
 
 
-class ActionViewer:
+class ActionViewer(_Viewer):
     """Pick a trajectory and a step; its N candidates drawn and listed, best Q first."""
 
     def __init__(self, data: ValueData, oracle: bool = True) -> None:
@@ -156,6 +179,6 @@ class ActionViewer:
         task = self.data.trajectory(traj).task.iloc[0]
         self.values.value = f"<b>{task}</b> (step {step}; #0 = the action taken)<br>" + _table_html(self.table)
 
-    def figure(self):
+    def figure(self) -> Figure:
         """The current state's candidates and their table as a static matplotlib figure."""
         return self.data.candidates_figure(self.traj.value, self.step.value, self.table)

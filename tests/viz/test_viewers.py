@@ -1,10 +1,13 @@
 """The Q/V viewers on a small real dataset: expert rollouts, candidates, feature files, a critic checkpoint."""
 
+import base64
+import io
 import shutil
 
 import numpy as np
 import pytest
 from conftest import TAP  # candidate 1 of every state taps here
+from PIL import Image
 
 from digiq.env.actions import parse_action
 from digiq.viz.values import load_values
@@ -66,6 +69,15 @@ def test_action_viewer_sorts_by_q_and_marks_best_of_n(data):
     assert tuple(np.asarray(v.image)[int(y * h), int(x * w) + r - 1]) == (30, 120, 230)  # candidate #1's colour
     v.step.value = 1
     assert v.table is not t and len(v.figure().axes) == 2
+
+
+@pytest.mark.parametrize("viewer", [TrajectoryViewer, ActionViewer])
+def test_a_viewer_displays_as_its_widget_with_a_picture_beside_it(data, viewer):
+    v = viewer(data)
+    bundle = v._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == v.widget.model_id
+    picture = Image.open(io.BytesIO(base64.b64decode(bundle["image/png"])))
+    assert picture.format == "PNG" and min(picture.size) > 100
 
 
 def test_action_viewer_says_unknown_for_imported_features_without_p_yes(values_root, tmp_path):
