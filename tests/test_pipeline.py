@@ -1,6 +1,11 @@
 """The one list of stages (digiq.pipeline, read from dvc.yaml) and what is derived from it."""
 
 import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +82,101 @@ def test_what_a_stage_reads_and_what_depends_on_it_follow_dvc_yaml():
     assert "digirl_online" in pipeline.producers(pipeline.stage("eval"))  # through a metrics file it reads
     with pytest.raises(ValueError, match="no stage 'critics'"):
         pipeline.stage("critics")
+
+
+# A stage a researcher might add: how many words each train task takes, with one knob.
+NEW_STAGE_MODULE = '''"""How many train tasks take more than a number of words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from digiq.config import TaskWordsConfig, load_params, load_section
+from digiq.env.tasks import TASK_SETS
+from digiq.paths import Paths
+from digiq.stages.common import read_tasks, timed, write_metrics
+
+
+def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+    cfg = load_section(TaskWordsConfig, "task_words", params)
+    metrics: dict[str, Any] = {}
+    with timed(metrics):
+        for ts in TASK_SETS:
+            tasks = read_tasks(paths, ts, "train", stage="task_words")
+            metrics[ts] = sum(len(t.instruction.split()) > cfg.more_than for t in tasks)
+    write_metrics(paths, "task_words", metrics)
+    return metrics
+
+
+if __name__ == "__main__":
+    run(load_params(), Paths())
+'''
+
+NEW_STAGE_CONFIG = '''
+
+@knobs
+class TaskWordsConfig:
+    """The task_words stage."""
+
+    more_than: int = _knob(6, help="count the tasks of more words than this", at_least=0, at_most=100)
+
+
+SECTIONS["task_words"] = TaskWordsConfig
+'''
+
+NEW_STAGE_DVC = {
+    "desc": "How many train tasks of each task set take more than task_words.more_than words",
+    "cmd": "python -m digiq.stages.task_words",
+    "deps": ["fingerprints/task_words.json", "data/tasks"],
+    "params": ["task_words"],
+    "metrics": [{"metrics/task_words.json": {"cache": False}}],
+}
+
+
+@pytest.mark.slow  # a real dvc repro
+def test_a_stage_is_added_in_dvc_yaml_its_module_and_its_knobs(tmp_path):
+    """dvc.yaml, the stage's module, its knobs' dataclass and their group in params.yaml (a notebook stage adds its
+    notebook): the stage list, its code fingerprint, the stage-time table and DVC follow, and its knob reruns it."""
+    repo = tmp_path / "repo"
+    for folder in ("digiq", "notebooks", "params"):
+        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".dvc").mkdir()
+    for rel in (".dvcignore", ".dvc/config"):
+        shutil.copy2(ROOT / rel, repo / rel)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["tasks"].update({"n_train": 5, "n_val": 2, "n_test": 3, "n_test_webshop": 3})
+    params["task_words"] = {"more_than": 6}  # 4. its knobs' group in params.yaml
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    # 1. dvc.yaml: the stage, and its fingerprint among the fingerprints stage's outputs
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dvc["stages"]["fingerprints"]["outs"].append({"fingerprints/task_words.json": {"cache": False}})
+    dvc["stages"]["task_words"] = NEW_STAGE_DVC
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
+    # 2. its module; 3. its knobs
+    (repo / "digiq" / "stages" / "task_words.py").write_text(NEW_STAGE_MODULE)
+    with (repo / "digiq" / "config.py").open("a") as f:
+        f.write(NEW_STAGE_CONFIG)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    env = {**os.environ, "PYTHONPATH": str(repo), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+
+    def run(*args: str) -> str:
+        done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run(sys.executable, "-m", "dvc", "repro", "task_words")
+    words = json.loads((repo / "metrics" / "task_words.json").read_text())
+    assert set(words) == {"general", "webshop", "wall_time_s"} and 0 < words["general"] <= 5
+    assert "task_words.py" in (repo / "fingerprints" / "task_words.json").read_text()
+    derived = json.loads(run(sys.executable, "-c", (
+        "import json; from digiq import pipeline, report; from digiq.paths import Paths; "
+        "print(json.dumps({'stages': [s.name for s in pipeline.stages()], 'times': report.stage_times_markdown("
+        "Paths()), 'after_tasks': pipeline.downstream('tasks')}))")))  # fmt: skip
+    assert derived["stages"] == [*NAMES, "task_words"] and "task_words" in derived["after_tasks"]
+    assert f"| task_words | {words['wall_time_s']} |" in derived["times"]
+    assert "task_words" not in run(sys.executable, "-m", "dvc", "status", "task_words")  # up to date
+    params["task_words"] = {"more_than": 0}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    assert "task_words" in run(sys.executable, "-m", "dvc", "status", "task_words")  # its knob changed
+    run(sys.executable, "-m", "dvc", "repro", "task_words")
+    assert json.loads((repo / "metrics" / "task_words.json").read_text())["general"] == 5
