@@ -74,6 +74,8 @@ class ConfigError(ValueError):
 MAX_TASKS = 100_000  # tasks, episodes, states or questions in one list or sample (AitW's largest split: ~9,000)
 MAX_CANDIDATES = 1024  # candidate actions per state (Digi-Q: 16)
 MAX_BATCH = 65_536  # rows of one batch
+# How the critic joins its twin heads (critic.twin_heads): the pessimistic minimum, or each head on its own.
+TWIN_HEADS = ("min", "each")
 MAX_STEPS = 10_000_000  # optimizer steps of one fit
 MAX_DEVICES = 1024  # devices stepped together, processes or workers
 MAX_SEED = 2**31 - 1  # what numpy's, torch's and Python's generators all take, with room for the offsets stages add
@@ -703,6 +705,17 @@ class CriticConfig:
     )
     batch_size: int = _knob(256, help="transitions per step", at_least=1, at_most=MAX_BATCH)
     lr: float = _knob(0.0003, help="learning rate", above=0)
+    weight_decay: float = _knob(
+        0.01, help="AdamW's decoupled weight decay (0: Adam, as released Digi-Q trains its critic)", at_least=0, below=1
+    )
+    grad_clip: float | None = _knob(
+        None, help="clip each step's gradient to this norm (released Digi-Q: 0.01); null: no clipping", above=0
+    )
+    twin_heads: str = _knob(
+        "min",
+        help="min: both heads regress on the minimum of the target heads, and A = min Q - min V; each: as "
+        "released Digi-Q, head j regresses on target head j alone, and A = max(Q1, Q2) - max(V1, V2)",
+    )
     holdout: float = _knob(0.2, help="fraction of trajectories held out for the V-vs-return check", at_least=0, below=1)
     conservative: float = _knob(
         0.0, help="weight of a CQL term over the stored candidates (0 = Digi-Q's plain TD)", at_least=0
@@ -741,6 +754,8 @@ class CriticConfig:
     seed: int = _seed(4, help="seed")
 
     def __post_init__(self) -> None:
+        if self.twin_heads not in TWIN_HEADS:
+            raise ValueError(f"twin_heads must be one of {list(TWIN_HEADS)}, got {self.twin_heads!r}")
         for name in ("tap_targets", "typed_match"):
             if getattr(self, name) and not self.text_features:
                 raise ValueError(f"{name}: true needs text_features: true (it is one of the text features)")

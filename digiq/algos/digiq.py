@@ -9,16 +9,21 @@ actions; :mod:`digiq.models.critic_inputs`).
 **Critic.** Twin heads Q_1, Q_2 over (phi(s), phi(s, a)) and V_1, V_2 over
 phi(s), with target copies (bars) soft-updated at rate tau:
 
-    y_Q = r + gamma (1 - done) min_j Vbar_j(s')
-    y_V = min_j Qbar_j(s, a)
-    L   = sum_j (Q_j(s, a) - y_Q)^2 + sum_j (V_j(s) - y_V)^2
+    y_Q_j = r + gamma (1 - done) Vbar_j(s')
+    y_V_j = Qbar_j(s, a)
+    L     = sum_j (Q_j(s, a) - y_Q_j)^2 + sum_j (V_j(s) - y_V_j)^2
     thetabar <- (1 - tau) thetabar + tau theta
 
-over random minibatches of the training trajectories' steps
-(:func:`fit_critic`); the held-out trajectories measure it.
+over random minibatches of the training trajectories' steps, by AdamW
+(weight decay 0: Adam) with the gradient's norm optionally clipped
+(:func:`fit_critic`); the held-out trajectories measure it. The twin heads
+(``critic.twin_heads``) are either pessimistic, Vbar_j and Qbar_j standing
+for min_i Vbar_i and min_i Qbar_i and the actor reading min_j Q_j - min_j V_j,
+or, as released Digi-Q trains them, each head on its own target head, the
+actor reading max_j Q_j - max_j V_j (:meth:`~digiq.models.critic.Critic.joined`).
 
 **Actor.** At each stored state, K of the N candidates (a_0 always among
-them) are scored by A(s, a) = min_j Q_j(s, a) - min_j V_j(s); the best
+them) are scored by A(s, a) = Q(s, a) - V(s), the heads joined; the best
 valid one is kept when A clears the task set's threshold
 (:func:`best_of_n_picks`), and the base policy is fit to the kept
 (s, a*) pairs by maximum likelihood (:func:`imitation_rows`, then
@@ -53,7 +58,7 @@ from digiq.progress import progress
 from digiq.rows import EXTRACTIONS
 
 __all__ = [
-    "q_target",
+    "q_targets",
     "td_losses",
     "transition_tensors",
     "build_critic",
@@ -74,9 +79,11 @@ __all__ = [
 # ---------------------------------------------------------------- the critic
 
 
-def q_target(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
-    """y_Q = r + gamma (1 - done) min_j Vbar_j(s'), by the target critic ``target``."""
-    return batch["reward"] + gamma * (1 - batch["done"]) * torch.minimum(*target.v(batch["next_state"]))
+def q_targets(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y_Q_j = r + gamma (1 - done) Vbar_j(s') for each head j, Vbar_j by the target critic's convention
+    (:meth:`~digiq.models.critic.Critic.head_targets`: min_i Vbar_i for both heads, or head j's own)."""
+    v1, v2 = target.head_targets(target.v(batch["next_state"]))
+    return (batch["reward"] + gamma * (1 - batch["done"]) * v1, batch["reward"] + gamma * (1 - batch["done"]) * v2)
 
 
 def td_losses(
@@ -84,13 +91,15 @@ def td_losses(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Q and V losses of one batch of transitions: each head's squared error to its target, summed over heads.
 
-    Q's target is :func:`q_target`; V's is y_V = min_j Qbar_j(s, a), the target critic's Q of the action taken.
+    Q_j's target is :func:`q_targets`'; V_j's is y_V_j = Qbar_j(s, a), the target critic's Q of the action taken
+    (both heads' minimum, or head j's own).
     """
     with torch.no_grad():
-        y_q, y_v = q_target(target, batch, gamma), torch.minimum(*target.q(batch["state"], batch["action"]))
+        y_q1, y_q2 = q_targets(target, batch, gamma)
+        y_v1, y_v2 = target.head_targets(target.q(batch["state"], batch["action"]))
     q1, q2 = critic.q(batch["state"], batch["action"])
     v1, v2 = critic.v(batch["state"])
-    return F.mse_loss(q1, y_q) + F.mse_loss(q2, y_q), F.mse_loss(v1, y_v) + F.mse_loss(v2, y_v)
+    return F.mse_loss(q1, y_q1) + F.mse_loss(q2, y_q2), F.mse_loss(v1, y_v1) + F.mse_loss(v2, y_v2)
 
 
 def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dict[str, torch.Tensor]:
@@ -109,7 +118,7 @@ def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
     """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed)."""
     net = CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
                           action_dim=feats["candidates"].shape[2], text=cfg.text_features, targets=cfg.tap_targets,
-                          typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+                          typed=cfg.typed_match, entries=cfg.list_entries, twin=cfg.twin_heads)  # fmt: skip
     return Critic(net)
 
 
@@ -141,7 +150,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     dev = parallel.device()
     critic = build_critic(cfg, feats).to(dev)
     target = critic.target()
-    opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def share_losses(mine: list[tuple[int, bool]]) -> dict[str, torch.Tensor]:
         """This process's share of a batch (rows, and whether the conservative term scores each): TD on every row;
@@ -168,13 +177,15 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
             batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
             rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
             loss = parallel.backward_share(rows, share_losses, critic.parameters(), names=names)
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
             opt.step()
             target.soft_update(critic, cfg.tau)
             for name in names:
                 curves[name].append(loss[name])
     critic.eval()
     with torch.no_grad():
-        v_held = torch.minimum(*critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
+        v_held = critic.joined(critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
     mc = steps.mc_return.to_numpy()[test_idx]
     corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
     transitions = {k: data[k][train_idx].to(dev) for k in ("state", "next_state", "action", "reward", "done")}
@@ -192,9 +203,9 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     strong enough to outweigh TD moves Q off its target by a shift that
     differs from seed to seed, and with it the share of states kept.
     """
-    q = torch.minimum(*critic.q(data["state"], data["action"]))
-    y_q = q_target(critic, data, gamma)
-    gap = q - torch.minimum(*critic.v(data["state"]))
+    q = critic.joined(critic.q(data["state"], data["action"]))
+    y_q = critic.joined(q_targets(critic, data, gamma))
+    gap = q - critic.joined(critic.v(data["state"]))
     return {"q_td_rmse": float(((q - y_q) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
 
 
@@ -233,7 +244,8 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
     critic's wrong picks go to the commonest of them (Back).
     ``critic.conservative_gate`` keeps the term to these steps.
     """
-    return (q_target(target, batch, gamma) - torch.minimum(*target.v(batch["state"])) > 0) | (batch["mc_return"] > 0)
+    forward = target.joined(q_targets(target, batch, gamma)) - target.joined(target.v(batch["state"])) > 0
+    return forward | (batch["mc_return"] > 0)
 
 
 # ---------------------------------------------------------------- the actor

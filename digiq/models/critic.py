@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from digiq.config import TWIN_HEADS
 from digiq.data.features import critic_inputs
 from digiq.models.checkpoint import load_weights, read_meta, read_typed_config, save_checkpoint
 from digiq.paths import Paths
@@ -42,6 +43,13 @@ class CriticNetConfig:
     typed: bool = False
     # Whether they end with which entry of a list a tap lands on (critic.list_entries; critic_inputs.entry_features).
     entries: bool = False
+    # How the twin heads are joined (critic.twin_heads): "min", the pessimistic minimum everywhere, or "each",
+    # released Digi-Q's: each head trained on its own target head, and the actor reading their maximum.
+    twin: str = "min"
+
+    def __post_init__(self) -> None:
+        if self.twin not in TWIN_HEADS:
+            raise ValueError(f"twin must be one of {list(TWIN_HEADS)}, got {self.twin!r}")
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:
@@ -65,12 +73,25 @@ class Critic(nn.Module):
     def v(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.v1(state)[..., 0], self.v2(state)[..., 0]
 
+    def joined(self, heads: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One value from the twin heads' pair, as the actor reads it: their minimum, or with ``twin`` "each" their
+        maximum (released Digi-Q's A = max(Q1, Q2) - max(V1, V2))."""
+        return torch.minimum(*heads) if self.cfg.twin == "min" else torch.maximum(*heads)
+
+    def head_targets(self, heads: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each head regresses on, from this (target) critic's pair: both their minimum, or with ``twin``
+        "each" head j its own."""
+        if self.cfg.twin == "min":
+            low = torch.minimum(*heads)
+            return low, low
+        return heads
+
     @torch.no_grad()
     def advantage(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q (B, N), V (B,) and A = Q - V for N candidate representations per state (pessimistic minima)."""
+        """Q (B, N), V (B,) and A = Q - V for N candidate representations per state, the heads :meth:`joined`."""
         s = state[:, None].expand(-1, actions.shape[1], -1)
-        q = torch.minimum(*self.q(s, actions))
-        v = torch.minimum(*self.v(state))
+        q = self.joined(self.q(s, actions))
+        v = self.joined(self.v(state))
         return q, v, q - v[:, None]
 
     def target(self) -> "Critic":

@@ -89,7 +89,7 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
         rows = rows[steps.reward.to_numpy()[rows] > 0]
         dev = next(critic.parameters()).device
         state = torch.from_numpy(np.asarray(feats["state"])[rows]).to(dev)
-        q = torch.minimum(*critic.q(state, torch.from_numpy(np.asarray(feats["candidates"])[rows, 0]).to(dev)))
+        q = critic.joined(critic.q(state, torch.from_numpy(np.asarray(feats["candidates"])[rows, 0]).to(dev)))
         frame = steps.iloc[rows][["task_set", "family"]].assign(q=q.cpu().numpy())
         per_seed.append(frame.groupby(["task_set", "family"]).q.agg(["size", "mean"]))
     pooled = pd.concat(per_seed).groupby(level=[0, 1]).mean()

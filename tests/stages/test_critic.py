@@ -17,7 +17,8 @@ from digiq.stages.critic import rewarded_fit
 from digiq.stages.critic import run as critic_stage
 
 
-def test_td_learning_recovers_values_of_a_two_step_chain():
+@pytest.mark.parametrize("twin", ["min", "each"])
+def test_td_learning_recovers_values_of_a_two_step_chain(twin):
     # s0 -a-> s1 -a-> end (reward 1): V(s1) = 1, V(s0) = gamma.
     torch.manual_seed(0)
     s = torch.eye(3)
@@ -28,7 +29,7 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
         "reward": torch.tensor([0.0, 1.0]),
         "done": torch.tensor([0.0, 1.0]),
     }
-    critic = Critic(CriticNetConfig(feature_dim=3, hidden=32))
+    critic = Critic(CriticNetConfig(feature_dim=3, hidden=32, twin=twin))
     untrained = td_fit(critic, batch, gamma=0.9)
     target = critic.target()
     opt = torch.optim.Adam(critic.parameters(), lr=3e-3)
@@ -38,7 +39,7 @@ def test_td_learning_recovers_values_of_a_two_step_chain():
         (q_loss + v_loss).backward()
         opt.step()
         target.soft_update(critic, 0.1)
-    v = torch.minimum(*critic.v(s[[0, 1]])).detach()
+    v = critic.joined(critic.v(s[[0, 1]])).detach()
     assert torch.allclose(v, torch.tensor([0.9, 1.0]), atol=0.05)
     # The stage's fit diagnostic: Q of the taken actions on its TD target, and level with V.
     fit = td_fit(critic, batch, gamma=0.9)
