@@ -69,6 +69,13 @@ def test_no_module_or_test_keeps_a_list_of_the_stages_of_its_own():
     assert lists == {}
 
 
+def test_every_committed_metrics_file_is_a_stage_s_output():
+    """A metrics file no stage writes goes stale beside the ones a run rewrites (the rerun folders are kept runs)."""
+    written = {m for s in STAGES for m in s.metrics + s.outs}
+    committed = {p.relative_to(ROOT).as_posix() for p in (ROOT / "metrics").glob("*.json")}
+    assert committed and committed <= written, sorted(committed - written)
+
+
 def test_a_list_of_stages_in_a_module_is_found(tmp_path):
     module = tmp_path / "m.py"
     module.write_text(f"ORDER = {tuple(NAMES[2:8])!r}\nOTHER = ('critic', 'actor')\n")

@@ -1,8 +1,8 @@
 """Reports of the diagnostics: how a critic's ranking compares with true values and with the expert's choices.
 
 Each takes arrays over states and candidates (true values, the expert's
-choices, scores to judge) and returns plain dicts, the content of
-``metrics/oracle.json``.
+choices, scores to judge) and returns plain dicts, which the diagnostics
+stage writes into ``metrics/diagnostics.json``.
 """
 
 from __future__ import annotations
