@@ -91,6 +91,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {pct(hit)} | {oracle['oracle_value_of_pick'][name]:.3f} |")
     out += ["", f"{oracle['informative_states']} of {oracle['states']} sampled states have candidates of different "
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
+            "uninformed: a uniform pick among a state's distinct valid actions; base_sample: among its valid draws. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
             "(what the true values of that many states teach a ranker on the critic's inputs; probe_* in the expert "
             "picks below learns from every stored state)."]  # fmt: skip

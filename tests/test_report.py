@@ -62,12 +62,16 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                     "expert_support_by_kind": {"webshop": {"PRESS_BACK": {
                                         "states": 12, "taken_is_expert": 0.1, "expert_candidate": 0.6}}},
                                     "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}},
-                                    "top1_hit_rate": {"random": 0.25, "critic": 0.5},
-                                    "oracle_value_of_pick": {"random": 0.4, "critic": 0.6, "best": 0.8},
+                                    "top1_hit_rate": {"uninformed": 0.3, "base_sample": 0.25, "critic": 0.5},
+                                    "oracle_value_of_pick": {"uninformed": 0.45, "base_sample": 0.4, "critic": 0.6,
+                                                             "best": 0.8},
                                     "expert_pick": {"states": 50, "informative_states": 30,
-                                                    "hit_rate": {"random": 0.4, "critic_finetuned": 0.55},
-                                                    "hit_rate_general": {"random": 0.3, "critic_finetuned": 0.35},
-                                                    "hit_rate_webshop": {"random": 0.5, "critic_finetuned": 0.75}},
+                                                    "hit_rate": {"uninformed": 0.45, "base_sample": 0.4,
+                                                                 "critic_finetuned": 0.55},
+                                                    "hit_rate_general": {"uninformed": 0.33, "base_sample": 0.3,
+                                                                         "critic_finetuned": 0.35},
+                                                    "hit_rate_webshop": {"uninformed": 0.55, "base_sample": 0.5,
+                                                                         "critic_finetuned": 0.75}},
                                     "probes": {"finetuned": {"changes_screen": {"auroc": 0.91234, "n_test": 300},
                                                              "tap_on_goal_element": {"absent": "no taps"}},
                                                "blind": {"changes_screen": {"auroc": None, "n_test": 4},
@@ -93,6 +97,7 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in stage_times_markdown(paths)
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
+    assert "| uninformed | 45.0 | 33.0 | 55.0 |" in md and "| uninformed | 30.0 | 0.450 |" in md
     assert "over the 30 of 50 stored states" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action

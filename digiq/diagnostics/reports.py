@@ -15,20 +15,49 @@ import pandas as pd
 
 from digiq.env.actions import parse_action
 
-__all__ = ["ranking_report", "behaviour_report", "expert_pick_report", "action_kinds", "wrong_pick_report",
+__all__ = ["distinct_decisions", "ranking_report", "behaviour_report", "expert_pick_report", "action_kinds", "wrong_pick_report",
            "group_masks", "support_report", "expert_share", "keep_by_group"]  # fmt: skip
 
 
+def distinct_decisions(action_lists: Sequence[Sequence[str]]) -> np.ndarray:
+    """(S, N) bool: each state's first candidate of every distinct action text.
+
+    Candidates drawn twice are one decision to a critic: the same text has the
+    same features and so the same Q, and the argmax cannot tell them apart.
+    A ranking that knows nothing picks uniformly among decisions, not among
+    draws: that is the uninformed level the diagnostics compare with
+    (``uninformed``), beside the rate of a uniform pick among the draws
+    (``base_sample``), which is the base policy's own sampling rate.
+    """
+    out = np.zeros((len(action_lists), max(map(len, action_lists), default=0)), bool)
+    for i, row in enumerate(action_lists):
+        seen: set[str] = set()
+        for j, text in enumerate(row):
+            out[i, j] = text not in seen
+            seen.add(text)
+    return out
+
+
+def _levels(right: np.ndarray, ok: np.ndarray, distinct: np.ndarray) -> dict[str, np.ndarray]:
+    """(S,) per state: the chance that a uniform pick among the valid draws (``base_sample``) and among the valid
+    distinct decisions (``uninformed``) is ``right``."""
+    once = ok & distinct
+    return {"base_sample": (right & ok).sum(1) / np.maximum(ok.sum(1), 1),
+            "uninformed": (right & once).sum(1) / np.maximum(once.sum(1), 1)}  # fmt: skip
+
+
 def ranking_report(
-    oracle: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray], tolerance: float
+    oracle: np.ndarray, valid: np.ndarray, distinct: np.ndarray, scores: dict[str, np.ndarray], tolerance: float
 ) -> dict[str, Any]:
     """How often each ranking's top valid candidate is among the truly best ones.
 
-    ``oracle``, ``valid`` and every ``scores[name]`` are (S, N). The truly best
-    candidates of a state are the valid ones within ``tolerance`` of its best
-    oracle value (rollouts are noisy). Only states whose valid candidates differ
-    in oracle value by more than ``tolerance`` count: elsewhere every pick is
-    right. ``random`` is the expected hit rate of a uniform pick.
+    ``oracle``, ``valid``, ``distinct`` (:func:`distinct_decisions`) and every
+    ``scores[name]`` are (S, N). The truly best candidates of a state are the
+    valid ones within ``tolerance`` of its best oracle value (rollouts are
+    noisy). Only states whose valid candidates differ in oracle value by more
+    than ``tolerance`` count: elsewhere every pick is right. ``uninformed``
+    and ``base_sample`` are the expected rates of a uniform pick among the
+    distinct decisions and among the draws.
     """
     o = np.where(valid, oracle, -np.inf)
     best = o.max(1, keepdims=True)
@@ -38,10 +67,12 @@ def ranking_report(
     if not informative.any():
         return report
     tb, ok, orc = truly_best[informative], valid[informative], oracle[informative]
+    once = ok & np.asarray(distinct, bool)[informative]
     rows = np.arange(len(tb))
-    report["top1_hit_rate"] = {"random": round(float((tb.sum(1) / ok.sum(1)).mean()), 4)}
+    report["top1_hit_rate"] = {k: round(float(v.mean()), 4) for k, v in _levels(tb, ok, once).items()}
     report["oracle_value_of_pick"] = {
-        "random": round(float((np.where(ok, orc, 0).sum(1) / ok.sum(1)).mean()), 4),
+        "uninformed": round(float((np.where(once, orc, 0).sum(1) / once.sum(1)).mean()), 4),
+        "base_sample": round(float((np.where(ok, orc, 0).sum(1) / ok.sum(1)).mean()), 4),
         "best": round(float(best[informative].mean()), 4),
     }
     for name, s in scores.items():
@@ -91,7 +122,7 @@ def _top_valid(scores: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return np.where(ok, scores, -np.inf).argmax(1)
 
 
-def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, np.ndarray],
+def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarray, scores: dict[str, np.ndarray],
                        groups: np.ndarray) -> dict[str, Any]:  # fmt: skip
     """How often each ranking's top valid candidate does what the simulator's expert would, per group of states.
 
@@ -102,11 +133,13 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, scores: dict[str, n
     pick is alike. Unlike :func:`ranking_report` it needs no rollouts, so it
     covers every stored state rather than a sample of a few hundred, at the
     price of judging by the expert's next action instead of the true value.
-    ``random`` is the expected rate of a uniform pick among the valid ones.
+    ``uninformed`` and ``base_sample`` are the expected rates of a uniform
+    pick among the valid distinct decisions (``distinct``,
+    :func:`distinct_decisions`) and among the valid draws.
     """
     ok, hit, informative = _expert_hits(right, valid)
     report: dict[str, Any] = {"states": int(len(hit)), "informative_states": int(informative.sum())}
-    rates = {"random": hit.sum(1) / np.maximum(ok.sum(1), 1)}
+    rates = _levels(hit, ok, np.asarray(distinct, bool))
     for name, s in scores.items():
         rates[name] = hit[np.arange(len(hit)), _top_valid(s, ok)].astype(float)
     groups = np.asarray(groups)

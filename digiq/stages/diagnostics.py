@@ -57,6 +57,7 @@ from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_s
 from digiq.diagnostics.reports import (
     action_kinds,
     behaviour_report,
+    distinct_decisions,
     expert_pick_report,
     expert_share,
     keep_by_group,
@@ -235,6 +236,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         by_vlm = {VLM_OF_ROW[row]: feats[row] for row in feats if row in VLM_OF_ROW}
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
+        distinct = distinct_decisions(cands.action_list.tolist())  # the uninformed level's decisions
         task_sets = steps.task_set.to_numpy()
 
         with timed(parts, "representation_probes"):  # every VLM whose features the embed stage wrote
@@ -288,13 +290,13 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         for s in range(seeds):
             q = {row: _all_q(Critic.load(paths.critic(s, row)), feats[row]) for row in critic_rows}
             critic_q.append(q["digiq"])
-            reports.append(ranking_report(sample["oracle"], sample["valid"],
+            reports.append(ranking_report(sample["oracle"], sample["valid"], distinct[sample["idx"]],
                                           {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],
                                            "taken_action": _taken(sample["valid"]), **probes, **behaviour},
                                           cfg.oracle_tolerance))  # fmt: skip
             # every stored state: does each critic's argmax do what the expert would?
             scores = {f"critic_{row}": scores for row, scores in q.items()}
-            expert_reports.append(expert_pick_report(right, valid, {**scores, **expert_probes, "taken_action": _taken(valid)},
+            expert_reports.append(expert_pick_report(right, valid, distinct, {**scores, **expert_probes, "taken_action": _taken(valid)},
                                                      task_sets))  # fmt: skip
         metrics.update(_mean_report(reports))
         metrics["per_seed"] = reports

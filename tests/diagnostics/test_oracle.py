@@ -8,6 +8,7 @@ from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_s
 from digiq.diagnostics.reports import (
     action_kinds,
     behaviour_report,
+    distinct_decisions,
     expert_pick_report,
     ranking_report,
     support_report,
@@ -74,10 +75,13 @@ def test_ranking_report_counts_hits_only_where_candidates_differ():
     oracle = np.array([[1.0, 0.5, 0.0], [0.7, 0.7, 0.7], [0.2, 0.9, 0.88]])
     valid = np.array([[True, True, True], [True, True, True], [True, True, False]])
     critic = np.array([[0.3, 0.1, 0.2], [0.0, 1.0, 0.0], [0.0, 0.0, 5.0]])  # the invalid top score is skipped
-    report = ranking_report(oracle, valid, {"critic": critic}, tolerance=0.05)
+    distinct = np.array([[True, True, False], [True, True, True], [True, True, True]])  # state 1: #2 drawn twice
+    report = ranking_report(oracle, valid, distinct, {"critic": critic}, tolerance=0.05)
     assert report["states"] == 3 and report["informative_states"] == 2  # the second state: all equal
     assert report["top1_hit_rate"]["critic"] == 0.5  # right in state 1; in state 3 it picks 0.2 over 0.9
-    assert report["top1_hit_rate"]["random"] == round((1 / 3 + 1 / 2) / 2, 4)
+    assert report["top1_hit_rate"]["base_sample"] == round((1 / 3 + 1 / 2) / 2, 4)
+    assert report["top1_hit_rate"]["uninformed"] == round((1 / 2 + 1 / 2) / 2, 4)
+    assert report["oracle_value_of_pick"]["uninformed"] == round((0.75 + 0.55) / 2, 4)
     assert report["oracle_value_of_pick"]["best"] == 0.95
 
 
@@ -146,11 +150,20 @@ def test_expert_pick_report_counts_states_with_right_and_wrong_valid_candidates_
     valid = np.array([[True, True, True], [True, True, True], [True, True, False], [True, True, True]])
     critic = np.array([[0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 9.0], [1.0, 0.0, 0.0]])
     groups = np.array(["general", "general", "webshop", "webshop"])
-    report = expert_pick_report(right, valid, {"critic": critic}, groups)
+    distinct = np.array([[True, True, False], [True, True, True], [True, True, True], [True, True, True]])
+    report = expert_pick_report(right, valid, distinct, {"critic": critic}, groups)
     # state 1: every candidate right; state 2: its only right candidate is invalid (and the critic's top score)
     assert report["states"] == 4 and report["informative_states"] == 2
-    assert report["hit_rate"] == {"random": round((1 / 3 + 1 / 3) / 2, 4), "critic": 0.5}
+    # state 0 has two decisions (its wrong candidate drawn twice): a third of its draws, half its decisions, right
+    assert report["hit_rate"] == {"base_sample": round((1 / 3 + 1 / 3) / 2, 4),
+                                  "uninformed": round((1 / 2 + 1 / 3) / 2, 4), "critic": 0.5}  # fmt: skip
     assert report["hit_rate_general"]["critic"] == 1.0 and report["hit_rate_webshop"]["critic"] == 0.0
+
+
+def test_distinct_decisions_mark_each_action_text_once():
+    back, tap_ = format_action(press_back()), format_action(tap(0.5, 0.5))
+    marks = distinct_decisions([[back, tap_, back, tap_], [tap_, tap_, tap_, back]])
+    assert marks.tolist() == [[True, True, False, False], [True, False, False, True]]
 
 
 def test_wrong_pick_report_names_what_the_critic_picks_where_it_misses_the_expert():
@@ -205,11 +218,11 @@ def test_feature_probe_ranks_by_what_the_features_carry():
     state = rng.normal(size=(S, 64)).astype(np.float32)  # wide, like real features: LayerNorm's statistics settle
     informative = np.concatenate([3 * oracle[..., None], rng.normal(size=(S, N, 63))], -1).astype(np.float32)
     blind = np.repeat(rng.normal(size=(S, 1, 64)), N, axis=1).astype(np.float32)  # no action in it
-    report = ranking_report(oracle, valid, {
+    report = ranking_report(oracle, valid, valid, {
         "informative": feature_probe(state, informative, oracle, valid, seed=0),
         "blind": feature_probe(state, blind, oracle, valid, seed=0)}, tolerance=0.05)  # fmt: skip
     assert report["top1_hit_rate"]["informative"] > 0.6
-    assert report["top1_hit_rate"]["blind"] < 0.35  # a constant score picks one candidate blindly (random ~0.19)
+    assert report["top1_hit_rate"]["blind"] < 0.35  # a constant score picks one candidate blindly (uninformed ~0.19)
 
 
 def test_expert_probe_picks_right_on_episodes_it_was_not_fit_on_and_leaves_torch_seeded():
@@ -231,10 +244,10 @@ def test_expert_probe_picks_right_on_episodes_it_was_not_fit_on_and_leaves_torch
         "blind": expert_probe(state, blind, right, valid, episodes, seed=0, epochs=20),
     }
     assert torch.equal(torch.rand(2), expected)  # the stage's actors draw the same numbers as without the probe
-    report = expert_pick_report(right, valid, scores, np.zeros(S, int))
+    report = expert_pick_report(right, valid, np.ones((S, N), bool), scores, np.zeros(S, int))
     rates = report["hit_rate"]
     assert rates["telling"] > 0.9
-    assert abs(rates["blind"] - rates["random"]) < 0.1
+    assert abs(rates["blind"] - rates["uninformed"]) < 0.1
     assert np.array_equal(scores["telling"], expert_probe(state, telling, right, valid, episodes, seed=0, epochs=20))
 
 

@@ -202,7 +202,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
     assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
     if pick["informative_states"]:
-        assert set(pick["hit_rate"]) == {"random", "critic_digiq", "critic_digiq_hierarchy", "critic_digiq_untuned",
+        assert set(pick["hit_rate"]) == {"base_sample", "uninformed", "critic_digiq", "critic_digiq_hierarchy", "critic_digiq_untuned",
                                          "critic_digiq_blind", "taken_action", "probe_finetuned", "probe_untuned",
                                          "probe_blind"}  # fmt: skip
     assert (workspace / "plots" / "results.png").stat().st_size > 0
