@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from digiq import parallel
 from digiq.config import ActorConfig, CriticConfig
 from digiq.data.picks import Picks
-from digiq.data.trajectories import split_trajectories
+from digiq.data.trajectories import heldout_rows
 from digiq.models.critic import Critic, CriticNetConfig
 from digiq.models.policy_fit import FitRow
 from digiq.progress import progress
@@ -128,17 +128,19 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     stored step) and ``steps`` (their reward, done, MC return and trajectory); the held-out V-vs-return correlation
     measures it.
 
-    ``cfg.holdout`` of the trajectories are held out; ``cfg.epochs`` passes of
-    random minibatches of ``cfg.batch_size`` transitions go over the rest.
+    ``cfg.holdout`` of the trajectories are held out, drawn by ``cfg.seed``: the
+    same ones for every seed's critic, so that the diagnostics (stage 08)
+    judge every seed on trajectories none of them trained on. ``cfg.epochs``
+    passes of random minibatches of ``cfg.batch_size`` transitions go over
+    the rest.
     ``scored`` (states, N) marks the candidates the conservative term
     (``cfg.conservative`` > 0) pushes down, which needs it.
     """
     if cfg.conservative > 0 and scored is None:
         raise ValueError("the conservative term needs the mask of the candidates it scores")
     torch.manual_seed(seed)
-    held = split_trajectories(steps.traj_id.tolist(), cfg.holdout, seed)
-    train_idx = np.flatnonzero(~steps.traj_id.isin(held).to_numpy())
-    test_idx = np.flatnonzero(steps.traj_id.isin(held).to_numpy())
+    held = heldout_rows(steps.traj_id.to_numpy(), cfg.holdout, cfg.seed)
+    train_idx, test_idx = np.flatnonzero(~held), np.flatnonzero(held)
     data = transition_tensors(feats, steps)
     if cfg.conservative > 0:
         data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))

@@ -38,6 +38,7 @@ __all__ = [
     "mc_returns",
     "observation_text",
     "split_trajectories",
+    "heldout_rows",
     "step_ids",
 ]
 
@@ -230,6 +231,12 @@ def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[in
     ids = sorted(set(traj_ids))
     random.Random(seed).shuffle(ids)
     return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()
+
+
+def heldout_rows(traj_ids: np.ndarray, holdout: float, seed: int) -> np.ndarray:
+    """(rows,) bool: the steps of the trajectories :func:`split_trajectories` holds out."""
+    traj_ids = np.asarray(traj_ids)
+    return np.isin(traj_ids, sorted(split_trajectories(traj_ids.tolist(), holdout, seed)))
 
 
 def read_table(path: Path, fields: Sequence[str], what: str, stage: str) -> pa.Table:

@@ -163,7 +163,8 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
     fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
     if parallel.is_main():
         fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
-                           seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma)  # fmt: skip
+                           seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma,
+                           holdout=cfg.holdout, split_seed=cfg.seed)  # fmt: skip
     return {"corr": round(fit["corr"], 4), "fit": {k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")},
             "train_rows": fit["train_rows"], "train": fit["train"], "heldout": fit["heldout"],
             "curves": fit["curves"] if job.seed == 0 else {}}  # fmt: skip

@@ -1,7 +1,9 @@
 """Stage 08: the critics' picks judged against what only the simulator knows.
 
 Nothing here feeds a policy: stage 07 trains the actors without waiting for
-it, and stage 10 evaluates them. On stored states of the offline data:
+it, and stage 10 evaluates them. On stored states of the offline data, of the
+trajectories stage 06 held out of every critic's training (a critic judged on
+what it fit says little about what it ranks):
 
 - **true values** (:func:`oracle_sample`): a sample of ``oracle_states``
   states is rebuilt, each candidate is taken on copies of it and the noisy
@@ -12,7 +14,8 @@ it, and stage 10 evaluates them. On stored states of the offline data:
   data's own action are scored against them (``top1_hit_rate``).
 - **the expert's choices** on every stored state
   (:func:`~digiq.diagnostics.ground_truth.expert_matrix`): how often each
-  critic's top candidate does what the expert would (``expert_pick``), where
+  critic's top candidate does what the expert would (``expert_pick``; on the
+  trajectories the critics trained on, ``expert_pick_train``), where
   it goes instead (``critic_wrong_picks``), whether the candidates hold the
   expert's action at all (``expert_support``), and how many of each policy's
   imitated rows are the expert's (``rows_expert_share``, from stage 07's
@@ -51,7 +54,7 @@ from digiq.config import (
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.picks import read_picks
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import DataError, TrajectoryStore, heldout_rows
 from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_matrix, replay
 from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
 from digiq.diagnostics.reports import (
@@ -147,13 +150,14 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
 
 
 def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
-                  cands: pd.DataFrame, paths: Paths, workers: int) -> dict[str, Any]:  # fmt: skip
-    """True values, the base policy's log-likelihoods and (``behaviour_rollouts``) its values of the candidates of sampled states.
+                  cands: pd.DataFrame, pool: np.ndarray, paths: Paths, workers: int) -> dict[str, Any]:  # fmt: skip
+    """True values, the base policy's log-likelihoods and (``behaviour_rollouts``) its values of the candidates of
+    ``cfg.oracle_states`` states sampled from ``pool`` (row indices: the trajectories no critic trained on).
 
     The states are shared among ``workers`` processes in chunks of :data:`ORACLE_CHUNK`.
     """
     rng = np.random.default_rng(cfg.seed)
-    idx = np.sort(rng.choice(len(steps), min(cfg.oracle_states, len(steps)), replace=False))
+    idx = np.sort(rng.choice(pool, min(cfg.oracle_states, len(pool)), replace=False))
     states = []
     for i in idx:
         r = steps.iloc[i]
@@ -238,11 +242,17 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         distinct = distinct_decisions(cands.action_list.tolist())  # the uninformed level's decisions
         task_sets = steps.task_set.to_numpy()
+        # Every figure of a critic's picks is on the trajectories no seed's critic trained on (stage 06 holds the
+        # same ones out of every seed); the expert picks are also given on the training ones, for contrast.
+        split = read_meta(paths.critic(0))
+        if "split_seed" not in split:
+            raise DataError(f"{paths.critic(0)} does not say which trajectories it held out; rerun the critic stage")
+        held = heldout_rows(episodes, float(split["holdout"]), int(split["split_seed"]))
 
         with timed(parts, "representation_probes"):  # every VLM whose features the embed stage wrote
             metrics["probes"] = representation_probes(paths, feature_vlms(paths), threshold=threshold, seed=cfg.seed)
         with timed(parts, "oracle_values"):
-            sample = oracle_sample(cfg, env, collect, gamma, steps, cands, paths, workers)
+            sample = oracle_sample(cfg, env, collect, gamma, steps, cands, np.flatnonzero(held), paths, workers)
         # The representation's slices as the VLM's recipe made them; features from elsewhere count as one.
         slices = saved_recipe(paths.vlm).parts if (paths.vlm / "config.json").exists() else ("representation",)
         probes: dict[str, np.ndarray] = {}
@@ -286,7 +296,8 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["rows_expert_share_per_seed"] = shares
         metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
 
-        reports, expert_reports, critic_q = [], [], []
+        reports, critic_q = [], []
+        expert_reports: dict[str, list[dict[str, Any]]] = {"heldout": [], "train": []}
         for s in range(seeds):
             q = {row: _all_q(Critic.load(paths.critic(s, row)), feats[row]) for row in critic_rows}
             critic_q.append(q["digiq"])
@@ -295,14 +306,19 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                                            "taken_action": _taken(sample["valid"]), **probes, **behaviour},
                                           cfg.oracle_tolerance))  # fmt: skip
             # every stored state: does each critic's argmax do what the expert would?
-            scores = {f"critic_{row}": scores for row, scores in q.items()}
-            expert_reports.append(expert_pick_report(right, valid, distinct, {**scores, **expert_probes, "taken_action": _taken(valid)},
-                                                     task_sets))  # fmt: skip
+            scores = {**{f"critic_{row}": scores for row, scores in q.items()}, **expert_probes,
+                      "taken_action": _taken(valid)}  # fmt: skip
+            for part, rows in (("heldout", held), ("train", ~held)):
+                expert_reports[part].append(expert_pick_report(right[rows], valid[rows], distinct[rows],
+                                                               {k: v[rows] for k, v in scores.items()},
+                                                               task_sets[rows]))  # fmt: skip
         metrics.update(_mean_report(reports))
         metrics["per_seed"] = reports
-        metrics["expert_pick"] = {**_mean_report(expert_reports), "per_seed": expert_reports}
-        metrics["critic_wrong_picks"] = wrong_pick_report(right, valid, critic_q,
-                                                          action_kinds(cands.action_list.tolist()), kinds, task_sets)  # fmt: skip
+        metrics["expert_pick"] = {**_mean_report(expert_reports["heldout"]), "per_seed": expert_reports["heldout"]}
+        metrics["expert_pick_train"] = {**_mean_report(expert_reports["train"]), "per_seed": expert_reports["train"]}
+        metrics["critic_wrong_picks"] = wrong_pick_report(right[held], valid[held], [q[held] for q in critic_q],
+                                                          action_kinds(cands.action_list.tolist())[held], kinds[held],
+                                                          task_sets[held])  # fmt: skip
     metrics["part_time_s"] = parts
     write_metrics(paths, "diagnostics", metrics)
     return metrics
