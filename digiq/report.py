@@ -285,7 +285,11 @@ def diagnostics_markdown(paths: Paths) -> str:
             oracle
         )
     if "expert_pick" in diag:
-        out += ["", "Expert picks over all stored states (stage 08):", ""] + expert_pick_table(diag["expert_pick"])
+        out += ["", "Expert picks on the stored states of the trajectories no critic trained on (stage 08):", ""]
+        out += expert_pick_table(diag["expert_pick"])
+    if "expert_pick_train" in diag:
+        out += ["", "The same on the trajectories the critics trained on:", ""]
+        out += expert_pick_table(diag["expert_pick_train"])
     if "probes" in diag:
         out += ["", "What each VLM's features carry (stage 08, linear probes):", ""] + representation_probe_table(
             diag["probes"]

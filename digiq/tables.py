@@ -263,7 +263,7 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
     for name, rate in pick["hit_rate"].items():
         out.append(f"| {name} | {pct(rate)} | " + " | ".join(pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
-                  f"of {pick['states']} stored states whose valid candidates include both such and other actions "
+                  f"of {pick['states']} states whose valid candidates include both such and other actions "
                   "(mean over seeds; uninformed: a uniform pick among each state's distinct valid actions, the "
                   "level of a ranking that knows nothing, as the argmax sees a candidate drawn twice as one; "
                   "base_sample: a uniform pick among the valid draws, the base policy's own sampling rate; "

@@ -98,7 +98,7 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
     assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
     assert "| uninformed | 45.0 | 33.0 | 55.0 |" in md and "| uninformed | 30.0 | 0.450 |" in md
-    assert "over the 30 of 50 stored states" in md
+    assert "over the 30 of 50 states" in md and "trajectories no critic trained on" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
     assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
