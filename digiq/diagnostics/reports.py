@@ -122,8 +122,8 @@ def _top_valid(scores: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return np.where(ok, scores, -np.inf).argmax(1)
 
 
-def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarray, scores: dict[str, np.ndarray],
-                       groups: np.ndarray) -> dict[str, Any]:  # fmt: skip
+def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarray, kinds: np.ndarray,
+                       scores: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, Any]:  # fmt: skip
     """How often each ranking's top valid candidate does what the simulator's expert would, per group of states.
 
     ``right`` (S, N) marks the expert-equivalent candidates
@@ -136,12 +136,23 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarra
     ``uninformed`` and ``base_sample`` are the expected rates of a uniform
     pick among the valid distinct decisions (``distinct``,
     :func:`distinct_decisions`) and among the valid draws.
+
+    A pick is split in two (over all groups): ``kind_rate``, how often it is
+    of a kind (``kinds``, :func:`action_kinds`) that some right candidate is
+    of (a tap where the expert taps, say), and ``within_kind_rate``, how often
+    a pick of the right kind is the right action of that kind (the right
+    element to tap): the hit rate is their product.
     """
     ok, hit, informative = _expert_hits(right, valid)
+    kinds = np.asarray(kinds)
+    right_kind = ok & np.array([np.isin(row, row[h]) for row, h in zip(kinds, hit, strict=True)]).reshape(hit.shape)
     report: dict[str, Any] = {"states": int(len(hit)), "informative_states": int(informative.sum())}
-    rates = _levels(hit, ok, np.asarray(distinct, bool))
+    distinct = np.asarray(distinct, bool)
+    rates, kind_rates = _levels(hit, ok, distinct), _levels(right_kind, ok, distinct)
+    rows = np.arange(len(hit))
     for name, s in scores.items():
-        rates[name] = hit[np.arange(len(hit)), _top_valid(s, ok)].astype(float)
+        pick = _top_valid(s, ok)
+        rates[name], kind_rates[name] = hit[rows, pick].astype(float), right_kind[rows, pick].astype(float)
     groups = np.asarray(groups)
     for group in ["all", *sorted(set(groups.tolist()))]:
         mask = informative & (np.ones(len(hit), bool) if group == "all" else groups == group)
@@ -149,6 +160,12 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarra
             report["hit_rate" + ("" if group == "all" else f"_{group}")] = {
                 name: round(float(r[mask].mean()), 4) for name, r in rates.items()
             }
+    if informative.any():
+        report["kind_rate"] = {name: round(float(r[informative].mean()), 4) for name, r in kind_rates.items()}
+        report["within_kind_rate"] = {
+            name: round(float(rates[name][informative].sum() / max(r[informative].sum(), 1e-12)), 4)
+            for name, r in kind_rates.items()
+        }
     return report
 
 

@@ -241,6 +241,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         distinct = distinct_decisions(cands.action_list.tolist())  # the uninformed level's decisions
+        candidate_kinds = action_kinds(cands.action_list.tolist())
         task_sets = steps.task_set.to_numpy()
         # Every figure of a critic's picks is on the trajectories no seed's critic trained on (stage 06 holds the
         # same ones out of every seed); the expert picks are also given on the training ones, for contrast.
@@ -310,6 +311,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                       "taken_action": _taken(valid)}  # fmt: skip
             for part, rows in (("heldout", held), ("train", ~held)):
                 expert_reports[part].append(expert_pick_report(right[rows], valid[rows], distinct[rows],
+                                                               candidate_kinds[rows],
                                                                {k: v[rows] for k, v in scores.items()},
                                                                task_sets[rows]))  # fmt: skip
         metrics.update(_mean_report(reports))
@@ -317,7 +319,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["expert_pick"] = {**_mean_report(expert_reports["heldout"]), "per_seed": expert_reports["heldout"]}
         metrics["expert_pick_train"] = {**_mean_report(expert_reports["train"]), "per_seed": expert_reports["train"]}
         metrics["critic_wrong_picks"] = wrong_pick_report(right[held], valid[held], [q[held] for q in critic_q],
-                                                          action_kinds(cands.action_list.tolist())[held], kinds[held],
+                                                          candidate_kinds[held], kinds[held],
                                                           task_sets[held])  # fmt: skip
     metrics["part_time_s"] = parts
     write_metrics(paths, "diagnostics", metrics)

@@ -151,13 +151,18 @@ def test_expert_pick_report_counts_states_with_right_and_wrong_valid_candidates_
     critic = np.array([[0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.0, 0.5, 9.0], [1.0, 0.0, 0.0]])
     groups = np.array(["general", "general", "webshop", "webshop"])
     distinct = np.array([[True, True, False], [True, True, True], [True, True, True], [True, True, True]])
-    report = expert_pick_report(right, valid, distinct, {"critic": critic}, groups)
+    kinds = np.array([["TAP", "TAP", "BACK"]] * 4)
+    report = expert_pick_report(right, valid, distinct, kinds, {"critic": critic}, groups)
     # state 1: every candidate right; state 2: its only right candidate is invalid (and the critic's top score)
     assert report["states"] == 4 and report["informative_states"] == 2
     # state 0 has two decisions (its wrong candidate drawn twice): a third of its draws, half its decisions, right
     assert report["hit_rate"] == {"base_sample": round((1 / 3 + 1 / 3) / 2, 4),
                                   "uninformed": round((1 / 2 + 1 / 3) / 2, 4), "critic": 0.5}  # fmt: skip
     assert report["hit_rate_general"]["critic"] == 1.0 and report["hit_rate_webshop"]["critic"] == 0.0
+    # state 3: the critic taps, as the expert does, but the wrong element: the right kind, the wrong action
+    assert report["kind_rate"]["critic"] == 1.0 and report["within_kind_rate"]["critic"] == 0.5
+    assert report["kind_rate"]["uninformed"] == round((1 + 2 / 3) / 2, 4)
+    assert report["within_kind_rate"]["uninformed"] == round((1 / 2 + 1 / 3) / (1 + 2 / 3), 4)
 
 
 def test_distinct_decisions_mark_each_action_text_once():
@@ -244,7 +249,7 @@ def test_expert_probe_picks_right_on_episodes_it_was_not_fit_on_and_leaves_torch
         "blind": expert_probe(state, blind, right, valid, episodes, seed=0, epochs=20),
     }
     assert torch.equal(torch.rand(2), expected)  # the stage's actors draw the same numbers as without the probe
-    report = expert_pick_report(right, valid, np.ones((S, N), bool), scores, np.zeros(S, int))
+    report = expert_pick_report(right, valid, np.ones((S, N), bool), np.zeros((S, N), int), scores, np.zeros(S, int))
     rates = report["hit_rate"]
     assert rates["telling"] > 0.9
     assert abs(rates["blind"] - rates["uninformed"]) < 0.1
