@@ -259,16 +259,21 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
     if "hit_rate" not in pick:
         return ["Expert picks: no stored state has both expert and other valid candidates."]
     groups = [k.removeprefix("hit_rate_") for k in pick if k.startswith("hit_rate_")]
-    out = ["| ranking | all | " + " | ".join(groups) + " |", "|---|---|" + "---|" * len(groups)]
+    split = ["kind_rate", "within_kind_rate"] if "kind_rate" in pick else []
+    heads = [*groups, *(["right kind", "right action of that kind"] if split else [])]
+    out = ["| ranking | all | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
     for name, rate in pick["hit_rate"].items():
-        out.append(f"| {name} | {pct(rate)} | " + " | ".join(pct(pick[f"hit_rate_{g}"][name]) for g in groups) + " |")
+        cells = [pick[f"hit_rate_{g}"][name] for g in groups] + [pick[k][name] for k in split]
+        out.append(f"| {name} | {pct(rate)} | " + " | ".join(pct(c) for c in cells) + " |")
     return out + ["", f"Picks that do what the simulator's expert would (%), over the {pick['informative_states']} "
                   f"of {pick['states']} states whose valid candidates include both such and other actions "
                   "(mean over seeds; uninformed: a uniform pick among each state's distinct valid actions, the "
                   "level of a ranking that knows nothing, as the argmax sees a candidate drawn twice as one; "
                   "base_sample: a uniform pick among the valid draws, the base policy's own sampling rate; "
                   "critic_<row>: the argmax of Q of that row's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
-                  "half of the episodes, what those inputs allow with a label on every candidate)."]  # fmt: skip
+                  "half of the episodes, what those inputs allow with a label on every candidate). Right kind: the "
+                  "pick is of a kind of action the expert's is (a tap where it taps); right action of that kind: "
+                  "how often such a pick is the expert's action (the right element to tap)."]  # fmt: skip
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:

@@ -71,7 +71,11 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                                     "hit_rate_general": {"uninformed": 0.33, "base_sample": 0.3,
                                                                          "critic_finetuned": 0.35},
                                                     "hit_rate_webshop": {"uninformed": 0.55, "base_sample": 0.5,
-                                                                         "critic_finetuned": 0.75}},
+                                                                         "critic_finetuned": 0.75},
+                                                    "kind_rate": {"uninformed": 0.7, "base_sample": 0.8,
+                                                                  "critic_finetuned": 0.9},
+                                                    "within_kind_rate": {"uninformed": 0.64, "base_sample": 0.5,
+                                                                         "critic_finetuned": 0.61}},
                                     "probes": {"finetuned": {"changes_screen": {"auroc": 0.91234, "n_test": 300},
                                                              "tap_on_goal_element": {"absent": "no taps"}},
                                                "blind": {"changes_screen": {"auroc": None, "n_test": 4},
@@ -96,8 +100,11 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md
     assert "| general | search | 20.0 | 50.0 |" in md and "| critic | 12.5 |" in stage_times_markdown(paths)
     assert "| critic | 50.0 | 0.600 |" in md and "4 of 10 sampled states" in md
-    assert "| ranking | all | general | webshop |" in md and "| critic_finetuned | 55.0 | 35.0 | 75.0 |" in md
-    assert "| uninformed | 45.0 | 33.0 | 55.0 |" in md and "| uninformed | 30.0 | 0.450 |" in md
+    assert (
+        "| ranking | all | general | webshop | right kind |" in md
+        and "| critic_finetuned | 55.0 | 35.0 | 75.0 | 90.0 |" in md
+    )
+    assert "| uninformed | 45.0 | 33.0 | 55.0 | 70.0 | 64.0 |" in md and "| uninformed | 30.0 | 0.450 |" in md
     assert "over the 30 of 50 states" in md and "trajectories no critic trained on" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
