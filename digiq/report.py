@@ -93,7 +93,7 @@ def _oracle_table(oracle: dict[str, Any]) -> list[str]:
             f"true value; best possible pick's mean value {oracle['oracle_value_of_pick']['best']:.3f}. "
             "uninformed: a uniform pick among a state's distinct valid actions; base_sample: among its valid draws. "
             "feature_probe_*: fit to the oracle values themselves on half the states, scored on the other half "
-            "(what the true values of that many states teach a ranker on the critic's inputs; probe_* in the expert "
+            "(what the true values of that many states teach a ranker on the critic's inputs; *_ranker_* in the expert "
             "picks below learns from every stored state)."]  # fmt: skip
     behaviour = oracle.get("behaviour_values")
     if behaviour:

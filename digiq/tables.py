@@ -270,7 +270,8 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "(mean over seeds; uninformed: a uniform pick among each state's distinct valid actions, the "
                   "level of a ranking that knows nothing, as the argmax sees a candidate drawn twice as one; "
                   "base_sample: a uniform pick among the valid draws, the base policy's own sampling rate; "
-                  "critic_<row>: the argmax of Q of that row's critic; probe_*: a ranker on the same critic inputs fit to the expert's choices on the other "
+                  "critic_<row>: the argmax of Q of that row's critic; mlp_ranker_* and linear_ranker_*: a network shaped like a "
+                  "Q head and a linear scorer on the same critic inputs, fit to the expert's choices on the other "
                   "half of the episodes, what those inputs allow with a label on every candidate). Right kind: the "
                   "pick is of a kind of action the expert's is (a tap where it taps); right action of that kind: "
                   "how often such a pick is the expert's action (the right element to tap)."]  # fmt: skip

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from digiq.models.critic import mlp
 
@@ -65,8 +66,12 @@ def feature_probe(state: np.ndarray, candidates: np.ndarray, oracle: np.ndarray,
 
 
 def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, valid: np.ndarray,
-                 episodes: np.ndarray, *, seed: int, hidden: int = 256, epochs: int = 40) -> np.ndarray:  # fmt: skip
+                 episodes: np.ndarray, *, seed: int, hidden: int | None = 256, epochs: int = 40) -> np.ndarray:  # fmt: skip
     """Scores (S, N) from the critic's inputs, fit to the expert's choices, cross-fitted over two halves of episodes.
+
+    An MLP shaped like a Q head, or with ``hidden`` None a linear scorer
+    (layer norm, then one linear map): what a linear read of the critic's
+    inputs gets, beside what a network as big as the critic's gets.
 
     Where :func:`feature_probe` has the true values of a few hundred sampled
     states, this ranker has the expert's verdict (``right``, from
@@ -98,7 +103,8 @@ def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, v
     with torch.random.fork_rng():
         for fit in (half, ~half):
             torch.manual_seed(seed)
-            net = mlp(s.shape[1] + c.shape[2], hidden)
+            d_in = s.shape[1] + c.shape[2]
+            net = mlp(d_in, hidden) if hidden else nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, 1))
             opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
             train = np.flatnonzero(fit & informative)
             for _ in range(epochs if len(train) else 0):

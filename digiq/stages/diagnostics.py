@@ -277,8 +277,10 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["expert_support"] = support_report(right, task_sets, steps.family.to_numpy())
         metrics["expert_support_by_kind"] = support_report(right, task_sets, kinds)
         # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
-        expert_probes = {f"probe_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes, seed=cfg.seed)
-                         for vlm, f in by_vlm.items()}  # fmt: skip
+        # A ranker as big as a Q head and a linear one, cross-fitted over episodes.
+        expert_probes = {f"{name}_ranker_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes,
+                                                              seed=cfg.seed, hidden=hidden)
+                         for vlm, f in by_vlm.items() for name, hidden in (("mlp", 256), ("linear", None))}  # fmt: skip
 
         # The rows each policy of stage 07 imitates: how many are the expert's.
         shares: dict[str, list[dict[str, float | None]]] = {}
