@@ -4,10 +4,11 @@ Two recipes share one model class (:class:`~digiq.models.vlm.ScreenVLM`):
 
 ``tiny`` (the default, for the VLM built here at 96 x 96): the screenshot is
 resized whole to the tower's square input and the action is drawn on it in
-red (a ring for a tap, a line for a swipe, a bar for anything else); the
-question names the action and the task ("Does tapping at the red circle
-change the screen?"). Drawing at the small size keeps embedding 16
-candidates per state cheap on a CPU.
+red (a ring as wide as Digi-Q's click icon for a tap, a line for a swipe, a
+bar for anything else); the question names the action, with a touch's
+point as Digi-Q's question states it, and the task ("Does tapping at the
+red circle, at [0.4552, 0.4869], change the screen?"). Drawing at the small
+size keeps embedding 16 candidates per state cheap on a CPU.
 
 ``original`` (Digi-Q's own preparation, for a released LLaVA-1.5): a click
 icon is pasted on the full-size screenshot at a tap's touch point (250 px
@@ -94,8 +95,10 @@ class TinyRecipe:
         return self.prompt_template.replace("{}", prompt, 1)
 
     def question(self, action: Action, task: str) -> str:
-        if action.type is ActionType.DUAL_POINT:
-            what = "tapping at the red circle" if action.is_tap else "swiping along the red line"
+        if action.type is ActionType.DUAL_POINT:  # the point as Digi-Q's question states it: [y, x] of the screen
+            (ty, tx), (ly, lx) = action.touch, action.lift
+            what = (f"tapping at the red circle, at [{ty}, {tx}]," if action.is_tap
+                    else f"swiping along the red line, from [{ty}, {tx}] to [{ly}, {lx}],")  # fmt: skip
         elif action.type is ActionType.TYPE:
             what = f'typing "{action.text}"'
         elif action.type is ActionType.INVALID:
@@ -220,7 +223,7 @@ def draw_marker(image: np.ndarray, action: Action) -> np.ndarray:
         return out
     yy, xx = np.mgrid[0:h, 0:w]
     (ty, tx), (ly, lx) = action.touch, action.lift
-    r = max(2.0, w / 16)
+    r = max(2.0, ICON_FRACTION * w / 2)  # as wide as Digi-Q's click icon on the same screen
     if action.is_tap:
         d = np.hypot(yy - ty * (h - 1), xx - tx * (w - 1))
         out[(d > r - 1.5) & (d < r + 0.5)] = _RED

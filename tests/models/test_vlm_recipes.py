@@ -35,7 +35,10 @@ def test_original_questions_are_digiqs_per_action_type_and_leave_the_task_out():
     assert r.template("<image>\nQ") == f"{SYSTEM} USER: <image>\nQ ASSISTANT:" and r.bos
     tiny = TinyRecipe(96)
     assert tiny.template("<image>\nQ") == "<image>\nQ" and not tiny.bos
-    assert "Open Gmail" in tiny.question(tap(0.5, 0.5), "Open Gmail")
+    assert tiny.question(tap(0.4552, 0.4869), "Open Gmail") == (
+        "<image>\nTask: Open Gmail\nDoes tapping at the red circle, at [0.4552, 0.4869], change the screen? Answer:"
+    )
+    assert "from [0.8, 0.5] to [0.2, 0.5]," in tiny.question(swipe((0.8, 0.5), (0.2, 0.5)), "x")
 
 
 def test_original_image_is_a_quarter_size_screen_padded_to_a_square_in_the_mean_colour():
@@ -78,3 +81,5 @@ def test_tiny_recipe_resizes_whole_and_marks_in_red():
     (small,) = r.base([screen])
     assert small.shape == (32, 32, 3) and (small == (0, 0, 255)).all()
     assert (r.mark(small, tap(0.5, 0.5)) != small).any() and r.state(small) is small
+    ring = np.argwhere((TinyRecipe(96).mark(np.zeros((96, 96, 3), np.uint8), tap(0.5, 0.5)) != 0).any(-1))
+    assert 22 <= ring[:, 1].max() - ring[:, 1].min() + 1 <= 24  # about 250/1080 of 96 px, as Digi-Q's click icon
