@@ -697,11 +697,12 @@ class CriticConfig:
     gamma: float = _knob(0.95, help="discount (Digi-Q: 0.95)", above=0, at_most=1)
     tau: float = _knob(0.1, help="soft target update rate (Digi-Q: 0.1)", above=0, at_most=1)
     hidden: int = _knob(256, help="MLP width", at_least=1, at_most=16_384)
-    epochs: int = _knob(
-        100,
-        help="passes over the transitions (TD needs many to carry values back from the goal)",
+    steps: int = _knob(
+        1600,
+        help="TD updates, each on batch_size transitions drawn at random from the training trajectories "
+        "(released Digi-Q: 800 of 128 per critic)",
         at_least=1,
-        at_most=100_000,
+        at_most=MAX_STEPS,
     )
     batch_size: int = _knob(256, help="transitions per step", at_least=1, at_most=MAX_BATCH)
     lr: float = _knob(0.0003, help="learning rate", above=0)

@@ -86,12 +86,12 @@ def test_missing_or_broken_params_file(tmp_path):
 
 def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(tmp_path):
     (tmp_path / "params").mkdir()
-    (tmp_path / "params.yaml").write_text("critic:\n  epochs: 5\n")
+    (tmp_path / "params.yaml").write_text("critic:\n  steps: 5\n")
     (tmp_path / "params" / "machine.yaml").write_text("critic:\n  lr: 0.1\ndevices:\n  timeout_s: -1.0\n")
     params = load_params(tmp_path / "params.yaml")
-    assert params["critic"] == {"epochs": 5, "lr": 0.1}
+    assert params["critic"] == {"steps": 5, "lr": 0.1}
     critic = load_section(CriticConfig, "critic", params)
-    assert (critic.epochs, critic.lr) == (5, 0.1)
+    assert (critic.steps, critic.lr) == (5, 0.1)
     with pytest.raises(ConfigError, match=r"machine\.yaml: devices"):
         load_section(DeviceConfig, "devices", params)
     (tmp_path / "params" / "more.yaml").write_text("critic:\n  epochs: 7\n")
@@ -244,7 +244,7 @@ def test_every_count_rate_and_size_has_a_range():
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"critic": {"epochs": -1}}, r"critic: epochs must be >= 1, got -1"),
+        ({"critic": {"steps": -1}}, r"critic: steps must be >= 1, got -1"),
         ({"critic": {"batch_size": 0}}, r"critic: batch_size must be >= 1, got 0"),
         ({"eval": {"n_tasks": -1}}, r"eval: n_tasks must be >= 1, got -1"),
         ({"experiment": {"seeds": 10**12}}, r"experiment: seeds must be <= 1000, got 1000000000000"),

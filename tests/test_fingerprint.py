@@ -146,7 +146,7 @@ TINY = {
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
     "vlm_finetune": {"epochs": 1},
-    "critic": {"epochs": 2, "hidden": 32},
+    "critic": {"steps": 4, "hidden": 32},
     "actor": {"updates": 3, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
     "digirl": {"online": []},
     "diagnostics": {"oracle_states": 0},

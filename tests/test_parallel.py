@@ -68,7 +68,7 @@ def _stage_root(values_root: Path, dest: Path, processes: int, **changes: dict) 
 
 def _critic_root(values_root: Path, dest: Path, processes: int) -> Path:
     return _stage_root(values_root, dest, processes,
-                       critic={"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5},  # 5 of 16: split 3/2
+                       critic={"steps": 6, "hidden": 16, "batch_size": 16, "penalty_states": 5},  # 5 of 16: split 3/2
                        experiment={"seeds": 1}, ablations={"untuned_vlm": False, "blind_vlm": False})  # fmt: skip
 
 

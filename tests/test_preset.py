@@ -87,4 +87,4 @@ def test_paper_scale_preset_sets_the_paper_s_trajectory_count(params):
     tasks, collect, base = merged["tasks"], merged["collect"], merged["base_policy"]
     assert 2 * collect["tasks_per_set"] == 1_008 + 1_296
     assert tasks["n_train"] == base["demo_tasks"] + collect["tasks_per_set"]
-    assert (merged["critic"]["batch_size"], merged["critic"]["epochs"]) == (128, 9)
+    assert (merged["critic"]["batch_size"], merged["critic"]["steps"]) == (128, 1600)

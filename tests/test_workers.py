@@ -104,7 +104,7 @@ def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
     params["compute"] = {"workers": workers}
-    params["critic"].update({"epochs": 3, "hidden": 16, "batch_size": 16, "penalty_states": 5})
+    params["critic"].update({"steps": 6, "hidden": 16, "batch_size": 16, "penalty_states": 5})
     params["experiment"]["seeds"] = 2
     params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
     params["variants"] = {"digiq_cql": {"conservative": 0.3, "conservative_gate": True}}

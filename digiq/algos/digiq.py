@@ -130,9 +130,9 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
 
     ``cfg.holdout`` of the trajectories are held out, drawn by ``cfg.seed``: the
     same ones for every seed's critic, so that the diagnostics (stage 08)
-    judge every seed on trajectories none of them trained on. ``cfg.epochs``
-    passes of random minibatches of ``cfg.batch_size`` transitions go over
-    the rest.
+    judge every seed on trajectories none of them trained on. ``cfg.steps``
+    updates, each on ``cfg.batch_size`` transitions drawn at random (with
+    replacement) from the rest, as released Digi-Q draws its batches.
     ``scored`` (states, N) marks the candidates the conservative term
     (``cfg.conservative`` > 0) pushes down, which needs it.
     """
@@ -173,18 +173,17 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
 
     curves: dict[str, list[float]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
-    for _ in progress(range(cfg.epochs), desc=f"TD epochs (seed {seed})"):
-        for _step in range(0, len(train_idx), cfg.batch_size):  # one epoch of random minibatches
-            opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
-            batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
-            rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
-            loss = parallel.backward_share(rows, share_losses, critic.parameters(), names=names)
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
-            opt.step()
-            target.soft_update(critic, cfg.tau)
-            for name in names:
-                curves[name].append(loss[name])
+    for _ in progress(range(cfg.steps), desc=f"TD steps (seed {seed})"):
+        opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
+        batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
+        rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
+        loss = parallel.backward_share(rows, share_losses, critic.parameters(), names=names)
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
+        opt.step()
+        target.soft_update(critic, cfg.tau)
+        for name in names:
+            curves[name].append(loss[name])
     critic.eval()
     with torch.no_grad():
         v_held = critic.joined(critic.v(data["state"][test_idx].to(dev))).cpu().numpy()

@@ -75,6 +75,6 @@ def _moved(cfg: CriticConfig, seed: int = 3) -> float:
 
 def test_the_critic_s_gradient_is_clipped_to_its_norm():
     """Clipped to a norm far below Adam's epsilon, every step is about epsilon's share of a full one."""
-    cfg = CriticConfig(epochs=3, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0)
+    cfg = CriticConfig(steps=9, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0)
     free, clipped = _moved(cfg), _moved(dataclasses.replace(cfg, grad_clip=1e-12))
     assert free > 1e-2 and clipped < free / 100

@@ -119,7 +119,7 @@ def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
 TINY = {
     "tasks": {"n_train": 16, "n_test": 4},
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
-    "critic": {"epochs": 2, "hidden": 32, "tap_targets": False, "list_entries": False, "typed_match": True},
+    "critic": {"steps": 4, "hidden": 32, "tap_targets": False, "list_entries": False, "typed_match": True},
     "actor": {
         "updates": 3,
         "k_candidates": 3,

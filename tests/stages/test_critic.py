@@ -136,7 +136,7 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
     shutil.copytree(values_root, root)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["compute"] = {"processes": 1, "cpu": True, "workers": 1}
-    params["critic"].update({"epochs": 2, "hidden": 16, "batch_size": 16})
+    params["critic"].update({"steps": 8, "hidden": 16, "batch_size": 16})
     params["experiment"]["seeds"] = 2
     params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
     params["variants"] = {}

@@ -24,7 +24,7 @@ TINY = {
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
     "vlm_finetune": {"epochs": 1},
-    "critic": {"epochs": 2, "hidden": 64},
+    "critic": {"steps": 4, "hidden": 64},
     "actor": {
         "updates": 3,
         "k_candidates": 4,
@@ -243,7 +243,7 @@ def test_a_stage_without_its_input_names_what_is_missing(tmp_path):
 
 def test_a_params_key_of_the_wrong_type_is_named(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["critic"]["epochs"] = "many"
+    params["critic"]["steps"] = "many"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(pm.PapermillExecutionError, match=r"critic\.epochs must be int"):
         pm.execute_notebook(

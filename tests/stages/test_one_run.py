@@ -57,10 +57,10 @@ run(with_defaults(load_params(root / "params.yaml")), Paths(root))
 """
 
 
-def _critic_params(root: Path, epochs: int) -> None:
+def _critic_params(root: Path, steps: int) -> None:
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["compute"] = {"processes": 1, "cpu": True, "workers": 1}
-    params["critic"].update({"epochs": epochs, "hidden": 16, "batch_size": 16})
+    params["critic"].update({"steps": steps, "hidden": 16, "batch_size": 16})
     params["experiment"]["seeds"] = 1
     params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
     params["variants"] = {}
@@ -74,7 +74,7 @@ def test_a_second_run_refuses_while_the_first_lives_and_runs_whole_once_it_was_k
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
     paths = Paths(root)
-    _critic_params(root, epochs=100_000)  # the first run is still training when the second starts
+    _critic_params(root, steps=1_000_000)  # the first run is still training when the second starts
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     first = subprocess.Popen([sys.executable, "-c", CRITIC_RUN, str(root)], env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -84,7 +84,7 @@ def test_a_second_run_refuses_while_the_first_lives_and_runs_whole_once_it_was_k
             assert time.monotonic() < deadline, "the first run never started writing"
             time.sleep(0.2)
         left = list(paths.critics.parent.glob(".critic.partial*"))
-        _critic_params(root, epochs=2)
+        _critic_params(root, steps=8)
         with pytest.raises(
             StageError, match=rf"stage critic: another run of this stage is still going \(PID {first.pid},"
         ):
