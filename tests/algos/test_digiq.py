@@ -78,3 +78,13 @@ def test_the_critic_s_gradient_is_clipped_to_its_norm():
     cfg = CriticConfig(steps=9, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0)
     free, clipped = _moved(cfg), _moved(dataclasses.replace(cfg, grad_clip=1e-12))
     assert free > 1e-2 and clipped < free / 100
+
+
+def test_every_seed_s_critic_holds_out_the_same_trajectories():
+    """The diagnostics judge every seed's critic on trajectories none trained on: one held-out set per config."""
+    feats, steps = _chain_data(trajectories=10)
+    cfg = CriticConfig(steps=2, batch_size=4, hidden=8, holdout=0.3)
+    fits = [fit_critic(cfg, feats, steps, seed) for seed in (1, 2)]
+    assert np.array_equal(fits[0]["train_rows"], fits[1]["train_rows"]) and fits[0]["heldout"] == 6  # 3 of 10
+    other = fit_critic(dataclasses.replace(cfg, seed=cfg.seed + 1), feats, steps, 1)
+    assert not np.array_equal(other["train_rows"], fits[0]["train_rows"])  # drawn by critic.seed

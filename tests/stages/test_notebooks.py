@@ -199,8 +199,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
     probes = diag["probes"]  # linear probes of each VLM's features, beside the control's
     assert set(probes) == {"finetuned", "untuned", "blind", "control"}
     assert all(set(r) == {"changes_screen", "tap_on_goal_element"} for r in probes.values())
-    pick = oracle["expert_pick"]  # every stored state, judged by the expert's next action
-    assert pick["states"] == actor["states"] and len(pick["per_seed"]) == 2
+    pick = oracle["expert_pick"]  # the held-out trajectories' states, judged by the expert's next action
+    train = oracle["expert_pick_train"]  # the rest, on which the critics trained
+    assert pick["states"] + train["states"] == actor["states"] and 0 < pick["states"] < train["states"]
+    assert len(pick["per_seed"]) == 2
     if pick["informative_states"]:
         rankers = {f"{kind}_ranker_{vlm}" for kind in ("mlp", "linear") for vlm in ("finetuned", "untuned", "blind")}
         assert set(pick["hit_rate"]) == {"base_sample", "uninformed", "critic_digiq", "critic_digiq_hierarchy",
