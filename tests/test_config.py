@@ -94,8 +94,8 @@ def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(t
     assert (critic.steps, critic.lr) == (5, 0.1)
     with pytest.raises(ConfigError, match=r"machine\.yaml: devices"):
         load_section(DeviceConfig, "devices", params)
-    (tmp_path / "params" / "more.yaml").write_text("critic:\n  epochs: 7\n")
-    with pytest.raises(ConfigError, match=r"more\.yaml: critic\.epochs is also set in params\.yaml"):
+    (tmp_path / "params" / "more.yaml").write_text("critic:\n  steps: 7\n")
+    with pytest.raises(ConfigError, match=r"more\.yaml: critic\.steps is also set in params\.yaml"):
         load_params(tmp_path / "params.yaml")
 
 

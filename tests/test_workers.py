@@ -137,7 +137,8 @@ def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monke
     steps, cands = TrajectoryStore(paths.offline).read().to_pandas(), read_candidates(paths).to_pandas()
     cfg = DiagnosticsConfig(oracle_states=6, oracle_rollouts=2, behaviour_rollouts=1)
     env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
-    one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, paths, w) for w in (1, 2))
+    pool = np.arange(len(steps))
+    one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, pool, paths, w) for w in (1, 2))
     assert set(one) == set(two) == {"idx", "valid", "oracle", "loglik", "behaviour"}
     assert one["oracle"].shape == one["behaviour"].shape == (6, 3)
     assert one["oracle"].max() > 0 and len(np.unique(one["loglik"])) > 1  # equality below is not vacuous

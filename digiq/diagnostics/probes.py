@@ -105,7 +105,8 @@ def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, v
             torch.manual_seed(seed)
             d_in = s.shape[1] + c.shape[2]
             net = mlp(d_in, hidden) if hidden else nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, 1))
-            opt = torch.optim.AdamW(net.parameters(), lr=3e-4, weight_decay=1e-2)
+            # A linear map has one layer to move and no hidden units to saturate: it takes a larger step.
+            opt = torch.optim.AdamW(net.parameters(), lr=3e-4 if hidden else 1e-2, weight_decay=1e-2)
             train = np.flatnonzero(fit & informative)
             for _ in range(epochs if len(train) else 0):
                 for batch in np.array_split(rng.permutation(train), max(1, len(train) // 64)):

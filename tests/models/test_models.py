@@ -246,7 +246,7 @@ def test_original_recipe_needs_a_tokenizer_with_bos(tok):
 def test_marker_and_effect_label():
     img = np.zeros((128, 64, 3), np.uint8)
     ring = draw_marker(img, tap(0.5, 0.5))
-    assert ring[64, 32].sum() == 0 and ring[64, 28].sum() > 0  # a ring around the touch point, hollow inside
+    assert ring[64, 32].sum() == 0 and ring[64, 25].sum() > 0  # a ring around the touch point, hollow inside
     assert (draw_marker(img, press_home())[-1] > 0).all()
     assert (draw_marker(img, swipe((0.9, 0.5), (0.1, 0.5)))[20:100, 32] > 0).any(axis=-1).all()
     changed = img.copy()

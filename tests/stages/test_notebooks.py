@@ -247,7 +247,7 @@ def test_a_params_key_of_the_wrong_type_is_named(tmp_path):
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["critic"]["steps"] = "many"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    with pytest.raises(pm.PapermillExecutionError, match=r"critic\.epochs must be int"):
+    with pytest.raises(pm.PapermillExecutionError, match=r"critic\.steps must be int"):
         pm.execute_notebook(
             str(ROOT / "notebooks" / "06_critic.ipynb"),
             str(tmp_path / "out.ipynb"),
