@@ -38,7 +38,9 @@ PARTS = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", type=Path, default=Paths().actor("digiq", 0), help="policy checkpoint folder")
+    ap.add_argument(
+        "--policy", type=Path, default=Paths().actor("digiq", 0, "general"), help="policy checkpoint folder"
+    )
     ap.add_argument("--tasks", type=int, default=128, help="first test tasks of each task set")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -230,7 +230,7 @@ class JudgeConfig:
 class TasksConfig:
     """Train, validation and test task lists from disjoint entities."""
 
-    n_train: int = _knob(400, help="tasks per task set in the train lists", at_least=1, at_most=MAX_TASKS)
+    n_train: int = _knob(700, help="tasks per task set in the train lists", at_least=1, at_most=MAX_TASKS)
     n_val: int = _knob(
         320,
         help="tasks per task set in the validation lists (every choice is made on these)",
@@ -459,7 +459,19 @@ class BasePolicyConfig:
 class CollectConfig:
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
-    tasks_per_set: int = _knob(200, help="train tasks rolled out per task set", at_least=1, at_most=MAX_TASKS)
+    tasks_per_set: int = _knob(
+        500, help="train tasks per task set the episodes are drawn from", at_least=1, at_most=MAX_TASKS
+    )
+    episodes_general: int | None = _knob(
+        1008,
+        help="episodes rolled out on General, each on one of its tasks drawn uniformly with replacement (released "
+        "Digi-Q: 1,008); null: each task once, in order",
+        at_least=1,
+        at_most=MAX_TASKS,
+    )
+    episodes_webshop: int | None = _knob(
+        1296, help="the same for Web Shopping (released Digi-Q: 1,296)", at_least=1, at_most=MAX_TASKS
+    )
     # AutoUI collected at 1.0. The tiny base spreads its probability wider than AutoUI's T5, so at 1.0 it solves far
     # fewer train tasks than AutoUI does; a lower temperature brings its train success to AutoUI's (docs/experiments.md).
     temperature: float = _knob(
@@ -491,9 +503,11 @@ class AugmentConfig:
     n_candidates: int = _knob(
         16, help="candidates per state, index 0 = the action taken (Digi-Q: 16)", at_least=1, at_most=MAX_CANDIDATES
     )
-    # Digi-Q samples AutoUI at 1.2. The tiny base spreads its probability wider (collect.temperature), so a lower
-    # temperature gives candidates that hold the expert's action more often (docs/experiments.md).
-    temperature: float = _knob(0.8, help="sampling temperature of the candidates (Digi-Q with AutoUI: 1.2)", at_least=0)
+    # As released Digi-Q samples AutoUI. The tiny base spreads its probability wider than AutoUI, so at 0.8 the
+    # candidates hold the expert's action more often (docs/experiments.md); the row follows the release.
+    temperature: float = _knob(
+        1.2, help="sampling temperature of the candidates (released Digi-Q with AutoUI: 1.2)", at_least=0
+    )
     max_resample: int = _knob(
         2, help="times an invalid candidate is drawn again before it is kept as invalid", at_least=0, at_most=100
     )
@@ -698,22 +712,22 @@ class CriticConfig:
     tau: float = _knob(0.1, help="soft target update rate (Digi-Q: 0.1)", above=0, at_most=1)
     hidden: int = _knob(256, help="MLP width", at_least=1, at_most=16_384)
     steps: int = _knob(
-        1600,
+        800,
         help="TD updates, each on batch_size transitions drawn at random from the training trajectories "
         "(released Digi-Q: 800 of 128 per critic)",
         at_least=1,
         at_most=MAX_STEPS,
     )
-    batch_size: int = _knob(256, help="transitions per step", at_least=1, at_most=MAX_BATCH)
-    lr: float = _knob(0.0003, help="learning rate", above=0)
+    batch_size: int = _knob(128, help="transitions per step (released Digi-Q: 128)", at_least=1, at_most=MAX_BATCH)
+    lr: float = _knob(0.00001, help="learning rate (released Digi-Q: 1e-5)", above=0)
     weight_decay: float = _knob(
-        0.01, help="AdamW's decoupled weight decay (0: Adam, as released Digi-Q trains its critic)", at_least=0, below=1
+        0.0, help="AdamW's decoupled weight decay (0: Adam, as released Digi-Q trains its critic)", at_least=0, below=1
     )
     grad_clip: float | None = _knob(
-        None, help="clip each step's gradient to this norm (released Digi-Q: 0.01); null: no clipping", above=0
+        0.01, help="clip each step's gradient to this norm (released Digi-Q: 0.01); null: no clipping", above=0
     )
     twin_heads: str = _knob(
-        "min",
+        "each",
         help="min: both heads regress on the minimum of the target heads, and A = min Q - min V; each: as "
         "released Digi-Q, head j regresses on target head j alone, and A = max(Q1, Q2) - max(V1, V2)",
     )
@@ -803,21 +817,27 @@ class ActorConfig:
     threshold_general: float = _knob(0.10, help="keep the best candidate when its advantage exceeds this (General)")
     threshold_webshop: float = _knob(0.05, help="the same for Web Shopping")
     updates: int = _knob(
-        80,
-        help="optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps",
+        40,
+        help="optimizer steps of each policy's fit: every method gets the same budget, however many rows it keeps "
+        "(released Digi-Q: 900 per task set)",
         at_least=1,
         at_most=MAX_STEPS,
     )
-    batch_size: int = _knob(32, help="rows per step", at_least=1, at_most=MAX_BATCH)
-    lr: float = _knob(0.0005, help="learning rate", above=0)
-    awr_beta: float = _knob(
-        0.1,
-        help="AWR's temperature: each drawn valid candidate is imitated with weight exp(A / beta); 0.1 is the scale of "
-        "Best-of-N's advantage threshold, so a candidate that clears it weighs about e times one at A = 0",
-        above=0,
+    batch_size: int = _knob(
+        128,
+        help="stored states drawn per step, uniformly with replacement; Digi-Q's rows imitate only the states they "
+        "kept, the baselines draw among their own rows (released Digi-Q: 128)",
+        at_least=1,
+        at_most=MAX_BATCH,
     )
-    awr_max_weight: float = _knob(
-        20.0, help="AWR's clip of a candidate's weight exp(A / beta) (Peng et al. 2019: 20)", above=0
+    lr: float = _knob(0.0001, help="learning rate, constant (released Digi-Q: 1e-4)", above=0)
+    weight_decay: float = _knob(0.0, help="AdamW's weight decay (0: Adam, as released Digi-Q)", at_least=0)
+    grad_clip: float = _knob(0.01, help="largest gradient norm of a step (released Digi-Q: 0.01)", above=0)
+    awr_beta: float = _knob(
+        0.01,
+        help="AWR's temperature: each state's best candidate is imitated with weight exp(A / beta), A clamped to "
+        "[0, 1] (released Digi-Q: 0.01)",
+        above=0,
     )
     seed: int = _seed(5, help="seed")
 
@@ -862,20 +882,23 @@ class DigiRLConfig:
         at_most=10_000,
     )
     episodes_per_round: int = _knob(
-        64,
-        help="episodes collected per round, half per task set, with the current policy",
-        at_least=2,
+        32,
+        help="episodes collected per round of each task set's run, with its current policy",
+        at_least=1,
         at_most=MAX_TASKS,
     )
     env_steps: int | None = _knob(
-        8000,
-        help="environment-step budget of each online run: no round starts once its episodes have taken this many "
-        "(null: rounds alone)",
+        4000,
+        help="environment-step budget of each task set's online run: no round starts once its episodes have taken "
+        "this many (null: rounds alone)",
         at_least=1,
         at_most=1_000_000_000,
     )
     actor_updates: int = _knob(
-        20, help="optimizer steps of the actor per round (DigiRL's code: 20)", at_least=1, at_most=MAX_STEPS
+        5,
+        help="optimizer steps of the actor per round, fit as stage 07 fits its actors (actor.batch_size rows a step)",
+        at_least=1,
+        at_most=MAX_STEPS,
     )
     temperature: float = _knob(0.8, help="sampling temperature of the online episodes (collect's)", above=0)
     n_envs: int = _knob(32, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
@@ -928,8 +951,7 @@ class EvalConfig:
     )
     train_tasks: int = _knob(
         96,
-        help="also the tasks of the first N trajectories per task set in the offline data: the paper's train "
-        "columns (0 = off)",
+        help="also the first N distinct tasks per task set in the offline data: the paper's train columns (0 = off)",
         at_least=0,
         at_most=MAX_TASKS,
     )

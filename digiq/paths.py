@@ -91,17 +91,18 @@ class Paths:
         """Stage 06's output folder: every critic of every seed."""
         return self._output("critics", self.data / "models" / "critic")
 
-    def critic(self, seed: int, row: str = "digiq") -> Path:
-        """Stage-06 critic of ``row`` (``digiq``, a variant, or a VLM ablation's) for one seed."""
-        return self.critics / f"seed{seed}" / row
+    def critic(self, seed: int, row: str, task_set: str) -> Path:
+        """Stage-06 critic of ``row`` (``digiq``, a variant, or a VLM ablation's) for one seed and task set."""
+        return self.critics / f"seed{seed}" / row / task_set
 
     @property
     def actors(self) -> Path:
         """Stage 07's output folder: every policy of every seed, and their picks."""
         return self._output("actors", self.data / "models" / "actors")
 
-    def actor(self, name: str, seed: int) -> Path:
-        return self.actors / f"seed{seed}" / name
+    def actor(self, name: str, seed: int, task_set: str) -> Path:
+        """Stage-07 policy of ``name`` for one seed and task set."""
+        return self.actors / f"seed{seed}" / name / task_set
 
     @property
     def picks(self) -> Path:
@@ -113,13 +114,13 @@ class Paths:
         """Stage 09's output folder: DigiRL's online runs, each resumable from its last finished round."""
         return self.data / "online"
 
-    def online_run(self, row: str, seed: int) -> Path:
+    def online_run(self, row: str, seed: int, task_set: str) -> Path:
         """One online run: a trajectory store per round and ``latest/`` (policy, value functions, state)."""
-        return self.online / f"seed{seed}" / row
+        return self.online / f"seed{seed}" / row / task_set
 
-    def online_policy(self, row: str, seed: int) -> Path:
+    def online_policy(self, row: str, seed: int, task_set: str) -> Path:
         """The policy an online run ended with (after its last finished round)."""
-        return self.online_run(row, seed) / "latest" / "policy"
+        return self.online_run(row, seed, task_set) / "latest" / "policy"
 
     def lock(self, stage: str) -> Path:
         """``stage``'s run lock (:mod:`digiq.lock`): held by the run of the stage that is writing its outputs."""

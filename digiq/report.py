@@ -208,32 +208,34 @@ def results_markdown(paths: Paths) -> str:
 
 def env_steps_table(online: dict[str, Any], offline_rows: list[str]) -> list[str]:
     """The environment steps each row learnt from: the offline data for the offline rows, the rounds' for the online
-    ones (off2on: both), with the online runs' rounds and wall time (means over seeds)."""
+    ones (off2on: both), with the online runs' rounds (per task set's run) and wall time (means over seeds)."""
     out = ["| policy | environment steps learnt from | of them online | rounds | online wall time (s) |",
            "|---|---|---|---|---|"]  # fmt: skip
     data = online["offline_env_steps"]
     out += [f"| {p} | {data:,} | 0 | - | - |" for p in offline_rows if p != "base"]
     for row, entry in online["rows"].items():
-        rounds = np.mean([len(r) for r in entry["per_seed"]])
+        rounds = np.mean([len(r) for part in entry["by_task_set"].values() for r in part["per_seed"]])
         out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['online_env_steps']:,.0f} | {rounds:.1f} | "
                    f"{entry['wall_time_s']:,.0f} |")  # fmt: skip
     return out + ["", "The offline rows learn from the collected data (stage 01) alone; the online rows' steps are "
-                  "means over seeds, and their wall time is one run's (stage 09)."]  # fmt: skip
+                  "means over seeds, and their wall time one seed's runs on both task sets (stage 09)."]  # fmt: skip
 
 
 # How each row of the extraction ablation weighs a drawn candidate of advantage A.
-EXTRACTION_WEIGHTS = {"digiq_awr": "exp(A / beta), clipped", "digiq_reinforce": "A itself"}
+EXTRACTION_WEIGHTS = {"digiq_awr": "exp(A / beta)", "digiq_reinforce": "A itself"}
 
 
 def _extraction_note(extraction: dict[str, Any]) -> list[str]:
     """What the extraction ablation's rows imitate (the actor stage's ``extraction`` metrics); empty without them."""
     if not extraction:
         return []
-    rows = "; ".join(f"{name} weighs each by {EXTRACTION_WEIGHTS[name]}, {e['rows']:g} rows per seed"
-                     + (f", mean weight {e['weight_mean']:.3f}" if "weight_mean" in e else "")
+    rows = "; ".join(f"{name} weighs it by {EXTRACTION_WEIGHTS[name]}, {e['rows']:g} rows per seed"
+                     + (f", the top 1% of them carrying {e['top_percent_weight_share']:.0%} of the weight"
+                        if "top_percent_weight_share" in e else "")
                      for name, e in extraction.items())  # fmt: skip
-    return ["", f"{', '.join(extraction)}: Digi-Q's critic and exactly Best-of-N's drawn candidates, every valid one "
-            f"imitated with a weight ({rows}); the loss is normalised by the sum of |weight|."]  # fmt: skip
+    return ["", f"{', '.join(extraction)}: Digi-Q's critic and exactly Best-of-N's drawn candidates; each state's best "
+            f"one imitated with a weight of its advantage A clamped to [0, 1], as released Digi-Q weighs it ({rows}); "
+            "the loss is normalised by the sum of the weights."]  # fmt: skip
 
 
 def validation_markdown(paths: Paths) -> str:

@@ -66,7 +66,7 @@ def values_root(tmp_path_factory) -> Path:
     np.save(feats / "ids.npy", steps[["traj_id", "step_id"]].to_numpy(np.int64))
     torch.manual_seed(0)
     Critic(CriticNetConfig(feature_dim=H, hidden=16)).save(
-        paths.critic(0), stage="critic", gamma=0.9, holdout=0.2, split_seed=4
+        paths.critic(0, "digiq", "general"), stage="critic", gamma=0.9, holdout=0.2, split_seed=4
     )
     policy = AutoUIPolicy(PolicyConfig(d_model=TEXT_D, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),
                           train_tokenizer(default_corpus(n_tasks=50)))  # fmt: skip

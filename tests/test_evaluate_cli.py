@@ -37,7 +37,8 @@ MAIN, VARIANTS, ABLATIONS = ["digiq"], ["digiq_cql"], ["digiq_n1"]
 
 def _expert(checkpoint: Path, cfg: EvalConfig) -> ExpertPolicy:
     """Stands in for :func:`~digiq.evaluate.load_agent`: a policy that solves some tasks and fails others."""
-    return ExpertPolicy(noise=0.2 if checkpoint.name.startswith("digiq") else 0.6, seed=cfg.seed)
+    row = checkpoint.parent.name  # a stage-07 policy's folder is <row>/<task set>
+    return ExpertPolicy(noise=0.2 if row.startswith("digiq") else 0.6, seed=cfg.seed)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,8 @@ def stage(values_root, tmp_path_factory) -> Paths:
     shutil.copytree(source.offline, paths.offline)  # five General trajectories: the train columns' tasks
     for seed in (0, 1):
         for name in MAIN + VARIANTS + ABLATIONS:
-            shutil.copytree(source.base_policy, paths.actor(name, seed))
+            for ts in ("general", "webshop"):
+                shutil.copytree(source.base_policy, paths.actor(name, seed, ts))
     paths.tasks.mkdir(parents=True)
     for ts in ("general", "webshop"):
         paths.task_list(ts, "test").write_text("\n".join(generate_tasks(ts, "test", N_TASKS + 2)) + "\n")
@@ -207,7 +209,7 @@ def test_cli_names_bad_input(stage, params_file, tmp_path, capsys):
     assert "--seeds: seeds must be >= 1, got 0" in _fails([*policy, "--tasks", str(tasks), "--seeds", "0"], capsys)
     huge = "99999999999999999999"  # not a run to start: each seed is a whole evaluation
     assert "--seeds: seeds must be <= " in _fails([*policy, "--tasks", str(tasks), "--seeds", huge], capsys)
-    two = ["--policy", str(stage.actor("digiq", 0)), str(stage.actor("digiq", 1)), *common]
+    two = ["--policy", str(stage.actor("digiq", 0, "general")), str(stage.actor("digiq", 1, "general")), *common]
     assert "give one folder per seed" in _fails([*two, "--tasks", str(tasks), "--seeds", "3"], capsys)
     with pytest.raises(SystemExit) as e:
         main(["--help"])
@@ -276,7 +278,7 @@ def test_cli_runs_one_checkpoint_per_seed(stage, params_file, tmp_path, monkeypa
     monkeypatch.setattr(evaluate, "load_agent", record)
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("\n".join(stage.task_list("general", "test").read_text().splitlines()[:N_TASKS]) + "\n")
-    folders = [stage.actor("digiq", 0), stage.actor("digiq", 1)]
+    folders = [stage.actor("digiq", 0, "general"), stage.actor("digiq", 1, "general")]
     report = main(["--policy", *map(str, folders), "--tasks", str(tasks), "--params", str(params_file)])
     assert used == folders and report["seeds"] == 2
     assert report["policy"] == [str(f) for f in folders]

@@ -72,10 +72,10 @@ def test_feature_files_that_do_not_fit_the_steps_or_each_other_are_named(values_
 
 def test_a_truncated_checkpoint_is_named(values_root, tmp_path):
     paths = _features_root(values_root, tmp_path)
-    weights = paths.critic(0) / "model.safetensors"
+    weights = paths.critic(0, "digiq", "general") / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ValueError, match=rf"cannot load the weights {weights}"):
-        Critic.load(paths.critic(0))
+        Critic.load(paths.critic(0, "digiq", "general"))
 
 
 def _to_dev_full(path: Path) -> None:

@@ -28,6 +28,9 @@ from digiq.judge import (
 from digiq.rollout import FAULTS_FILE
 from digiq.stages.collect import run_collect
 
+# Stage 01 on each of its few train tasks once, rather than the released episode counts drawn from them.
+EACH_TASK_ONCE = {"episodes_general": None, "episodes_webshop": None}
+
 
 class ChatServer:
     """Answers each POST with the next scripted (status, reply text or body, headers); records the requests.
@@ -375,7 +378,9 @@ def test_collect_stage_asks_the_judge_from_params(serve, collect_root):
     server = serve(*[(200, "success", {})] * 4)
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=2)
     judge = JudgeConfig(base_url=server.url, model="served-vlm", api_key_env="", on_adb_sim=True)
-    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths, devices, judge)
+    metrics = run_collect(
+        CollectConfig(tasks_per_set=2, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), paths, devices, judge
+    )
     # An untrained policy finishes nothing; the judge said "success" after every first step.
     assert metrics["transitions"] == metrics["trajectories"] == 4
     assert metrics["success_rate_by_task_set"] == {"general": 1.0, "webshop": 1.0}
@@ -389,7 +394,9 @@ def test_collect_stage_takes_a_bad_reply_as_one_episodes_fault(serve, collect_ro
     server = serve((400, "unsupported parameter", {}), *[(200, "Status: success", {})] * 4)
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
     judge = JudgeConfig(base_url=server.url, api_key_env="", on_adb_sim=True, bad_reply=bad_reply)
-    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=1), EnvConfig(width=108), paths, devices, judge)
+    metrics = run_collect(
+        CollectConfig(tasks_per_set=2, n_envs=1, **EACH_TASK_ONCE), EnvConfig(width=108), paths, devices, judge
+    )
     faults = [json.loads(line) for line in (paths.offline / FAULTS_FILE).read_text().splitlines()]
     assert len(faults) == 1 and "judge: " in faults[0]["fault"] and "HTTP 400" in faults[0]["fault"]
     assert metrics["trajectories"] == 4
@@ -470,7 +477,9 @@ def test_a_run_against_an_echoing_endpoint_writes_no_key(serve, collect_root, mo
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
     judge = JudgeConfig(base_url=server.url, api_key_env="DIGIQ_TEST_KEY", on_adb_sim=True)
     with caplog.at_level("DEBUG"):
-        metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=1), EnvConfig(width=108), paths, devices, judge)
+        metrics = run_collect(
+            CollectConfig(tasks_per_set=2, n_envs=1, **EACH_TASK_ONCE), EnvConfig(width=108), paths, devices, judge
+        )
     faults = (paths.offline / FAULTS_FILE).read_text()
     assert len(faults.splitlines()) == 2 and faults.count("[redacted]") >= 2 and metrics["trajectories"] == 4
     written = [p for p in paths.root.rglob("*") if p.is_file()]

@@ -78,13 +78,3 @@ def test_command_line(params, tmp_path):
     refused = subprocess.run([*cmd[:3], str(tmp_path / "bad.yaml"), *cmd[4:]], capture_output=True, text=True)
     assert refused.returncode == 2 and "preset not applied" in refused.stderr
     assert issubclass(ConfigError, ValueError)
-
-
-def test_paper_scale_preset_sets_the_paper_s_trajectory_count(params):
-    """2 x 1,152 trajectories collected after the demonstrated tasks, with the train lists long enough to hold them."""
-    apply_preset(ROOT / "params" / "presets" / "paper_scale.yaml", params)
-    merged = load_params(params)
-    tasks, collect, base = merged["tasks"], merged["collect"], merged["base_policy"]
-    assert 2 * collect["tasks_per_set"] == 1_008 + 1_296
-    assert tasks["n_train"] == base["demo_tasks"] + collect["tasks_per_set"]
-    assert (merged["critic"]["batch_size"], merged["critic"]["steps"]) == (128, 1600)

@@ -49,8 +49,8 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     write_metrics(paths, "actor", {"perfect_critic": {"states_with_expert_candidate": 0.772,
                                                       "taken_action_is_expert": 0.395},
                                    "kept_rows": {"digiq": 120.5, "filtered_bc": 80},
-                                   "extraction": {"digiq_awr": {"rows": 1530.5, "weight_mean": 1.2341},
-                                                  "digiq_reinforce": {"rows": 1530.5, "weight_mean": -0.01}}})  # fmt: skip
+                                   "extraction": {"digiq_awr": {"rows": 1530.5, "top_percent_weight_share": 0.9},
+                                                  "digiq_reinforce": {"rows": 1020.5}}})  # fmt: skip
     write_metrics(paths, "critic", {"wall_time_s": 12.5, "v_mc_return_corr_heldout": 0.7,
                                     "rewarded_steps": {"webshop": {"select_first": {"steps": 4.0, "q_taken": 0.0888}}}})  # fmt: skip
     write_metrics(paths, "collect", {"success_rate_by_family": {"select_first": 0.029}})
@@ -94,7 +94,9 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "77.2% of states have one, and the data's own action is it in 39.5%" in md
     assert "| digiq_awr | 45.0 ± 7.1 | 30.0 ± 0.0 |" in md  # an extraction row, and its note (not digiq_reinforce's,
     assert "digiq_awr: Digi-Q's critic and exactly Best-of-N's drawn candidates" in md  # which was not evaluated)
-    assert "digiq_awr weighs each by exp(A / beta), clipped, 1530.5 rows per seed, mean weight 1.234" in md
+    assert (
+        "digiq_awr weighs it by exp(A / beta), 1530.5 rows per seed, the top 1% of them carrying 90% of the weight"
+    ) in md
     assert "digiq_reinforce weighs" not in md
     md = diagnostics_markdown(paths)
     assert "| alone | 20.0 | 40.0 |" in md and "| + the expert's type | 45.0 | 85.0 |" in md

@@ -22,6 +22,9 @@ from digiq.rollout import FAULTS_FILE, ExpertPolicy, rollout
 from digiq.stages.collect import run_collect
 from digiq.stages.eval import train_tasks
 
+# Stage 01 on each of its few train tasks once, rather than the released episode counts drawn from them.
+EACH_TASK_ONCE = {"episodes_general": None, "episodes_webshop": None}
+
 TASKS = [parse_task(t) for t in generate_tasks("general", "train", 10, seed=4)]
 
 
@@ -220,11 +223,13 @@ def test_collect_counts_an_abandoned_episode_as_a_failure_and_stores_the_rest(co
             return FaultyPhone(cursed, serial=f"p{self.made}")
 
     monkeypatch.setattr(collect_module, "EnvFactory", FaultyPhones)
-    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), collect_root)
+    metrics = run_collect(
+        CollectConfig(tasks_per_set=2, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), collect_root
+    )
     assert metrics["trajectories"] == 3 and metrics["abandoned"] == 1
     assert sorted(TrajectoryStore(collect_root.offline).stored_ids()) == [1, 2, 3]
     cursed.clear()
-    again = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), collect_root)
+    again = run_collect(CollectConfig(tasks_per_set=2, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), collect_root)
     assert again["trajectories"] == 4 and again["abandoned"] == 0
 
 

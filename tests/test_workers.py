@@ -122,10 +122,10 @@ def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_pa
     assert m2 == m1
     for seed in (0, 1):
         for row in ("digiq", "digiq_cql"):
-            a, b = Critic.load(one.critic(seed, row)).state_dict(), Critic.load(two.critic(seed, row)).state_dict()
+            a, b = (Critic.load(p.critic(seed, row, "general")).state_dict() for p in (one, two))
             for name, w in a.items():
                 torch.testing.assert_close(b[name], w, atol=1e-5, rtol=1e-5, msg=f"{row} seed {seed} {name}")
-    seed0, seed1 = (next(iter(Critic.load(one.critic(s)).state_dict().values())) for s in (0, 1))
+    seed0, seed1 = (next(iter(Critic.load(one.critic(s, "digiq", "general")).state_dict().values())) for s in (0, 1))
     assert not torch.equal(seed0, seed1)  # each job seeds itself: the seeds' critics differ
 
 

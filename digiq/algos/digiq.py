@@ -29,8 +29,9 @@ valid one is kept when A clears the task set's threshold
 (s, a*) pairs by maximum likelihood (:func:`imitation_rows`, then
 :func:`digiq.models.policy_fit.fit_policy`).
 
-**The paper's extraction ablation**: every drawn valid candidate imitated
-with a weight, exp(A / beta) clipped (AWR) or A itself (REINFORCE)
+**The paper's extraction ablation**: each state's best drawn candidate
+imitated with a weight of its advantage clamped to [0, 1], exp(A / beta)
+(AWR) or A itself (REINFORCE), as released Digi-Q weighs them
 (:func:`extraction_picks`). **A bound**: Best-of-N with a perfect critic,
 the simulator's expert (:func:`perfect_critic_picks`).
 
@@ -298,42 +299,44 @@ def imitation_rows(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks) -> li
 
 
 def extraction_weights(cfg: ActorConfig, method: str, adv: np.ndarray) -> np.ndarray:
-    """(S, N): the weight each drawn valid candidate of ``adv`` (:func:`drawn_advantages`) is imitated with; NaN elsewhere.
+    """Per state: the weight its best drawn valid candidate (:func:`best_of_n` of ``adv``) is imitated with.
 
-    ``awr``: exp(A / beta) clipped at ``awr_max_weight`` (Peng et al. 2019), so
-    every candidate is imitated, the better ones more. ``reinforce``: A itself,
-    the policy-gradient update with the critic's advantage on the base
-    policy's own samples (the candidates are drawn from it); a negative
-    weight pushes the candidate's likelihood down.
+    As released Digi-Q weighs it, on the advantage clamped to [0, 1]:
+    ``awr``, exp(A / beta) (Peng et al. 2019); ``reinforce``, A itself (the
+    policy-gradient update with the critic's advantage on the base policy's
+    own samples; the release's multiplier scales every weight alike, which
+    the normalised loss cancels). A state with no valid candidate weighs 0.
+
+    AWR's weights are written exp((A - 1) / beta), the same ratios without
+    overflow: at beta = 0.01 exp(A / beta) passes float32's range at
+    A = 0.89.
     """
-    drawn = np.isfinite(adv)
-    a = np.where(drawn, adv, 0.0).astype(np.float64)
+    _, best = best_of_n(adv)
+    a = np.clip(np.where(np.isfinite(best), best, 0.0), 0.0, 1.0).astype(np.float64)
     if method == "awr":
-        with np.errstate(over="ignore"):  # a weight past the clip may overflow to inf before it is clipped
-            w = np.minimum(np.exp(a / cfg.awr_beta), cfg.awr_max_weight)
+        w = np.exp((a - 1.0) / cfg.awr_beta)
     elif method == "reinforce":
         w = a
     else:
         raise ValueError(f"unknown extraction {method!r}; known: {list(EXTRACTIONS)}")
-    return np.where(drawn, w, np.nan)
+    return np.where(np.isfinite(best), w, 0.0)
 
 
 def extraction_picks(cfg: ActorConfig, method: str, adv: np.ndarray) -> tuple[Picks, dict[str, float]]:
-    """Every drawn valid candidate of every state as a row, weighted by :func:`extraction_weights`.
+    """Every state's best drawn valid candidate as a row, weighted by :func:`extraction_weights` (weight 0: no row).
 
-    Also what the weights are: their mean and range, and the share clipped
-    (AWR) or negative (REINFORCE); nothing where no candidate is valid.
+    Also what the weights are, relative to the largest (only their ratios count): the share of states with a
+    row, and the share of the weight the top 1% of rows carry.
     """
+    best, _ = best_of_n(adv)
     w = extraction_weights(cfg, method, adv)
-    states, columns = np.nonzero(np.isfinite(w))
-    weights = w[states, columns]
-    stats = {"weight_mean": float(weights.mean()), "weight_min": float(weights.min()),
-             "weight_max": float(weights.max())} if len(weights) else {}  # fmt: skip
-    if len(weights) and method == "awr":
-        stats["clipped_fraction"] = float(np.mean(weights >= cfg.awr_max_weight))
-    elif len(weights):
-        stats["negative_fraction"] = float(np.mean(weights < 0))
-    return Picks(states, columns, weights), stats
+    states = np.flatnonzero(w > 0)
+    weights = w[states] / w[states].max() if len(states) else w[states]
+    stats = {"rows_fraction": float(len(states) / max(1, len(w)))}
+    if len(states):
+        top = np.sort(weights)[::-1][: max(1, len(weights) // 100)]
+        stats["top_percent_weight_share"] = float(top.sum() / weights.sum())
+    return Picks(states, best[states], weights), stats
 
 
 def perfect_critic_picks(right: np.ndarray) -> Picks:

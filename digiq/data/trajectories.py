@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path, atomic_write_text, require
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "observation_text",
     "split_trajectories",
     "heldout_rows",
+    "data_task_sets",
     "step_ids",
 ]
 
@@ -233,10 +235,25 @@ def split_trajectories(traj_ids: list[int], holdout: float, seed: int) -> set[in
     return set(ids[: max(1, round(holdout * len(ids)))]) if len(ids) > 1 else set()
 
 
-def heldout_rows(traj_ids: np.ndarray, holdout: float, seed: int) -> np.ndarray:
-    """(rows,) bool: the steps of the trajectories :func:`split_trajectories` holds out."""
+def heldout_rows(traj_ids: np.ndarray, holdout: float, seed: int, task_sets: np.ndarray | None = None) -> np.ndarray:
+    """(rows,) bool: the steps of the trajectories :func:`split_trajectories` holds out; with ``task_sets`` (one per
+    row), within each task set apart, as each task set's critic holds out its own (stage 06)."""
     traj_ids = np.asarray(traj_ids)
+    if task_sets is not None:
+        task_sets = np.asarray(task_sets)
+        held = np.zeros(len(traj_ids), bool)
+        for ts in np.unique(task_sets):
+            mine = task_sets == ts
+            held[mine] = heldout_rows(traj_ids[mine], holdout, seed)
+        return held
     return np.isin(traj_ids, sorted(split_trajectories(traj_ids.tolist(), holdout, seed)))
+
+
+def data_task_sets(task_sets: Iterable[str]) -> list[str]:
+    """The task sets among the stored steps' ``task_sets``, in :data:`~digiq.env.tasks.TASK_SETS`' order: one
+    critic and one actor are trained for each (imported data may hold one only)."""
+    held = set(task_sets)
+    return [ts for ts in TASK_SETS if ts in held] + sorted(held - set(TASK_SETS))
 
 
 def read_table(path: Path, fields: Sequence[str], what: str, stage: str) -> pa.Table:

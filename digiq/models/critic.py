@@ -10,7 +10,7 @@ seconds on a CPU.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from digiq.data.features import critic_inputs
 from digiq.models.checkpoint import load_weights, read_meta, read_typed_config, save_checkpoint
 from digiq.paths import Paths
 
-__all__ = ["CriticNetConfig", "Critic", "mlp", "inputs_for", "trained_inputs"]
+__all__ = ["CriticNetConfig", "Critic", "mlp", "load_critics", "per_task_set", "inputs_for", "trained_inputs"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,36 @@ class Critic(nn.Module):
         return critic.eval()
 
 
+def load_critics(paths: Paths, seed: int, row: str, task_sets: Sequence[str]) -> dict[str, Critic]:
+    """``row``'s stage-06 critics of one seed, one per task set of ``task_sets`` (those the data hold)."""
+    return {ts: Critic.load(paths.critic(seed, row, ts)) for ts in task_sets}
+
+
+def per_task_set(task_sets: np.ndarray, critics: Mapping[str, Critic],
+                 score: Callable[[Critic, np.ndarray], np.ndarray]) -> np.ndarray:  # fmt: skip
+    """Each row scored by its own task set's critic: ``score(critic, rows)`` for the rows of each task set, in row order.
+
+    Digi-Q trains one critic per task set, so a stored step of Web Shopping
+    is only ever scored by the Web Shopping critic.
+    """
+    task_sets = np.asarray(task_sets)
+    missing = sorted({str(ts) for ts in np.unique(task_sets)} - set(critics))
+    if missing:
+        raise ValueError(f"no critic for task set(s) {missing}; critics for {sorted(critics)}")
+    out: np.ndarray | None = None
+    for ts, critic in critics.items():
+        rows = np.flatnonzero(task_sets == ts)
+        if not len(rows):
+            continue
+        scored = np.asarray(score(critic, rows))
+        if out is None:
+            out = np.empty((len(task_sets), *scored.shape[1:]), scored.dtype)
+        out[rows] = scored
+    if out is None:
+        raise ValueError("no rows to score")
+    return out
+
+
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
     """:func:`~digiq.data.features.critic_inputs` as a trained critic's config says it was trained (stage 07, the
     Q/V viewer)."""
@@ -121,7 +151,8 @@ def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.nda
 
 
 def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Each stage-06 row's critic inputs, as its seed-0 checkpoint says it was trained; built once per distinct set.
+    """Each stage-06 row's critic inputs, as its seed-0 checkpoints say they were trained (every task set's critic
+    of a row reads the same inputs); built once per distinct set.
 
     Rows whose critics read the same VLM's features with the same options
     share one build (the paper's row and its ablations over N, for instance).
@@ -129,7 +160,8 @@ def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.
     built: dict[tuple[str, CriticNetConfig], dict[str, np.ndarray]] = {}
     out: dict[str, dict[str, np.ndarray]] = {}
     for row in rows:
-        key = (str(read_meta(paths.critic(0, row)).get("vlm", "finetuned")), Critic.load(paths.critic(0, row)).cfg)
+        first = next(p for p in sorted((paths.critics / "seed0" / row).iterdir()) if p.is_dir())
+        key = (str(read_meta(first).get("vlm", "finetuned")), Critic.load(first).cfg)
         if key not in built:
             built[key] = inputs_for(paths, *key)
         out[row] = built[key]

@@ -18,14 +18,20 @@ imitate:
   on the features of the pretrained VLM without the representation fine-tune
   (``digiq_untuned``) and of a VLM fine-tuned without pretraining
   (``digiq_blind``), and on a perfect critic's picks;
-  and the paper's extraction ablation (``ablations.extraction``): on Digi-Q's critic and
-  exactly the K candidates Best-of-N drew at each state, every valid one is
-  imitated with a weight, ``digiq_awr`` with exp(A / beta) clipped at
-  ``actor.awr_max_weight`` (advantage-weighted regression) and
-  ``digiq_reinforce`` with A itself (a policy-gradient step on the base
-  policy's samples: a negative weight pushes the candidate's likelihood down).
+  and the paper's extraction ablation (``ablations.extraction``), as released
+  Digi-Q runs it: on Digi-Q's critic and exactly the K candidates Best-of-N
+  drew at each state, the best valid one is imitated with a weight of its
+  advantage clamped to [0, 1], ``digiq_awr`` with exp(A / beta)
+  (advantage-weighted regression) and ``digiq_reinforce`` with A itself (a
+  policy-gradient step on the base policy's samples).
 
-Each is trained once per seed, every seed alike, for the same number of
+As released Digi-Q trains them, each task set gets its own policy, fit on
+that task set's rows alone (on its own critic's picks, stage 06), by Adam
+at a constant learning rate with the gradient's norm clipped, each step on
+``actor.batch_size`` stored states drawn uniformly with replacement: the
+task set's states for Digi-Q's rows (a state it kept nothing of imitates
+nothing), the method's own rows for the baselines. Each policy is trained
+once per seed and task set, every one alike, for the same number of
 optimizer steps (``actor.updates``) whatever the number of rows it keeps.
 The rows every policy imitates, and their weights, are written beside the
 actors (:mod:`digiq.data.picks`); the diagnostics stage judges them.
@@ -63,10 +69,10 @@ from digiq.config import (
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import Picks, write_picks
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, data_task_sets
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
-from digiq.models.critic import Critic, trained_inputs
+from digiq.models.critic import Critic, load_critics, per_task_set, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
@@ -84,6 +90,8 @@ __all__ = [
 
 # With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
 DATA_PARALLEL = True
+# The rows whose fits draw among all the task set's states, as released Digi-Q's actor does: Digi-Q's extractions.
+DRAW_FROM_STATES = ("best_of_n", "extraction", "perfect_critic")
 
 
 def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
@@ -95,13 +103,16 @@ def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
 
 
 class ActorFitJob(NamedTuple):
-    """One policy of stage 07: the base policy fit on a method's ``rows`` for seed ``seed`` (``fit_seed`` seeds it)."""
+    """One policy of stage 07: the base policy fit on a method's ``rows`` of one task set for seed ``seed``
+    (``fit_seed`` seeds it), each step drawing among ``draws_from`` states (:func:`fit_policy`)."""
 
     paths: Paths
     name: str
     seed: int
+    task_set: str
     fit_seed: int
     rows: list[FitRow]
+    draws_from: int
     cfg: ActorConfig
 
 
@@ -115,12 +126,14 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
             ("screens", job.paths.root),  # at the policy's input size, once per process
             lambda: load_screens(model, store, store.read().column("image_path").to_pylist()),
         )
-        curve = fit_policy(model, job.rows, screens, updates=job.cfg.updates,
-                           batch_size=job.cfg.batch_size, lr=job.cfg.lr, seed=job.fit_seed,
-                           desc=f"fit {job.name} (seed {job.seed})")  # fmt: skip
+        cfg = job.cfg
+        curve = fit_policy(model, job.rows, screens, updates=cfg.updates, batch_size=cfg.batch_size, lr=cfg.lr,
+                           seed=job.fit_seed, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
+                           one_cycle=False, draws_from=job.draws_from,
+                           desc=f"fit {job.name} (seed {job.seed}, {job.task_set})")  # fmt: skip
     if parallel.is_main():
-        model.save(job.paths.actor(job.name, job.seed), stage="actor", method=job.name, seed=job.fit_seed,
-                   kept=len(job.rows))  # fmt: skip
+        model.save(job.paths.actor(job.name, job.seed, job.task_set), stage="actor", method=job.name,
+                   task_set=job.task_set, seed=job.fit_seed, kept=len(job.rows))  # fmt: skip
     return [p["loss"] for p in curve]
 
 
@@ -141,18 +154,20 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
     perfect_row = next((r for r in offline if r.kind == "perfect_critic"), None)
     critic_rows = sorted({r.critic for r in best_of_n})  # the stage-06 critics the Best-of-N policies use
     require("actor", paths.base_policy / "config.json",
-            *(paths.critic(s, row) / "config.json" for s in range(seeds) for row in critic_rows))  # fmt: skip
+            *(paths.critics / f"seed{s}" / row for s in range(seeds) for row in critic_rows))  # fmt: skip
     metrics: dict[str, Any] = {}
     parts: dict[str, float] = {}
     # Inside the block, paths.actors is a temporary folder, swapped in whole at its end.
     with written_whole(paths, "actors") as paths, timed(metrics):
         steps = TrajectoryStore(paths.offline).read().to_pandas()
+        of_set = steps.task_set.to_numpy()
+        task_sets = data_task_sets(of_set)
         cands = read_candidates(paths).to_pandas()
         feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
         valid = np.stack(cands.valid_list.to_numpy())
         with timed(parts, "digirl_features"):
             digirl_feats = offline_step_features(paths, steps)
-        digirl_stats: list[dict[str, Any]] = []
+        digirl_stats: dict[str, list[dict[str, Any]]] = {}  # per task set, per seed
         if perfect_row:
             with timed(parts, "expert_matrix"):
                 right, _ = expert_matrix(env, collect.seed, steps, cands)
@@ -165,16 +180,16 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
         weighting: dict[str, list[dict[str, float]]] = {}  # the extraction ablation's weights, per seed
         every: dict[tuple[str, int], Picks] = {}
+        kinds = {r.name: r.kind for r in offline}
+        passes: dict[str, dict[str, list[float]]] = {}  # each fit's expected passes over its rows, per task set
         fits: list[ActorFitJob] = []  # every (method, seed) fit, run once all seeds' rows are picked
         for s in range(seeds):
             seed = cfg.seed + s
-            critics = {row: Critic.load(paths.critic(s, row)) for row in critic_rows}
             plans: dict[str, Picks] = {}
             for row in best_of_n:
                 k = cfg.k_candidates if row.candidates is None else row.candidates
-                data = feats[row.critic]
-                adv = drawn_advantages(critics[row.critic], data["state"], data["candidates"], valid, k,
-                                       np.random.default_rng(seed))  # fmt: skip
+                critics = load_critics(paths, s, row.critic, task_sets)
+                adv = _advantages(critics, feats[row.critic], valid, of_set, k, np.random.default_rng(seed))
                 plans[row.name], stats = best_of_n_picks(cfg, adv, steps)
                 not_taken.setdefault(row.name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(row.name, []).append({k: round(v, 4) for k, v in stats.items()})
@@ -188,23 +203,39 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
                 if row.kind == "filtered_bc":
                     plans[row.name] = filtered_bc_picks(steps)
             for row in offline:
-                if row.kind == "digirl_offline":
-                    plans[row.name], stats = digirl_offline_picks(digirl, digirl_feats, steps, seed)
-                    digirl_stats.append(stats)
+                if row.kind == "digirl_offline":  # its value functions, too, one per task set
+                    parts_by_set = {}
+                    for ts in task_sets:
+                        mine = np.flatnonzero(of_set == ts)
+                        picked, stats = digirl_offline_picks(digirl, digirl_feats.take(mine),
+                                                             steps.iloc[mine].reset_index(drop=True), seed)  # fmt: skip
+                        parts_by_set[ts] = mine[picked.states]
+                        digirl_stats.setdefault(ts, []).append(stats)
+                    plans[row.name] = Picks.taken(np.sort(np.concatenate(list(parts_by_set.values()))))
             for name, picks in plans.items():
-                rows = imitation_rows(steps, cands, picks)
                 every[(name, s)] = picks
-                kept[name].append(len(rows))
+                kept[name].append(len(picks.states))
                 kept_states[name].append(len(np.unique(picks.states)))
-                fits.append(ActorFitJob(paths, name, s, seed, rows, cfg))
+                for ts in task_sets:
+                    mine = _of_task_set(picks, of_set, ts)
+                    rows = imitation_rows(steps, cands, mine)
+                    # Digi-Q's rows draw among all the task set's states, as released; the baselines among their rows.
+                    pool = int((of_set == ts).sum()) if kinds[name] in DRAW_FROM_STATES else len(rows)
+                    if rows:
+                        passes.setdefault(name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
+                    fits.append(ActorFitJob(paths, name, s, ts, seed, rows, pool, cfg))
         with timed(parts, "fits"):
             losses = map_jobs(fit_actor_job, fits, workers)
-        curves = {job.name: curve for job, curve in zip(fits, losses, strict=True) if job.seed == 0 and curve}
+        curves = {f"{job.name} ({job.task_set})": curve for job, curve in zip(fits, losses, strict=True)
+                  if job.seed == 0 and curve}  # fmt: skip
         if parallel.is_main():
             write_picks(paths, every)
     metrics["states"] = len(steps)
     metrics["part_time_s"] = parts
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
+    # Row visits (updates x batch, the draws landing on the rows) over the rows: how often each fit saw each row.
+    metrics["passes"] = {name: {ts: round(float(np.mean(v)), 2) for ts, v in by_ts.items()}
+                         for name, by_ts in passes.items()}  # fmt: skip
     metrics["kept_fraction"] = {
         name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept_states.items()
     }
@@ -224,6 +255,20 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         write_metrics(paths, "actor", metrics)
     parallel.barrier()
     return metrics
+
+
+def _advantages(critics: dict[str, Critic], data: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,
+                k: int, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """(S, N): :func:`drawn_advantages` of every stored state, each scored by its own task set's critic."""
+    state, candidates = np.asarray(data["state"]), np.asarray(data["candidates"])
+    return per_task_set(of_set, critics, lambda critic, rows: drawn_advantages(
+        critic, state[rows], candidates[rows], valid[rows], k, rng))  # fmt: skip
+
+
+def _of_task_set(picks: Picks, of_set: np.ndarray, task_set: str) -> Picks:
+    """The rows of ``picks`` at states of ``task_set``."""
+    mine = of_set[picks.states] == task_set
+    return Picks(picks.states[mine], picks.columns[mine], None if picks.weights is None else picks.weights[mine])
 
 
 def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:

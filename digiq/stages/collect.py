@@ -1,12 +1,20 @@
-"""Stage 01: roll the base policy out on train tasks; this is the offline dataset."""
+"""Stage 01: roll the base policy out on train tasks; this is the offline dataset.
+
+As released Digi-Q's data: each task set's episodes on tasks drawn at random, with repetition, from its train
+tasks (those past the ones the base policy was demonstrated); a task drawn twice is two episodes on different
+devices' seeds.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.backends import EnvFactory
+from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, require
@@ -18,7 +26,7 @@ from digiq.paths import Paths
 from digiq.rollout import rollout, success_by
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 
-__all__ = ["run", "run_collect"]
+__all__ = ["run", "run_collect", "episode_tasks"]
 
 
 def _first_tasks(cfg: CollectConfig, paths: Paths) -> dict[str, int]:
@@ -40,6 +48,16 @@ def _rollout_tasks(cfg: CollectConfig, paths: Paths, task_set: str, first: int) 
     return tasks[: cfg.tasks_per_set]
 
 
+def episode_tasks(cfg: CollectConfig, task_set: str, pool: list[Task]) -> list[Task]:
+    """The task of each of ``task_set``'s episodes: drawn uniformly with replacement from ``pool``, as released
+    Digi-Q draws its data's tasks from the train lists (seeded by ``cfg.seed`` and the task set), or each once."""
+    episodes = cfg.episodes_general if task_set == "general" else cfg.episodes_webshop
+    if episodes is None:
+        return pool
+    rng = np.random.default_rng(stable_int("collect tasks", cfg.seed, task_set))
+    return [pool[i] for i in rng.integers(0, len(pool), episodes)]
+
+
 @one_run_at_a_time("collect")
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
                 judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
@@ -53,7 +71,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     with timed(metrics):
         model = AutoUIPolicy.load(paths.base_policy)
         first = _first_tasks(cfg, paths)
-        tasks = [t for ts in TASK_SETS for t in _rollout_tasks(cfg, paths, ts, first[ts])]
+        tasks = [t for ts in TASK_SETS for t in episode_tasks(cfg, ts, _rollout_tasks(cfg, paths, ts, first[ts]))]
         store = TrajectoryStore(paths.offline)
         with EnvFactory(
             devices, Dynamics.of(env), env.width, evaluator_for(devices, judge or JudgeConfig())

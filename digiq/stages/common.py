@@ -199,7 +199,8 @@ def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylab
 def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None = None) -> Figure:
     """Success of each online row's rounds against environment steps and wall time (mean over seeds, band: range).
 
-    ``rows`` is ``metrics/digirl_online.json``'s ``rows``; ``levels`` are other
+    ``rows`` maps each curve's name to its runs' rounds (``{"per_seed": [...]}``, one task set's part of an
+    entry of ``metrics/digirl_online.json``'s ``rows``); ``levels`` are other
     policies' success rates drawn as horizontal lines (an offline method's
     level on the same kind of tasks).
     """

@@ -1,4 +1,7 @@
-"""Stage 06: Digi-Q's critics (:func:`digiq.algos.digiq.fit_critic`) on the stored steps, one per row and seed.
+"""Stage 06: Digi-Q's critics (:func:`digiq.algos.digiq.fit_critic`) on the stored steps, one per row, seed and task set.
+
+As released Digi-Q trains them, each task set's critic learns from that
+task set's steps alone (and its actor, stage 07, from its picks there).
 
 Each row's critic reads its VLM's features of every stored (state,
 candidate) pair and the text features its settings add
@@ -13,6 +16,7 @@ metrics; the learning rule itself is in :mod:`digiq.algos.digiq`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,9 +28,9 @@ from digiq.algos.digiq import fit_critic
 from digiq.config import AblationsConfig, ComputeConfig, CriticConfig, ExperimentConfig, load_section, load_variants
 from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs, load_text_features
-from digiq.data.trajectories import DataError, TrajectoryStore
+from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets
 from digiq.io import require
-from digiq.models.critic import Critic
+from digiq.models.critic import Critic, load_critics, per_task_set
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -71,12 +75,12 @@ def scored_candidates(paths: Paths, targets: bool) -> np.ndarray:
 
 
 @torch.no_grad()
-def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.ndarray],
+def rewarded_fit(critics: list[tuple[dict[str, Critic], np.ndarray]], feats: dict[str, np.ndarray],
                  steps: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
     """Per task set and family: the rewarded steps each critic trained on, and its Q of their taken action.
 
-    ``critics`` pairs each seed's critic with the rows it trained on
-    (``fit_critic``'s ``train_rows``). A rewarded step ends its episode, so
+    ``critics`` pairs each seed's critics (by task set) with the rows they trained on
+    (``fit_critic``'s ``train_rows``, as rows of ``steps``). A rewarded step ends its episode, so
     its TD target is exactly the reward, 1: a Q far below it means the critic
     cannot tell that step from the unrewarded ones it resembles, and no
     candidate that would finish the task there can stand out to Best-of-N.
@@ -85,12 +89,11 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
     rewarded steps; families with none in any split are left out.
     """
     per_seed = []
-    for critic, rows in critics:
-        rows = rows[steps.reward.to_numpy()[rows] > 0]
-        dev = next(critic.parameters()).device
-        state = torch.from_numpy(np.asarray(feats["state"])[rows]).to(dev)
-        q = critic.joined(critic.q(state, torch.from_numpy(np.asarray(feats["candidates"])[rows, 0]).to(dev)))
-        frame = steps.iloc[rows][["task_set", "family"]].assign(q=q.cpu().numpy())
+    for by_set, trained in critics:
+        rows = trained[steps.reward.to_numpy()[trained] > 0]
+        q = (per_task_set(steps.task_set.to_numpy()[rows], by_set, partial(_taken_q, feats=feats, rows=rows))
+             if len(rows) else np.zeros(0))  # fmt: skip
+        frame = steps.iloc[rows][["task_set", "family"]].assign(q=q)
         per_seed.append(frame.groupby(["task_set", "family"]).q.agg(["size", "mean"]))
     pooled = pd.concat(per_seed).groupby(level=[0, 1]).mean()
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -98,6 +101,15 @@ def rewarded_fit(critics: list[tuple[Critic, np.ndarray]], feats: dict[str, np.n
         out.setdefault(str(ts), {})[str(family)] = {"steps": round(float(row["size"]), 1),
                                                     "q_taken": round(float(row["mean"]), 4)}  # fmt: skip
     return out
+
+
+@torch.no_grad()
+def _taken_q(critic: Critic, mine: np.ndarray, feats: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """``critic``'s Q of the taken action at ``rows[mine]``, its heads joined."""
+    dev = next(critic.parameters()).device
+    state = torch.from_numpy(np.asarray(feats["state"])[rows[mine]]).to(dev)
+    action = torch.from_numpy(np.asarray(feats["candidates"])[rows[mine], 0]).to(dev)
+    return critic.joined(critic.q(state, action)).cpu().numpy()
 
 
 class CriticSpec(NamedTuple):
@@ -118,12 +130,14 @@ def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], table:
 
 
 class CriticJob(NamedTuple):
-    """One critic of stage 06: a row's spec on one seed (``seed`` counts from 0; the fit's is ``cfg.seed + seed``)."""
+    """One critic of stage 06: a row's spec on one seed (``seed`` counts from 0; the fit's is ``cfg.seed + seed``)
+    and one task set's steps."""
 
     paths: Paths
     row: str
     spec: CriticSpec
     seed: int
+    task_set: str
 
 
 def spec_inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
@@ -149,57 +163,69 @@ def transitions(paths: Paths) -> pd.DataFrame:
 
 
 def fit_critic_job(job: CriticJob) -> dict[str, Any]:
-    """Fit and save one critic; its held-out correlation, TD fit, training rows and (seed 0) loss curves."""
+    """Fit and save one critic on its task set's steps; its held-out correlation, TD fit, training rows (as rows of
+    every stored step) and (seed 0) loss curves."""
     paths, (vlm, cfg) = job.paths, job.spec
     steps, feats = transitions(paths), _inputs(paths, job.spec)
     if len(steps) != feats["state"].shape[0]:
         raise DataError(f"features in {paths.features(vlm)} have {feats['state'].shape[0]} rows but "
                         f"{paths.offline} has {len(steps)} steps; rerun embed")  # fmt: skip
+    mine = np.flatnonzero(steps.task_set.to_numpy() == job.task_set)
     scored = None
     if cfg.conservative > 0:
         scored = process_cached(
             ("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets)
-        )
-    fit = fit_critic(cfg, feats, steps, cfg.seed + job.seed, scored)
+        )[mine]
+    fit = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()}, steps.iloc[mine].reset_index(drop=True),
+                     cfg.seed + job.seed, scored)  # fmt: skip
     if parallel.is_main():
-        fit["critic"].save(paths.critic(job.seed, job.row), stage="critic", row=job.row, vlm=vlm,
-                           seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]), gamma=cfg.gamma,
-                           holdout=cfg.holdout, split_seed=cfg.seed)  # fmt: skip
+        fit["critic"].save(paths.critic(job.seed, job.row, job.task_set), stage="critic", row=job.row, vlm=vlm,
+                           task_set=job.task_set, seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]),
+                           gamma=cfg.gamma, holdout=cfg.holdout, split_seed=cfg.seed)  # fmt: skip
     return {"corr": round(fit["corr"], 4), "fit": {k: round(fit[k], 4) for k in ("q_td_rmse", "q_taken_minus_v")},
-            "train_rows": fit["train_rows"], "train": fit["train"], "heldout": fit["heldout"],
+            "train_rows": mine[fit["train_rows"]], "train": fit["train"], "heldout": fit["heldout"],
             "curves": fit["curves"] if job.seed == 0 else {}}  # fmt: skip
 
 
 @one_run_at_a_time("critic")
 def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, workers: int = 1) -> dict[str, Any]:
-    """One critic per (row, seed): ``data/models/critic/seed<s>/<row>``, the fits shared among ``workers`` processes.
+    """One critic per (row, seed, task set): ``data/models/critic/seed<s>/<row>/<task set>``, the fits shared among
+    ``workers`` processes.
 
-    Metrics at the top level are Digi-Q's critic's; ``by_critic`` holds every critic's held-out
-    V-vs-return correlation and TD fit per seed.
+    Metrics at the top level are Digi-Q's critics'; ``by_critic`` holds every critic's held-out
+    V-vs-return correlation and TD fit per seed and task set.
     """
     for spec in specs.values():
         require("critic", paths.features(spec.vlm))
     metrics: dict[str, Any] = {}
     # Inside the block, paths.critics is a temporary folder, swapped in whole at its end.
     with written_whole(paths, "critics") as paths, timed(metrics):
-        jobs = [CriticJob(paths, row, spec, seed) for row, spec in specs.items() for seed in range(seeds)]
-        fits = dict(zip([(j.row, j.seed) for j in jobs], map_jobs(fit_critic_job, jobs, workers), strict=True))
+        task_sets = data_task_sets(transitions(paths).task_set)
+        jobs = [CriticJob(paths, row, spec, seed, ts) for row, spec in specs.items() for seed in range(seeds)
+                for ts in task_sets]  # fmt: skip
+        fits = dict(zip([(j.row, j.seed, j.task_set) for j in jobs], map_jobs(fit_critic_job, jobs, workers),
+                        strict=True))  # fmt: skip
         curves: dict[str, list[float]] = {}
         by_critic: dict[str, Any] = {}
         for row, spec in specs.items():
-            mine = [fits[(row, seed)] for seed in range(seeds)]
-            curves.update({f"{loss} loss ({row})": c for loss, c in mine[0]["curves"].items()})
-            corrs = [f["corr"] for f in mine]
-            by_critic[row] = {"vlm": spec.vlm, "v_mc_return_corr_heldout": round(float(np.mean(corrs)), 4),
+            for ts in task_sets:
+                curves.update({f"{loss} loss ({row}, {ts})": c for loss, c in fits[(row, 0, ts)]["curves"].items()})
+            corrs = {ts: [fits[(row, seed, ts)]["corr"] for seed in range(seeds)] for ts in task_sets}
+            by_critic[row] = {"vlm": spec.vlm,
+                              "v_mc_return_corr_heldout": round(float(np.nanmean(list(corrs.values()))), 4),
                               "v_mc_return_corr_heldout_per_seed": corrs,
-                              "td_fit_per_seed": [f["fit"] for f in mine]}  # fmt: skip
-        paper = fits[("digiq", 0)]
-        metrics.update({"transitions_train": paper["train"], "transitions_heldout": paper["heldout"],
+                              "td_fit_per_seed": {ts: [fits[(row, seed, ts)]["fit"] for seed in range(seeds)]
+                                                  for ts in task_sets}}  # fmt: skip
+        paper = {ts: fits[("digiq", 0, ts)] for ts in task_sets}
+        metrics.update({"transitions_train": {ts: f["train"] for ts, f in paper.items()},
+                        "transitions_heldout": {ts: f["heldout"] for ts, f in paper.items()},
                         "v_mc_return_corr_heldout": by_critic["digiq"]["v_mc_return_corr_heldout"]})  # fmt: skip
-        metrics.update({f"{loss}_loss_last": round(float(np.mean(c[-50:])), 5)
-                        for loss, c in paper["curves"].items()})  # fmt: skip
+        metrics.update({f"{loss}_loss_last": {ts: round(float(np.mean(f["curves"][loss][-50:])), 5)
+                                              for ts, f in paper.items()}
+                        for loss in paper[task_sets[0]]["curves"]})  # fmt: skip
         parallel.barrier()  # the main process saved the critics
-        trained = [(Critic.load(paths.critic(seed, "digiq")), fits[("digiq", seed)]["train_rows"])
+        trained = [(load_critics(paths, seed, "digiq", task_sets),
+                    np.sort(np.concatenate([fits[("digiq", seed, ts)]["train_rows"] for ts in task_sets])))
                    for seed in range(seeds)]  # fmt: skip
         metrics["rewarded_steps"] = rewarded_fit(trained, spec_inputs(paths, specs["digiq"]), transitions(paths))
         metrics["by_critic"] = by_critic

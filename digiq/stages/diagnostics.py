@@ -54,7 +54,7 @@ from digiq.config import (
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.picks import read_picks
-from digiq.data.trajectories import DataError, TrajectoryStore, heldout_rows
+from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_matrix, replay
 from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
 from digiq.diagnostics.reports import (
@@ -75,7 +75,7 @@ from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, trained_inputs
+from digiq.models.critic import Critic, load_critics, per_task_set, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
@@ -183,11 +183,14 @@ def _taken(valid: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _all_q(critic: Critic, feats: dict[str, np.ndarray]) -> np.ndarray:
-    """Q (S, N) of every stored state's candidates."""
-    q, _, _ = critic.advantage(torch.from_numpy(np.asarray(feats["state"])),
-                               torch.from_numpy(np.asarray(feats["candidates"])))  # fmt: skip
-    return q.numpy()
+def _all_q(critics: dict[str, Critic], feats: dict[str, np.ndarray], task_sets: np.ndarray) -> np.ndarray:
+    """Q (S, N) of every stored state's candidates, by its own task set's critic."""
+    state, candidates = np.asarray(feats["state"]), np.asarray(feats["candidates"])
+
+    def q_of(critic: Critic, rows: np.ndarray) -> np.ndarray:
+        return critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))[0].numpy()
+
+    return per_task_set(task_sets, critics, q_of)
 
 
 def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None]:
@@ -228,27 +231,30 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["off"] = "diagnostics.oracle_states is 0"
         write_metrics(paths, "diagnostics", metrics)
         return metrics
-    require("diagnostics", paths.picks, *(paths.critic(s) / "config.json" for s in range(seeds)))
+    require("diagnostics", paths.picks, *(paths.critics / f"seed{s}" / "digiq" for s in range(seeds)))
     parts: dict[str, float] = {}
     with timed(metrics):
         steps = TrajectoryStore(paths.offline).read().to_pandas()
         cands = read_candidates(paths).to_pandas()
         picks = read_picks(paths)
-        critic_rows = sorted(p.name for p in paths.critic(0).parent.iterdir() if (p / "config.json").exists())
+        critic_rows = sorted(p.name for p in (paths.critics / "seed0").iterdir() if p.is_dir())
+        task_sets = steps.task_set.to_numpy()
+        in_data = data_task_sets(task_sets)
+        first = paths.critic(0, "digiq", in_data[0])
         feats = trained_inputs(paths, critic_rows)
         # The paper's critic inputs on each VLM's features: what the probes read.
         by_vlm = {VLM_OF_ROW[row]: feats[row] for row in feats if row in VLM_OF_ROW}
-        gamma = float(read_meta(paths.critic(0))["gamma"])  # true values discounted as the critic's
+        gamma = float(read_meta(first)["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         distinct = distinct_decisions(cands.action_list.tolist())  # the uninformed level's decisions
         candidate_kinds = action_kinds(cands.action_list.tolist())
-        task_sets = steps.task_set.to_numpy()
         # Every figure of a critic's picks is on the trajectories no seed's critic trained on (stage 06 holds the
-        # same ones out of every seed); the expert picks are also given on the training ones, for contrast.
-        split = read_meta(paths.critic(0))
+        # same ones out of every seed, within each task set); the expert picks are also given on the training ones,
+        # for contrast.
+        split = read_meta(first)
         if "split_seed" not in split:
-            raise DataError(f"{paths.critic(0)} does not say which trajectories it held out; rerun the critic stage")
-        held = heldout_rows(episodes, float(split["holdout"]), int(split["split_seed"]))
+            raise DataError(f"{first} does not say which trajectories it held out; rerun the critic stage")
+        held = heldout_rows(episodes, float(split["holdout"]), int(split["split_seed"]), task_sets)
 
         with timed(parts, "representation_probes"):  # every VLM whose features the embed stage wrote
             metrics["probes"] = representation_probes(paths, feature_vlms(paths), threshold=threshold, seed=cfg.seed)
@@ -302,7 +308,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         reports, critic_q = [], []
         expert_reports: dict[str, list[dict[str, Any]]] = {"heldout": [], "train": []}
         for s in range(seeds):
-            q = {row: _all_q(Critic.load(paths.critic(s, row)), feats[row]) for row in critic_rows}
+            q = {row: _all_q(load_critics(paths, s, row, in_data), feats[row], task_sets) for row in critic_rows}
             critic_q.append(q["digiq"])
             reports.append(ranking_report(sample["oracle"], sample["valid"], distinct[sample["idx"]],
                                           {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],

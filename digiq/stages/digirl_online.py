@@ -1,22 +1,23 @@
 """Stage 09: DigiRL online, in rounds on train tasks, beside Filtered BC online.
 
-Each online row (``digirl.online``) runs per seed, in rounds:
+Each online row (``digirl.online``) runs per seed and task set (one policy
+per task set, as stage 07 fits them), in rounds:
 
-1. **collect** ``digirl.episodes_per_round`` episodes of train tasks (half
-   per task set, drawn uniformly; the same draws for every row of a seed) with
-   the current policy, into the round's own trajectory store;
+1. **collect** ``digirl.episodes_per_round`` episodes of the task set's train
+   tasks (drawn uniformly; the same draws for every row of a seed) with the
+   current policy, into the round's own trajectory store;
 2. **fit the value functions** V_inst and V_step on every episode collected
    so far (the buffer), on the frozen base policy's features;
 3. **compute the advantages and filter**: DigiRL's doubly-robust step
    advantage, the 1/H step filter and the curriculum's top share of episodes
    (:func:`digiq.algos.digirl.fit_and_select`);
 4. **update** the policy by maximum likelihood on the kept steps for
-   ``digirl.actor_updates`` optimizer steps.
+   ``digirl.actor_updates`` optimizer steps, as stage 07 fits its actors.
 
 The rows differ in where they start and what they imitate:
 ``digirl_online`` starts from the base policy; ``digirl_off2on`` from offline
-DigiRL's policy of the same seed (stage 07), with the offline data in its
-buffer; ``filtered_bc_online`` from the base, imitating every step of the
+DigiRL's policy of the same seed and task set (stage 07), with the task set's
+offline data in its buffer; ``filtered_bc_online`` from the base, imitating every step of the
 buffer's successful episodes (DigiRL's online baseline).
 
 A run stops after ``digirl.rounds`` rounds, or before a round once its
@@ -26,8 +27,8 @@ the policy, the value functions and the run's record are written whole to
 last finished round, and the round cut short resumes its store, so nothing
 already collected is lost.
 
-Writes ``metrics/digirl_online.json`` (per row and seed, each round's
-success, environment steps, kept rows and wall time) and the learning curves
+Writes ``metrics/digirl_online.json`` (per row, task set and seed, each
+round's success, environment steps, kept rows and wall time) and the learning curves
 ``plots/digirl_online.png``, with the offline data's success on its train
 tasks as a line (the base policy's, where stage 01 collected them).
 """
@@ -76,32 +77,29 @@ __all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "s
 OFFLINE = "offline"  # the buffer's name for the offline data (off2on)
 
 
-def start_checkpoint(paths: Paths, row: str, seed: int) -> Path:
-    """The policy an online row starts from: offline DigiRL's of the same seed for off2on, else the base."""
-    return paths.actor("digirl_offline", seed) if row == "digirl_off2on" else paths.base_policy
+def start_checkpoint(paths: Paths, row: str, seed: int, task_set: str) -> Path:
+    """The policy an online row starts from: offline DigiRL's of the same seed and task set for off2on, else the base."""
+    return paths.actor("digirl_offline", seed, task_set) if row == "digirl_off2on" else paths.base_policy
 
 
-def round_tasks(cfg: DigiRLConfig, train: dict[str, list[Task]], seed: int, round_: int) -> list[Task]:
-    """The round's episodes: half per task set, drawn uniformly without replacement from its train list.
+def round_tasks(cfg: DigiRLConfig, train: list[Task], seed: int, task_set: str, round_: int) -> list[Task]:
+    """The round's episodes: ``cfg.episodes_per_round`` drawn uniformly without replacement from ``task_set``'s
+    train list ``train``.
 
-    The draw depends on the seed and the round only, so every row of a seed
-    sees the same tasks in the same round.
+    The draw depends on the seed, the task set and the round only, so every
+    row of a seed sees the same tasks in the same round.
     """
-    rng = np.random.default_rng([cfg.seed, seed, round_])
-    out: list[Task] = []
-    for i, ts in enumerate(TASK_SETS):
-        n = cfg.episodes_per_round // len(TASK_SETS) + (i < cfg.episodes_per_round % len(TASK_SETS))
-        listed = train[ts]
-        out += [listed[j] for j in rng.choice(len(listed), min(n, len(listed)), replace=False)]
-    return out
+    rng = np.random.default_rng([cfg.seed, seed, TASK_SETS.index(task_set), round_])
+    return [train[j] for j in rng.choice(len(train), min(cfg.episodes_per_round, len(train)), replace=False)]
 
 
 class OnlineJob(NamedTuple):
-    """One online run: ``row`` for seed index ``seed``; with ``until``, its rounds up to that many only."""
+    """One online run: ``row`` for seed index ``seed`` on ``task_set``; with ``until``, its rounds up to that many only."""
 
     paths: Paths
     row: str
     seed: int
+    task_set: str
     cfg: DigiRLConfig
     actor: ActorConfig
     env: EnvConfig
@@ -119,9 +117,12 @@ class _Buffer:
         self.feats: list[StepFeatures] = []
         self.screens: dict[str, Any] = {}
 
-    def add(self, name: str, store: TrajectoryStore) -> pd.DataFrame:
-        """Append the episodes of ``store`` under ``name``; their step table."""
-        t = store.read().to_pandas().sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
+    def add(self, name: str, store: TrajectoryStore, task_set: str | None = None) -> pd.DataFrame:
+        """Append the episodes of ``store`` under ``name`` (only ``task_set``'s, if given); their step table."""
+        t = store.read().to_pandas()
+        if task_set is not None:
+            t = t[t.task_set == task_set]
+        t = t.sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
         key = f"{name}/"
         loaded = load_screens(self.base, store, [*t.image_path, *t.next_image_path])
         self.screens.update({key + p: v for p, v in loaded.items()})
@@ -147,12 +148,12 @@ def _resume(run: Path) -> Path | None:
 def run_online_job(job: OnlineJob) -> dict[str, Any]:
     """Run (or resume) one online run to its end, or to ``job.until`` rounds; its record: ``{"rounds": [...], ...}``."""
     cfg, paths = job.cfg, job.paths
-    run = paths.online_run(job.row, job.seed)
+    run = paths.online_run(job.row, job.seed, job.task_set)
     run.mkdir(parents=True, exist_ok=True)
     seed = cfg.seed + job.seed
     base = AutoUIPolicy.load(paths.base_policy)  # frozen: the value functions' features
     done = _resume(run)
-    start = start_checkpoint(paths, job.row, job.seed)
+    start = start_checkpoint(paths, job.row, job.seed, job.task_set)
     state: dict[str, Any] = (
         json.loads((done / "state.json").read_text()) if done else {"rounds": [], "start": str(start)}
     )
@@ -162,10 +163,10 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         values.load_state(done)
     buffer = _Buffer(base)
     if job.row == "digirl_off2on":
-        buffer.add(OFFLINE, TrajectoryStore(paths.offline))
+        buffer.add(OFFLINE, TrajectoryStore(paths.offline), job.task_set)
     for r in range(len(state["rounds"])):
         buffer.add(f"round{r:03d}", TrajectoryStore(run / f"round{r:03d}"))
-    train = {ts: read_tasks(paths, ts, "train", None, "digirl_online") for ts in TASK_SETS}
+    train = read_tasks(paths, job.task_set, "train", None, "digirl_online")
     dynamics = Dynamics.of(job.env)
 
     def spent() -> int:
@@ -178,10 +179,11 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         began = time.perf_counter()
         name = f"round{r:03d}"
         store = TrajectoryStore(run / name)
-        tasks = round_tasks(cfg, train, job.seed, r)
+        tasks = round_tasks(cfg, train, job.seed, job.task_set, r)
         with EnvFactory(job.devices, dynamics, job.env.width, evaluator_for(job.devices, job.judge)) as make_env:
             ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=round_seed,
-                          dynamics=dynamics, width=job.env.width, store=store, desc=f"{job.row} {name}",
+                          dynamics=dynamics, width=job.env.width, store=store,
+                          desc=f"{job.row} {job.task_set} {name}",
                           env_factory=make_env, screen_text=policy.cfg.screen_text)  # fmt: skip
         collected = buffer.add(name, store)
         steps, feats = buffer.table()
@@ -192,18 +194,17 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
             kept, stats = fit_and_select(values, feats, steps, cfg, round_seed)
         rows = [FitRow(steps.observation.iat[i], steps.key.iat[i], steps.action.iat[i]) for i in kept]
         if rows:
-            fit_policy(policy, rows, buffer.screens, updates=cfg.actor_updates, batch_size=job.actor.batch_size,
-                       lr=job.actor.lr, seed=round_seed, desc=f"{job.row} {name} update")  # fmt: skip
+            a = job.actor
+            fit_policy(policy, rows, buffer.screens, updates=cfg.actor_updates, batch_size=a.batch_size, lr=a.lr,
+                       seed=round_seed, weight_decay=a.weight_decay, grad_clip=a.grad_clip, one_cycle=False,
+                       draws_from=len(rows), desc=f"{job.row} {job.task_set} {name} update")  # fmt: skip
         episodes = collected.groupby("traj_id").trajectory_reward.first() > 0
         abandoned = [e for e in ran if e.abandoned]
-        by_set = collected.groupby("traj_id").task_set.first()
         state["rounds"].append({
             "round": r,
             "episodes": len(episodes) + len(abandoned),
             "env_steps": len(collected) + sum(e.steps for e in abandoned),
             "success": round(float(episodes.sum()) / max(1, len(episodes) + len(abandoned)), 4),
-            "success_by_task_set": {ts: round(float(episodes[by_set == ts].mean()), 4)
-                                    for ts in TASK_SETS if (by_set == ts).any()},
             **stats,
             "wall_time_s": round(time.perf_counter() - began, 2),
         })  # fmt: skip
@@ -232,14 +233,15 @@ def split_runs(jobs: list[OnlineJob], workers: int) -> tuple[list[OnlineJob], li
     return parts, after
 
 
-def _offline_success(offline: pa.Table) -> float:
-    """The offline data's success, the mean of its task sets' as a round draws half its episodes from each.
+def _offline_success(offline: pa.Table) -> dict[str, float]:
+    """The offline data's success per task set.
 
     Collected by the base policy this is the level ``digirl_online`` starts
     from; imported, it is whatever policy collected the file.
     """
     episodes = offline.select(["traj_id", "task_set", "trajectory_reward"]).to_pandas().drop_duplicates("traj_id")
-    return float(episodes.groupby("task_set").trajectory_reward.apply(lambda r: (r > 0).mean()).mean())
+    return {str(ts): float(r) for ts, r in episodes.groupby("task_set").trajectory_reward.apply(
+        lambda r: (r > 0).mean()).items()}  # fmt: skip
 
 
 def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: dict[str, Any], job: OnlineJob,
@@ -267,12 +269,13 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     """
     devices = devices or DeviceConfig()
     require("digirl_online", paths.base_policy / "config.json",
-            *(start_checkpoint(paths, row, s) / "config.json" for row in cfg.online for s in range(seeds)))  # fmt: skip
+            *(start_checkpoint(paths, row, s, ts) / "config.json" for row in cfg.online for s in range(seeds)
+              for ts in TASK_SETS))  # fmt: skip
     if "digirl_off2on" in cfg.online:
         require("digirl_online", paths.offline)
     paths.online.mkdir(parents=True, exist_ok=True)  # the stage's output, empty when digirl.online is []
-    jobs = [OnlineJob(paths, row, s, cfg, actor, env, devices, judge or JudgeConfig())
-            for row in cfg.online for s in range(seeds)]  # fmt: skip
+    jobs = [OnlineJob(paths, row, s, ts, cfg, actor, env, devices, judge or JudgeConfig())
+            for row in cfg.online for s in range(seeds) for ts in TASK_SETS]  # fmt: skip
     processes = workers if devices.backend == "sim" else 1
     metrics: dict[str, Any] = {}
     with timed(metrics):
@@ -282,18 +285,25 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     offline_steps = offline.num_rows if offline is not None else 0
     rows: dict[str, Any] = {}
     for job, record in zip(jobs, records, strict=True):
-        rows.setdefault(job.row, {"per_seed": []})["per_seed"].append(record["rounds"])
+        by_set = rows.setdefault(job.row, {"by_task_set": {}})["by_task_set"]
+        by_set.setdefault(job.task_set, {"per_seed": []})["per_seed"].append(record["rounds"])
+
+    def per_seed_total(entry: dict[str, Any], key: str) -> float:
+        """The mean over seeds of ``key`` summed over every round of both task sets' runs."""
+        return float(np.mean([sum(r[key] for part in entry["by_task_set"].values() for r in part["per_seed"][s])
+                              for s in range(seeds)]))  # fmt: skip
+
     for row, entry in rows.items():
-        online = [sum(r["env_steps"] for r in rounds) for rounds in entry["per_seed"]]
-        entry["online_env_steps"] = round(float(np.mean(online)), 1)
-        # What the policy learnt from in all: off2on's offline data too.
+        entry["online_env_steps"] = round(per_seed_total(entry, "env_steps"), 1)
+        # What the policies learnt from in all: off2on's offline data too.
         entry["env_steps"] = entry["online_env_steps"] + (offline_steps if row == "digirl_off2on" else 0)
-        entry["wall_time_s"] = round(float(np.mean([sum(r["wall_time_s"] for r in rounds)
-                                                    for rounds in entry["per_seed"]])), 2)  # fmt: skip
+        entry["wall_time_s"] = round(per_seed_total(entry, "wall_time_s"), 2)
     metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": workers})
     write_metrics(paths, "digirl_online", metrics)
-    levels = {"offline data (train tasks)": _offline_success(offline)} if offline is not None else {}
-    fig = online_curves_figure(rows, levels)
+    levels = ({f"offline data, {ts} (train tasks)": level for ts, level in _offline_success(offline).items()}
+              if offline is not None else {})  # fmt: skip
+    curves = {f"{row} ({ts})": part for row, entry in rows.items() for ts, part in entry["by_task_set"].items()}
+    fig = online_curves_figure(curves, levels)
     fig.suptitle("Stage 09: online rounds" + ("" if rows else ": off (digirl.online is [])"))
     fig.tight_layout()  # again, to leave room for the title
     save_figure(fig, paths.plots / "digirl_online.png")

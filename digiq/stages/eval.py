@@ -66,6 +66,7 @@ from digiq.io import require
 from digiq.models.checkpoint import read_typed_config
 from digiq.models.policy import PolicyConfig
 from digiq.paths import Paths
+from digiq.rollout import EpisodeResult
 from digiq.rows import ONLINE_ROWS, all_rows
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
@@ -76,18 +77,23 @@ __all__ = ["run", "run_eval", "train_tasks", "ONLINE_PAIRS"]
 ONLINE_PAIRS = (("digirl_online", "filtered_bc_online"), ("digirl_off2on", "digirl_offline"))
 
 
-def _checkpoint(paths: Paths, policy: str, seed: int) -> Path:
+def _checkpoint(paths: Paths, policy: str, seed: int, task_set: str) -> Path:
+    """The policy ``policy`` plays ``task_set``'s tasks with: each row has one per seed and task set, as released
+    Digi-Q trains one per task set; the base is one for both."""
     if policy == "base":
         return paths.base_policy
-    return paths.online_policy(policy, seed) if policy in ONLINE_ROWS else paths.actor(policy, seed)
+    if policy in ONLINE_ROWS:
+        return paths.online_policy(policy, seed, task_set)
+    return paths.actor(policy, seed, task_set)
 
 
 def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
-    """Per task set, the tasks of the first ``n`` trajectories in the offline data (by ``traj_id``).
+    """Per task set, the first ``n`` distinct tasks of the offline data's trajectories (by ``traj_id``).
 
     Those are the train tasks the data hold, as the paper's train columns
-    count them. Instructions the simulator cannot parse (imported real data)
-    are passed over; a task set with no trajectory gets no list.
+    count them; a task the data drew twice is evaluated once. Instructions
+    the simulator cannot parse (imported real data) are passed over; a task
+    set with no trajectory gets no list.
     """
     require("eval", paths.offline)
     table = TrajectoryStore(paths.offline).read().select(["traj_id", "task_set", "task"]).to_pandas()
@@ -95,7 +101,7 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
     out: dict[str, list[Task]] = {}
     for ts in TASK_SETS:
         tasks = []
-        for text in firsts.task[firsts.task_set == ts]:
+        for text in dict.fromkeys(firsts.task[firsts.task_set == ts]):
             try:
                 tasks.append(parse_task(text, ts))
             except UnsupportedInstruction:
@@ -136,28 +142,33 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     policies = [*table_rows, *ablations]
     for s in range(seeds):
         for p in policies:
-            require("eval", _checkpoint(paths, p, s) / "config.json")
+            require("eval", *(_checkpoint(paths, p, s, ts) / "config.json" for ts in TASK_SETS))
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
     train_rows = ["base", *baselines] if held_in else []
     timing: dict[str, Any] = {}
     # Every policy here descends from the base: its prompts read the screen when the base's did.
-    screen_text = read_typed_config(_checkpoint(paths, "base", 0), "policy", PolicyConfig).screen_text
+    screen_text = read_typed_config(paths.base_policy, "policy", PolicyConfig).screen_text
 
-    def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str, skill: str | None = None) -> EvalJob:
-        return EvalJob(_checkpoint(paths, policy, seed), name, seed, listed, cfg, env, screen_text, skill)
+    def job(policy: str, seed: int, listed: dict[str, list[Task]], name: str,
+            skill: str | None = None) -> list[EvalJob]:  # fmt: skip
+        """One job per task set: each plays its task set's tasks with its own checkpoint."""
+        return [EvalJob(_checkpoint(paths, policy, seed, ts), name, seed, {ts: tasks}, cfg, env, screen_text, skill)
+                for ts, tasks in listed.items()]  # fmt: skip
 
     # Each job reloads its checkpoint on its seed's own stream, so the train runs draw apart from the test runs.
-    jobs = [job(p, s, tasks, p) for s in range(seeds) for p in policies]
-    jobs += [job(p, s, held_in, f"{p} train") for s in range(seeds) for p in train_rows]
+    jobs = [j for s in range(seeds) for p in policies for j in job(p, s, tasks, p)]
+    jobs += [j for s in range(seeds) for p in train_rows for j in job(p, s, held_in, f"{p} train")]
     on_sim = devices.backend == "sim"
     skills: dict[str, Any] = {"off": "the expert reads the device's state: needs devices.backend sim"}
     if on_sim:
         protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
-        jobs += [job("base", 0, protocol, f"base + expert {skill}", skill) for skill in cfg.expert_skills]
+        jobs += [j for skill in cfg.expert_skills for j in job("base", 0, protocol, f"base + expert {skill}", skill)]
     with timed(timing):
         results = run_jobs(jobs, devices, judge or JudgeConfig(), workers)
-    done = dict(zip([(j.name, j.seed) for j in jobs], results, strict=True))
+    done: dict[tuple[str, int], dict[str, list[EpisodeResult]]] = {}
+    for j, result in zip(jobs, results, strict=True):
+        done.setdefault((j.name, j.seed), {}).update(result)
     runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
     if on_sim:
         skills = {"policy": "base", "seed": 0,

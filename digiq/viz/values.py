@@ -25,13 +25,13 @@ from PIL import Image
 from digiq.config import ActorConfig, CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, data_task_sets
 from digiq.diagnostics.ground_truth import stored_state_values
 from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, inputs_for
+from digiq.models.critic import Critic, inputs_for, load_critics, per_task_set
 from digiq.paths import ROOT, Paths
 from digiq.rollout import episode_seed
 from digiq.viz.draw import draw_candidates, short_action
@@ -132,21 +132,30 @@ class ValueData:
 def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq") -> ValueData:
     """Score the pipeline's data with seed ``seed``'s critic of ``row`` (stage 06: ``digiq``, a variant...) in one call."""
     paths = Paths(Path(root) if root else ROOT)
-    require("viewer", paths.critic(seed, row) / "config.json", paths.offline, paths.candidates)
+    require("viewer", paths.critics / f"seed{seed}" / row, paths.offline, paths.candidates)
     params = load_params(paths.root / "params.yaml")
     actor = load_section(ActorConfig, "actor", params)
     store = TrajectoryStore(paths.offline)
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
-    critic = Critic.load(paths.critic(seed, row))
-    vlm = str(read_meta(paths.critic(seed, row)).get("vlm", "finetuned"))  # whose features the critic read
-    feats = inputs_for(paths, vlm, critic.cfg)
-    q, v, adv = critic.advantage(torch.from_numpy(np.array(feats["state"])),
-                                 torch.from_numpy(np.array(feats["candidates"])))  # fmt: skip
-    q, v, adv = q.numpy(), v.numpy(), adv.numpy()
+    task_sets = steps.task_set.to_numpy()
+    critics = load_critics(paths, seed, row, data_task_sets(task_sets))  # each task set's own
+    first = next(iter(critics.values()))
+    vlm = str(read_meta(paths.critic(seed, row, next(iter(critics)))).get("vlm", "finetuned"))  # whose features
+    feats = inputs_for(paths, vlm, first.cfg)
+    state, candidates = np.asarray(feats["state"]), np.asarray(feats["candidates"])
+
+    def q_and_v(critic: Critic, rows: np.ndarray) -> np.ndarray:
+        """(rows, N + 1): Q of each candidate, then V."""
+        q, v, _ = critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))
+        return np.concatenate([q.numpy(), v.numpy()[:, None]], 1)
+
+    values = per_task_set(task_sets, critics, q_and_v)
+    q, v = values[:, :-1], values[:, -1]
+    adv = q - v[:, None]
     valid = np.stack(cands.valid_list.to_numpy())
     chosen = np.where(valid, adv, -np.inf).argmax(1)
-    threshold = actor.thresholds(steps.task_set.to_numpy())
+    threshold = actor.thresholds(task_sets)
     S, N = valid.shape
     steps = steps.assign(v=v, q=q[:, 0], advantage=adv[:, 0])
     table = pd.DataFrame({

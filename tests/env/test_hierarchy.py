@@ -24,6 +24,9 @@ from digiq.rollout import ExpertPolicy, episode_seed, rollout
 from digiq.stages.base_policy import run_base_policy
 from digiq.stages.collect import run_collect
 
+# Stage 01 on each of its few train tasks once, rather than the released episode counts drawn from them.
+EACH_TASK_ONCE = {"episodes_general": None, "episodes_webshop": None}
+
 ENTRY = re.compile(r"^(.+) (\d\.\d\d) (\d\.\d\d)$")
 
 
@@ -260,8 +263,8 @@ def test_a_base_policy_that_reads_the_screen_is_collected_with_it(tmp_path):
     assert TrajectoryStore(paths.demos).read().to_pandas().observation.str.contains(" Screen:").all()
     assert set(TrajectoryStore(paths.demos).read().to_pandas().task) == set(lists["general"][:2] + lists["webshop"][:2])
     with pytest.raises(StageError, match=r"tasks_per_set 3 after the 2 the base policy was demonstrated needs 5"):
-        run_collect(CollectConfig(tasks_per_set=3, n_envs=2), EnvConfig(width=108), paths)
-    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2), EnvConfig(width=108), paths)
+        run_collect(CollectConfig(tasks_per_set=3, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), paths)
+    metrics = run_collect(CollectConfig(tasks_per_set=2, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), paths)
     collected = TrajectoryStore(paths.offline).read().to_pandas()
     assert collected.observation.str.contains(" Screen:").all()
     assert metrics["first_train_task"] == {"general": 2, "webshop": 2}  # collect starts past each set's demonstrations

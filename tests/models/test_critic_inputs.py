@@ -208,7 +208,7 @@ def test_the_viewer_scores_with_the_inputs_its_critic_was_trained_on(values_root
     torch.manual_seed(1)
     critic = Critic(CriticNetConfig(feature_dim=x["state"].shape[1], hidden=16, action_dim=x["candidates"].shape[2],
                                     text=True))  # fmt: skip
-    critic.save(Paths(root).critic(0), stage="critic", gamma=0.9)
+    critic.save(Paths(root).critic(0, "digiq", "general"), stage="critic", gamma=0.9)
     data = load_values(root)
     q, v, _ = critic.advantage(torch.from_numpy(x["state"]), torch.from_numpy(x["candidates"]))
     np.testing.assert_allclose(data.steps.v.to_numpy(), v.numpy(), atol=1e-5)

@@ -107,3 +107,35 @@ def test_processes_sharing_a_batch_of_signed_weights_take_the_one_process_step(m
         per_process.append(grads(mine, share))
     for g, g0, g1 in zip(whole, *per_process, strict=True):
         torch.testing.assert_close((g0 + g1) / 2, g, atol=1e-6, rtol=1e-4)
+
+
+def test_drawn_batches_imitate_only_the_drawn_states_that_have_a_row():
+    """Released Digi-Q's actor batches: states drawn with replacement, a state the method kept nothing of imitating
+    nothing; a step that drew no row leaves the weights as they are."""
+    policy = _tiny_policy()
+    shots = {"s": torch.zeros(114, 54, 3, dtype=torch.uint8)}
+    fit = [FitRow(f"Goal: open app {i}", "s", format_action(press_enter())) for i in range(3)]
+    curve = fit_policy(policy, fit, shots, updates=6, batch_size=4, lr=1e-4, seed=0, weight_decay=0.0,
+                       grad_clip=0.01, one_cycle=False, draws_from=3)  # fmt: skip
+    assert len(curve) == 6 and all(p["loss"] > 0 for p in curve)  # every draw lands on a row
+    before = [p.clone() for p in policy.parameters()]
+    # one row among a million states: one draw a step almost never lands on it
+    curve = fit_policy(policy, fit[:1], shots, updates=3, batch_size=1, lr=1e-2, seed=0, one_cycle=False,
+                       draws_from=10**6)  # fmt: skip
+    assert [p["loss"] for p in curve] == [0.0, 0.0, 0.0]
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    with pytest.raises(ValueError, match="drawing from 2 states needs updates and at least one state per row"):
+        fit_policy(policy, fit, shots, updates=2, batch_size=2, lr=1e-4, seed=0, draws_from=2)
+
+
+def test_weights_far_below_one_keep_their_ratios():
+    """AWR at a small beta: exp((A - 1) / beta) is tiny for every row; the loss only sees their ratios."""
+    from digiq.models.policy_fit import _loss
+
+    policy = _tiny_policy()
+    prompts, images, actions = _rows(3)
+    shots = {f"s{i}": images[i] for i in range(3)}
+    rows = [FitRow(prompts[i], f"s{i}", actions[i], w) for i, w in enumerate((1e-60, 3e-60, 2e-60))]
+    same = [FitRow(r.prompt, r.image_path, r.action, w) for r, w in zip(rows, (1.0, 3.0, 2.0), strict=True)]
+    with torch.no_grad():
+        assert float(_loss(policy, rows, shots)) == pytest.approx(float(_loss(policy, same, shots)), rel=1e-6)

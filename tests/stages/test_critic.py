@@ -11,7 +11,8 @@ import yaml
 import digiq.stages.critic as critic_module
 from digiq.algos.digiq import conservative_penalty, moved_forward, td_fit, td_losses
 from digiq.config import load_params, with_defaults
-from digiq.models.critic import Critic, CriticNetConfig
+from digiq.data.trajectories import data_task_sets, heldout_rows
+from digiq.models.critic import Critic, CriticNetConfig, per_task_set
 from digiq.paths import Paths
 from digiq.stages.critic import rewarded_fit
 from digiq.stages.critic import run as critic_stage
@@ -58,7 +59,8 @@ def test_rewarded_fit_reads_q_at_the_rewarded_steps_each_critic_trained_on_per_f
     steps = pd.DataFrame({"reward": [1.0, 0.0, 1.0, 1.0, 1.0], "task_set": ["webshop"] * 4 + ["general"],
                           "family": ["select_first", "select_first", "select_first", "site_search", "search"]})  # fmt: skip
     # seed A trained on rows 0-3, seed B on 0 and 4: the unrewarded row 1 and untrained rows never count
-    report = rewarded_fit([(critic, np.array([0, 1, 2, 3])), (critic, np.array([0, 4]))], feats, steps)
+    by_set = {"general": critic, "webshop": critic}  # each task set's critic (here one network for both)
+    report = rewarded_fit([(by_set, np.array([0, 1, 2, 3])), (by_set, np.array([0, 4]))], feats, steps)
     assert set(report) == {"general", "webshop"} and set(report["webshop"]) == {"select_first", "site_search"}
     assert report["webshop"]["select_first"]["steps"] == 1.5  # 2 rows for seed A, 1 for seed B
     expected = ((q[0] + q[2]) / 2 + q[0]) / 2
@@ -150,7 +152,7 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
 
     critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
     first = weights()
-    assert {f"seed{s}/digiq/config.json" for s in (0, 1)} <= set(first)
+    assert {f"seed{s}/digiq/general/config.json" for s in (0, 1)} <= set(first)  # one critic per task set
     real_fit = critic_module.fit_critic_job
 
     def dies_at_seed_1(job):
@@ -173,3 +175,31 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
 def test_only_output_folders_can_be_redirected():
     with pytest.raises(ValueError, match="'offline' is not one of"):
         Paths().writing("offline", Path("/tmp/x"))
+
+
+def test_each_row_is_scored_by_its_own_task_set_s_critic():
+    torch.manual_seed(0)
+    critics = {ts: Critic(CriticNetConfig(feature_dim=2, hidden=8)) for ts in ("general", "webshop")}
+    state = np.random.default_rng(0).normal(size=(5, 2)).astype(np.float32)
+    task_sets = np.array(["webshop", "general", "webshop", "general", "general"])
+
+    def v(critic: Critic, rows: np.ndarray) -> np.ndarray:
+        return critic.joined(critic.v(torch.from_numpy(state[rows]))).detach().numpy()
+
+    scored = per_task_set(task_sets, critics, v)
+    for i, ts in enumerate(task_sets):
+        assert scored[i] == pytest.approx(float(v(critics[ts], np.array([i]))[0]), abs=1e-6)
+    with pytest.raises(ValueError, match=r"no critic for task set\(s\) \['webshop'\]"):
+        per_task_set(task_sets, {"general": critics["general"]}, v)
+
+
+def test_each_task_set_holds_out_its_own_share_of_trajectories():
+    traj = np.repeat(np.arange(20), 3)  # 20 trajectories of 3 steps, the first 10 General
+    task_sets = np.where(traj < 10, "general", "webshop")
+    held = heldout_rows(traj, 0.2, seed=4, task_sets=task_sets)
+    for ts in ("general", "webshop"):
+        mine = task_sets == ts
+        assert len(np.unique(traj[held & mine])) == 2  # a fifth of each task set's 10
+        np.testing.assert_array_equal(held[mine], heldout_rows(traj[mine], 0.2, seed=4))  # as its critic drew them
+    assert data_task_sets(["webshop", "general", "webshop"]) == ["general", "webshop"]
+    assert data_task_sets(["webshop"]) == ["webshop"]

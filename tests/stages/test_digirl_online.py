@@ -28,10 +28,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "online_run.py"
 
 
 def tiny_job(paths: Paths, row: str, rounds: int) -> OnlineJob:
-    """``row`` for seed 0 at tiny size: 4 episodes a round, a few updates of everything."""
+    """``row`` for seed 0 on General at tiny size: 4 episodes a round, a few updates of everything."""
     cfg = DigiRLConfig(online=[row], rounds=rounds, episodes_per_round=4, env_steps=None, n_envs=4, value_updates=5,
                        value_batch=16, actor_updates=2)  # fmt: skip
-    return OnlineJob(paths, row, 0, cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), DeviceConfig(),
+    return OnlineJob(paths, row, 0, "general", cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), DeviceConfig(),
                      JudgeConfig())  # fmt: skip
 
 
@@ -47,20 +47,25 @@ def online_root(tmp_path_factory) -> Paths:
     policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32),
                           train_tokenizer(default_corpus(n_tasks=50), vocab_size=400))  # fmt: skip
     policy.save(paths.base_policy)
-    policy.save(paths.actor("digirl_offline", 0))
+    for ts in TASK_SETS:
+        policy.save(paths.actor("digirl_offline", 0, ts))
     tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 4, seed=5)]
     rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
     return paths
 
 
-def test_a_round_draws_half_its_episodes_from_each_task_set_the_same_for_every_row():
+def test_a_round_draws_its_task_set_s_episodes_the_same_for_every_row():
     train = {ts: [parse_task(t, ts) for t in generate_tasks(ts, "train", 10, seed=3)] for ts in TASK_SETS}
     cfg = DigiRLConfig(episodes_per_round=7)
-    drawn = round_tasks(cfg, train, seed=0, round_=0)
-    assert [t.task_set for t in drawn] == ["general"] * 4 + ["webshop"] * 3
+    drawn = round_tasks(cfg, train["general"], seed=0, task_set="general", round_=0)
+    assert [t.task_set for t in drawn] == ["general"] * 7
     assert len({t.instruction for t in drawn}) == 7  # without replacement within a round
-    assert drawn == round_tasks(cfg, train, 0, 0)  # a function of the seed and round alone, not of the row
-    assert drawn != round_tasks(cfg, train, 0, 1) and drawn != round_tasks(cfg, train, 1, 0)
+    # a function of the seed, task set and round alone, not of the row
+    assert drawn == round_tasks(cfg, train["general"], 0, "general", 0)
+    assert drawn != round_tasks(cfg, train["general"], 0, "general", 1)
+    assert drawn != round_tasks(cfg, train["general"], 1, "general", 0)
+    assert [t.task_set for t in round_tasks(cfg, train["webshop"], 0, "webshop", 0)] == ["webshop"] * 7
+    assert len(round_tasks(DigiRLConfig(episodes_per_round=20), train["general"], 0, "general", 0)) == 10  # the list
 
 
 def _copy(paths: Paths, to: Path) -> Paths:
@@ -80,7 +85,7 @@ def test_an_online_run_killed_after_a_round_resumes_there_and_ends_as_an_unbroke
     assert len(whole["rounds"]) == 3 and all(r["kept_steps"] > 0 for r in whole["rounds"])
 
     broken = _copy(online_root, tmp_path / "broken")
-    run = broken.online_run(row, 0)
+    run = broken.online_run(row, 0, "general")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(broken.root), row, "3"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
@@ -98,7 +103,7 @@ def test_an_online_run_killed_after_a_round_resumes_there_and_ends_as_an_unbroke
     resumed = run_online_job(tiny_job(broken, row, 3))
     assert _records(resumed) == _records(whole)  # the same episodes, values, kept steps and successes
     assert TrajectoryStore(run / "round000").read().equals(first_round)  # what was collected is kept, not redone
-    a, b = AutoUIPolicy.load(broken.online_policy(row, 0)), AutoUIPolicy.load(unbroken.online_policy(row, 0))
+    a, b = (AutoUIPolicy.load(p.online_policy(row, 0, "general")) for p in (broken, unbroken))
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         # equal up to the order of float sums, which the killed process's thread count may change
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-5), name
@@ -113,17 +118,23 @@ def test_the_stage_runs_every_row_within_its_step_budget_and_counts_their_steps(
     offline = TrajectoryStore(paths.offline).read().num_rows
     assert set(out["rows"]) == set(cfg.online) and out["offline_env_steps"] == offline
     for row, entry in out["rows"].items():
-        (rounds,) = entry["per_seed"]
-        steps = [r["env_steps"] for r in rounds]
-        assert sum(steps[:-1]) < 30 <= sum(steps) or len(rounds) == 5  # no round starts past the budget
-        assert entry["online_env_steps"] == sum(steps)
-        assert entry["env_steps"] == sum(steps) + (offline if row == "digirl_off2on" else 0)
-        stored = sum(TrajectoryStore(paths.online_run(row, 0) / f"round{r:03d}").read().num_rows
-                     for r in range(len(rounds)))  # fmt: skip
-        assert stored == sum(steps)
-        AutoUIPolicy.load(paths.online_policy(row, 0))
-    fbc = out["rows"]["filtered_bc_online"]["per_seed"][0]
-    assert all(r["kept_steps"] == 0 for r in fbc)  # an untrained base never succeeds: Filtered BC keeps nothing
+        assert list(entry["by_task_set"]) == list(TASK_SETS)  # one run per task set
+        total = 0
+        for ts, part in entry["by_task_set"].items():
+            (rounds,) = part["per_seed"]
+            steps = [r["env_steps"] for r in rounds]
+            assert sum(steps[:-1]) < 30 <= sum(steps) or len(rounds) == 5  # no round starts past the budget
+            stored = [
+                TrajectoryStore(paths.online_run(row, 0, ts) / f"round{r:03d}").read() for r in range(len(rounds))
+            ]
+            assert sum(t.num_rows for t in stored) == sum(steps)
+            assert {x for t in stored for x in t.column("task_set").to_pylist()} == {ts}  # its own task set's tasks
+            AutoUIPolicy.load(paths.online_policy(row, 0, ts))
+            total += sum(steps)
+        assert entry["online_env_steps"] == total
+        assert entry["env_steps"] == total + (offline if row == "digirl_off2on" else 0)
+    for part in out["rows"]["filtered_bc_online"]["by_task_set"].values():
+        assert all(r["kept_steps"] == 0 for r in part["per_seed"][0])  # an untrained base never succeeds
     assert (paths.plots / "digirl_online.png").stat().st_size > 0
     assert json.loads((paths.metrics / "digirl_online.json").read_text())["rows"].keys() == out["rows"].keys()
     assert np.isfinite(out["wall_time_s"])
@@ -135,7 +146,7 @@ def test_an_online_round_runs_on_phones_over_adb_through_the_env_factory(online_
         devices=DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=4)  # an in-process adb server of 4 phones
     )
     (record,) = run_online_job(job)["rounds"]
-    stored = TrajectoryStore(paths.online_run("digirl_online", 0) / "round000").read()
+    stored = TrajectoryStore(paths.online_run("digirl_online", 0, "general") / "round000").read()
     assert record["episodes"] == 4 and record["env_steps"] == stored.num_rows > 0
 
 
@@ -148,9 +159,10 @@ def test_a_run_cut_in_two_ends_as_the_unbroken_run(online_root, tmp_path):
     assert len(run_online_job(tiny_job(cut, row, 2)._replace(until=1))["rounds"]) == 1
     resumed = run_online_job(tiny_job(cut, row, 2))
     assert _records(resumed) == _records(whole) and all(r["kept_steps"] > 0 for r in whole["rounds"])
-    a, b = AutoUIPolicy.load(cut.online_policy(row, 0)), AutoUIPolicy.load(unbroken.online_policy(row, 0))
+    a, b = (AutoUIPolicy.load(p.online_policy(row, 0, "general")) for p in (cut, unbroken))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
-    values = [torch.load(p.online_run(row, 0) / "latest" / "values.pt", weights_only=True) for p in (cut, unbroken)]
+    values = [torch.load(p.online_run(row, 0, "general") / "latest" / "values.pt", weights_only=True)
+              for p in (cut, unbroken)]  # fmt: skip
     for part in ("instruction", "step"):
         assert all(torch.equal(values[0][part][k], values[1][part][k]) for k in values[0][part])
 
@@ -170,9 +182,10 @@ def test_on_two_workers_the_run_left_over_is_shared_and_returns_its_whole_record
     cfg = DigiRLConfig(rounds=2, episodes_per_round=4, env_steps=None, n_envs=4, value_updates=3, value_batch=8,
                        actor_updates=1)  # fmt: skip
     out = run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1, workers=2)
-    assert list(out["rows"]) == cfg.online  # three runs: the last one cut in two
+    assert list(out["rows"]) == cfg.online  # six runs (three rows, two task sets)
     for row, entry in out["rows"].items():
-        (rounds,) = entry["per_seed"]
-        assert [r["round"] for r in rounds] == [0, 1], row
-        state = json.loads((paths.online_run(row, 0) / "latest" / "state.json").read_text())
-        assert _records(state) == _records({"rounds": rounds})
+        for ts, part in entry["by_task_set"].items():
+            (rounds,) = part["per_seed"]
+            assert [r["round"] for r in rounds] == [0, 1], row
+            state = json.loads((paths.online_run(row, 0, ts) / "latest" / "state.json").read_text())
+            assert _records(state) == _records({"rounds": rounds})

@@ -20,13 +20,14 @@ pytestmark = pytest.mark.slow  # every notebook under papermill
 TINY = {
     # 8 demonstrated + 8 collected per task set = the 16 train tasks below
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
-    "collect": {"tasks_per_set": 8, "n_envs": 8},
+    "collect": {"tasks_per_set": 8, "episodes_general": None, "episodes_webshop": None, "n_envs": 8},
     "augment": {"n_candidates": 4, "max_resample": 1},
     "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
     "vlm_finetune": {"epochs": 1},
     "critic": {"steps": 4, "hidden": 64},
     "actor": {
         "updates": 3,
+        "batch_size": 8,
         "k_candidates": 4,
         "threshold_general": -1.0,
         "threshold_webshop": -1.0,

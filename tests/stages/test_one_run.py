@@ -94,7 +94,7 @@ def test_a_second_run_refuses_while_the_first_lives_and_runs_whole_once_it_was_k
         first.kill()  # SIGKILL: no handler runs, only the kernel releases what the run held
         first.wait()
     critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
-    assert (paths.critic(0, "digiq") / "config.json").is_file()
+    assert (paths.critic(0, "digiq", "general") / "config.json").is_file()
     assert [p.name for p in paths.critics.parent.iterdir() if p.name.startswith(".")] == []
 
 
