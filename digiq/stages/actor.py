@@ -175,14 +175,14 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         kept: dict[str, list[int]] = {r.name: [] for r in offline}
-        kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row (several for AWR's)
+        kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row
         not_taken: dict[str, list[float]] = {}
         by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
         weighting: dict[str, list[dict[str, float]]] = {}  # the extraction ablation's weights, per seed
         every: dict[tuple[str, int], Picks] = {}
         kinds = {r.name: r.kind for r in offline}
         passes: dict[str, dict[str, list[float]]] = {}  # each fit's expected passes over its rows, per task set
-        fits: list[ActorFitJob] = []  # every (method, seed) fit, run once all seeds' rows are picked
+        fits: list[ActorFitJob] = []  # every (method, seed, task set) fit, run once all seeds' rows are picked
         for s in range(seeds):
             seed = cfg.seed + s
             plans: dict[str, Picks] = {}

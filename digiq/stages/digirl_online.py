@@ -154,9 +154,9 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     base = AutoUIPolicy.load(paths.base_policy)  # frozen: the value functions' features
     done = _resume(run)
     start = start_checkpoint(paths, job.row, job.seed, job.task_set)
-    state: dict[str, Any] = (
-        json.loads((done / "state.json").read_text()) if done else {"rounds": [], "start": str(start)}
-    )
+    # The start inside the repository by its relative path, so that the record is the same bytes in any clone.
+    where = start.relative_to(paths.root).as_posix() if start.is_relative_to(paths.root) else str(start)
+    state: dict[str, Any] = json.loads((done / "state.json").read_text()) if done else {"rounds": [], "start": where}
     policy = AutoUIPolicy.load(done / "policy" if done else start)
     values = DigiRLValues(base.cfg.d_model, seed=seed)
     if done:
