@@ -141,7 +141,8 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
     task_sets = steps.task_set.to_numpy()
     critics = load_critics(paths, seed, row, data_task_sets(task_sets))  # each task set's own
     first = next(iter(critics.values()))
-    vlm = str(read_meta(paths.critic(seed, row, next(iter(critics)))).get("vlm", "finetuned"))  # whose features
+    meta = read_meta(paths.critic(seed, row, next(iter(critics))))  # every task set's critic reads the same inputs
+    vlm = str(meta.get("vlm", "finetuned"))  # whose features
     feats = inputs_for(paths, vlm, first.cfg)
     state, candidates = np.asarray(feats["state"]), np.asarray(feats["candidates"])
 
@@ -170,7 +171,7 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
         "chosen": (np.arange(N)[None, :] == chosen[:, None]).ravel(),
         "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
     })  # fmt: skip
-    gamma = float(read_meta(paths.critic(seed, row))["gamma"])  # the discount the critic was trained with
+    gamma = float(meta["gamma"])  # the discount the critic was trained with
     return ValueData(steps, table, store, load_section(EnvConfig, "env", params), actor,
                      load_section(DiagnosticsConfig, "diagnostics", params),
                      load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip
