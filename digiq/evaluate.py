@@ -50,7 +50,7 @@ from digiq.workers import map_jobs, process_cached
 
 __all__ = [
     "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
-    "outcome_strings", "outcome_array", "read_task_file", "main",
+    "outcome_strings", "outcome_array", "read_task_file", "policy_for", "main",
 ]  # fmt: skip
 
 
@@ -242,6 +242,17 @@ def _table(runs: Mapping[str, Sequence[Sequence[EpisodeResult]]]) -> str:
     return "\n".join(lines)
 
 
+def _held_task_sets(folder: Path) -> list[str]:
+    """The task sets ``folder`` holds a checkpoint for, if it is a folder of one per task set (else none)."""
+    return [ts for ts in TASK_SETS if (folder / ts / "config.json").is_file()]
+
+
+def policy_for(folder: Path, task_set: str) -> Path:
+    """The checkpoint that plays ``task_set``'s tasks: ``folder`` itself, or its ``task_set`` folder where it holds
+    one per task set (stage 07 trains one policy per task set)."""
+    return folder / task_set if _held_task_sets(folder) else folder
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate a policy checkpoint on a file of instructions; print a table, optionally write JSON.
 
@@ -249,7 +260,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
     the stage's checkpoints on the stage's task lists give the stage's figures.
     One ``--policy`` folder runs on every seed; several (one per seed, as
-    stage 07 trains them) run seed ``s`` with the ``s``-th folder. On the
+    stage 07 trains them) run seed ``s`` with the ``s``-th folder. A folder
+    is a checkpoint, or holds one per task set (``general/``, ``webshop/``,
+    as stage 07 writes a row's policies of one seed): each task set's tasks
+    are then played by its own. On the
     simulator the seeds are shared among ``--workers`` processes (default:
     the params' ``compute.workers``), as stage 10 shares its evaluations.
     Bad input (a missing checkpoint or task file, a file with no parseable
@@ -261,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 10 does.",
     )
     ap.add_argument("--policy", required=True, type=Path, nargs="+",
-                    help="policy checkpoint folder (config.json + weights); several: one per seed, in seed order")  # fmt: skip
+                    help="policy checkpoint folder (config.json + weights), or a folder of one per task set (a stage-07 "
+                         "row's seed folder); several: one per seed, in seed order")  # fmt: skip
     ap.add_argument("--tasks", required=True, type=Path, help="text file, one instruction per line")
     ap.add_argument("--task-set", choices=TASK_SETS, default=None,
                     help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
@@ -279,7 +294,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if not folder.is_dir():
             ap.error(f"--policy {folder}: no such checkpoint folder")
     try:
-        configs = [read_typed_config(folder, "policy", PolicyConfig) for folder in args.policy]
+        # A folder of one checkpoint per task set: they descend from one base, whose prompts they share.
+        configs = [read_typed_config(folder / held[0] if (held := _held_task_sets(folder)) else folder, "policy",
+                                     PolicyConfig) for folder in args.policy]  # fmt: skip
         params = load_params(args.params)
         cfg = load_section(EvalConfig, "eval", params, args.params)
         env = load_section(EnvConfig, "env", params, args.params)
@@ -312,12 +329,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not tasks:
         ap.error(f"--tasks {args.tasks}: none of its {len(unparsed)} instruction(s) parses")
 
+    for folder in args.policy:
+        missing = sorted(set(tasks) - set(_held_task_sets(folder))) if _held_task_sets(folder) else []
+        if missing:
+            ap.error(f"--policy {folder}: no checkpoint for task set(s) {missing}")
     jobs = []
-    for s in range(seeds):
+    for s in range(seeds):  # one job per task set, as stage 10 runs them
         folder, config = args.policy[s % len(args.policy)], configs[s % len(args.policy)]
-        jobs.append(EvalJob(folder, folder.name, s, tasks, cfg, env, config.screen_text))
+        jobs += [EvalJob(policy_for(folder, ts), folder.name, s, {ts: listed}, cfg, env, config.screen_text)
+                 for ts, listed in tasks.items()]  # fmt: skip
     results = run_jobs(jobs, devices, judge, workers)
-    runs = {ts: [r[ts] for r in results] for ts in tasks}
+    runs = {ts: [r[ts] for job, r in zip(jobs, results, strict=True) if ts in job.tasks] for ts in tasks}
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
     report.update({
         "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},

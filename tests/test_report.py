@@ -155,8 +155,9 @@ def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):
 
 def test_env_steps_table_gives_the_mean_rounds_one_decimal():
     rounds = [[{}] * 10, [{}] * 11, [{}] * 11]  # three seeds' rounds: 10.666... on average
+    by_set = {"general": {"per_seed": rounds}, "webshop": {"per_seed": rounds}}  # one run per task set
     online = {"offline_env_steps": 5000,
-              "rows": {"filtered_bc_online": {"per_seed": rounds, "env_steps": 8440, "online_env_steps": 8440,
+              "rows": {"filtered_bc_online": {"by_task_set": by_set, "env_steps": 8440, "online_env_steps": 8440,
                                               "wall_time_s": 212.4}}}  # fmt: skip
     table = env_steps_table(online, ["base", "digiq"])
     assert "| digiq | 5,000 | 0 | - | - |" in table and "| filtered_bc_online | 8,440 | 8,440 | 10.7 | 212 |" in table

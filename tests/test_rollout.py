@@ -103,8 +103,9 @@ def test_corrupt_or_missing_data_is_named(tmp_path):
         store.read()
 
 
-def test_eval_train_tasks_are_those_of_the_data_s_first_trajectories(tmp_path):
-    """The paper's train columns: per task set, the tasks of the first N trajectories, unparseable ones passed over."""
+def test_eval_train_tasks_are_the_data_s_first_distinct_tasks(tmp_path):
+    """The paper's train columns: per task set, the first N distinct tasks of the trajectories (a task the data drew
+    twice is one), unparseable ones passed over."""
     paths = Paths(tmp_path)
     texts = [t.instruction for t in TASKS[:4]]
     rows = [("general", texts[3]), ("general", "Teach my cat to juggle"), ("general", texts[0]), ("general", texts[3]),
@@ -115,8 +116,8 @@ def test_eval_train_tasks_are_those_of_the_data_s_first_trajectories(tmp_path):
     TrajectoryStore(paths.offline).write_part(steps)
     held_in = train_tasks(paths, 3)
     assert list(held_in) == ["general"]  # no Web Shopping trajectory: no list, not an empty one
-    assert [t.instruction for t in held_in["general"]] == [texts[3], texts[0], texts[3]]  # traj_id order, repeats kept
-    assert len(train_tasks(paths, 10)["general"]) == 4  # fewer trajectories than asked: all of them
+    assert [t.instruction for t in held_in["general"]] == [texts[3], texts[0], texts[1]]  # traj_id order, once each
+    assert len(train_tasks(paths, 10)["general"]) == 3  # fewer distinct tasks than asked: all of them
 
 
 def test_an_exception_still_writes_the_finished_episodes(tmp_path):

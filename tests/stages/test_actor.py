@@ -160,7 +160,7 @@ def test_the_actor_stage_fits_awr_and_reinforce_on_digiq_s_critic_and_candidates
         best, best_adv = best_of_n(adv)
         assert awr.state.tolist() == list(range(len(best))) and awr.column.tolist() == best.tolist()
         a = np.clip(best_adv, 0, 1)
-        np.testing.assert_allclose(awr.weight.to_numpy(), np.exp((a - a.max()) / cfg.awr_beta), rtol=1e-6)
+        np.testing.assert_allclose(awr.weight.to_numpy(), np.exp((a - a.max()) / cfg.awr_beta), rtol=1e-4)
         if "digiq_reinforce" in by:
             reinforce = by["digiq_reinforce"]
             assert reinforce.state.tolist() == np.flatnonzero(a > 0).tolist()
