@@ -58,7 +58,7 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, data_task_sets
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
 from digiq.evaluate import EvalJob, outcome_array, outcome_strings, run_jobs, seed_metrics, summarize
@@ -140,10 +140,13 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     baselines = [*main, *online]  # the paper's rows and DigiRL's online ones
     table_rows = ["base", *baselines, *variants]  # the rows of eval.json; the ablations go to ablations.json
     policies = [*table_rows, *ablations]
+    # The task sets stage 07 trained policies for: those the offline data hold (imported data may hold one).
+    require("eval", paths.offline)
+    task_sets = data_task_sets(TrajectoryStore(paths.offline).read().column("task_set").to_pylist())
     for s in range(seeds):
         for p in policies:
-            require("eval", *(_checkpoint(paths, p, s, ts) / "config.json" for ts in TASK_SETS))
-    tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in TASK_SETS}
+            require("eval", *(_checkpoint(paths, p, s, ts) / "config.json" for ts in task_sets))
+    tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in task_sets}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
     train_rows = ["base", *baselines] if held_in else []
     timing: dict[str, Any] = {}
@@ -169,13 +172,13 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     done: dict[tuple[str, int], dict[str, list[EpisodeResult]]] = {}
     for j, result in zip(jobs, results, strict=True):
         done.setdefault((j.name, j.seed), {}).update(result)
-    runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in TASK_SETS} for p in policies}
+    runs = {p: {ts: [done[(p, s)][ts] for s in range(seeds)] for ts in task_sets} for p in policies}
     if on_sim:
         skills = {"policy": "base", "seed": 0,
-                  "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in TASK_SETS}}  # fmt: skip
+                  "none": {ts: seed_metrics(runs["base"][ts][0][:PROTOCOL_TASKS]) for ts in task_sets}}  # fmt: skip
         for skill in cfg.expert_skills:
             skills[skill] = {ts: seed_metrics(r) for ts, r in done[(f"base + expert {skill}", 0)].items()}
-    summary = {p: {ts: summarize(runs[p][ts]) for ts in TASK_SETS} for p in policies}
+    summary = {p: {ts: summarize(runs[p][ts]) for ts in task_sets} for p in policies}
     write_metrics(paths, "eval", {p: summary[p] for p in table_rows})
     write_metrics(paths, "ablations", {p: summary[p] for p in ["digiq", *ablations] if p in summary})
     write_metrics(

@@ -173,7 +173,9 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     assert not (metrics / "collect.json").exists() and not (metrics / "embed.json").exists()  # skipped
     critic = json.loads((metrics / "critic.json").read_text())
     assert critic["wall_time_s"] >= 0
-    net = json.loads((repo / "data" / "models" / "critic" / "seed0" / "digiq" / "config.json").read_text())
+    critics = repo / "data" / "models" / "critic" / "seed0" / "digiq"
+    assert [p.name for p in critics.iterdir()] == ["general"]  # one critic per task set the imported data hold
+    net = json.loads((critics / "general" / "config.json").read_text())
     # The released shapes, then the text features the base policy's encoder adds (goal and previous action to
     # the state, type and typed text to each candidate), and the typed text's two match numbers (typed_match).
     d = json.loads((repo / "data" / "models" / "base_policy" / "config.json").read_text())["policy"]["d_model"]
@@ -183,6 +185,7 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     assert actor["states"] == 9
     report = json.loads((metrics / "eval.json").read_text())
     assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_cql"}
+    assert all(set(by_set) == {"general"} for by_set in report.values())  # the task sets the policies were fit on
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert {"critic_inputs", "critic", "actor", "eval", "base_policy"} <= set(lock)
     assert not {"collect", "embed"} & set(lock)
