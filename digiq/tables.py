@@ -21,6 +21,7 @@ __all__ = [
     "pct",
     "rate",
     "success_table",
+    "evaluated_sets",
     "family_table",
     "comparison_table",
     "Claim",
@@ -56,10 +57,10 @@ def success_table(results: dict[str, Any], train: dict[str, Any] | None = None) 
     """
     train = {p: sets for p, sets in (train or {}).items() if isinstance(sets, dict)}
     some = next(iter(results.values()))
-    seeds = len(some["general"]["per_seed"])
+    seeds = len(next(iter(some.values()))["per_seed"])
     columns: list[tuple[str, str, dict[str, Any], bool]] = []  # (head, task set, results, the first tasks only)
     sizes = []
-    for ts in TASK_SETS:
+    for ts in evaluated_sets(results):
         n, first = some[ts]["n_episodes"], some[ts].get("first96", {}).get("n_episodes")
         sizes.append(f"{n} {TASK_SET_NAMES[ts]}")
         if any(ts in train.get(p, {}) for p in results):
@@ -84,10 +85,16 @@ def success_table(results: dict[str, Any], train: dict[str, Any] | None = None) 
     return out + ["", note + "."]
 
 
+def evaluated_sets(results: dict[str, Any]) -> list[str]:
+    """The task sets stage 10 evaluated (``eval.json``'s policies all hold the same ones: those the data hold)."""
+    some = next(iter(results.values()))
+    return [ts for ts in TASK_SETS if ts in some]
+
+
 def family_table(results: dict[str, Any]) -> list[str]:
     policies = list(results)
     out = ["| task set | family | " + " | ".join(policies) + " |", "|---" * (len(policies) + 2) + "|"]
-    for ts in TASK_SETS:
+    for ts in evaluated_sets(results):
         for f in sorted({f for p in policies for f in results[p][ts]["by_family"]}):
             vals = [pct(results[p][ts]["by_family"][f]) if f in results[p][ts]["by_family"] else "-" for p in policies]
             out.append(f"| {ts} | {f} | " + " | ".join(vals) + " |")
@@ -306,9 +313,11 @@ def skills_table(skills: dict[str, Any]) -> list[str]:
     """The base policy alone and with each skill lent by the expert, per task set (stage 10, first seed)."""
     if "off" in skills:
         return [f"Expert-skill diagnostic off: {skills['off']}."]
-    out = ["| base policy | General test | Web Shopping test |", "|---|---|---|"]
+    sets = [ts for ts in TASK_SETS if ts in skills["none"]]
+    out = ["| base policy | " + " | ".join(f"{TASK_SET_NAMES[ts]} test" for ts in sets) + " |", "|---" * (len(sets) + 1)
+           + "|"]  # fmt: skip
     for skill, res in sorted(skills.items(), key=lambda kv: kv[0] != "none"):  # the base alone first
         if isinstance(res, dict):
             name = "alone" if skill == "none" else f"+ the expert's {skill}"
-            out.append(f"| {name} | {pct(res['general']['success_rate'])} | {pct(res['webshop']['success_rate'])} |")
+            out.append(f"| {name} | " + " | ".join(pct(res[ts]["success_rate"]) for ts in sets) + " |")
     return out

@@ -58,7 +58,7 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.data.trajectories import TrajectoryStore, data_task_sets
+from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
 from digiq.evaluate import EvalJob, outcome_array, outcome_strings, run_jobs, seed_metrics, summarize
@@ -85,6 +85,23 @@ def _checkpoint(paths: Paths, policy: str, seed: int, task_set: str) -> Path:
     if policy in ONLINE_ROWS:
         return paths.online_policy(policy, seed, task_set)
     return paths.actor(policy, seed, task_set)
+
+
+def _trained_task_sets(paths: Paths, policies: Sequence[str], seeds: int) -> list[str]:
+    """The task sets every policy has a checkpoint for, on every seed: both, or the one imported data hold.
+
+    A task set some trained policies hold and others lack is an unfinished
+    upstream stage, named as such.
+    """
+    trained = [p for p in policies if p != "base"]  # the base plays every task set
+    files = {ts: [_checkpoint(paths, p, s, ts) / "config.json" for p in trained for s in range(seeds)]
+             for ts in TASK_SETS}  # fmt: skip
+    held = [ts for ts in TASK_SETS if all(f.exists() for f in files[ts])]
+    require("eval", paths.base_policy / "config.json")
+    for ts in TASK_SETS:
+        if ts not in held and (any(f.exists() for f in files[ts]) or not held):
+            require("eval", *files[ts])
+    return held
 
 
 def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
@@ -140,12 +157,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     baselines = [*main, *online]  # the paper's rows and DigiRL's online ones
     table_rows = ["base", *baselines, *variants]  # the rows of eval.json; the ablations go to ablations.json
     policies = [*table_rows, *ablations]
-    # The task sets stage 07 trained policies for: those the offline data hold (imported data may hold one).
-    require("eval", paths.offline)
-    task_sets = data_task_sets(TrajectoryStore(paths.offline).read().column("task_set").to_pylist())
-    for s in range(seeds):
-        for p in policies:
-            require("eval", *(_checkpoint(paths, p, s, ts) / "config.json" for ts in task_sets))
+    task_sets = _trained_task_sets(paths, policies, seeds)
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in task_sets}
     held_in = train_tasks(paths, cfg.train_tasks) if cfg.train_tasks else {}
     train_rows = ["base", *baselines] if held_in else []

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from digiq.env.tasks import TASK_SETS
 from digiq.io import atomic_path
+from digiq.tables import TASK_SET_NAMES, evaluated_sets
 
 __all__ = ["save_results_chart"]
 
@@ -21,14 +21,15 @@ def save_results_chart(results: dict[str, Any], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     policies = list(results)
-    x = np.arange(len(TASK_SETS))
+    sets = evaluated_sets(results)
+    x = np.arange(len(sets))
     width = 0.8 / len(policies)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, p in enumerate(policies):
-        means = [100 * results[p][ts]["success_rate"] for ts in TASK_SETS]
-        stds = [100 * (results[p][ts].get("success_rate_std") or 0.0) for ts in TASK_SETS]  # null: one seed
+        means = [100 * results[p][ts]["success_rate"] for ts in sets]
+        stds = [100 * (results[p][ts].get("success_rate_std") or 0.0) for ts in sets]  # null: one seed
         ax.bar(x + (i - (len(policies) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=p)
-    ax.set_xticks(x, ["General test", "Web Shopping test"])
+    ax.set_xticks(x, [f"{TASK_SET_NAMES[ts]} test" for ts in sets])
     ax.set_ylabel("success rate (%)")
     ax.set_ylim(0, 100)
     ax.set_title(title)
