@@ -1,0 +1,52 @@
+"""The critic study: named settings fit on the same data, judged on the same strata."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from digiq.config import CollectConfig, CriticConfig, EnvConfig, load_params, load_section
+from digiq.diagnostics.critic_study import SETTINGS, main, strata, study
+from digiq.paths import Paths
+
+
+def test_strata_split_the_held_out_states_by_outcome_and_by_the_taken_action():
+    steps = pd.DataFrame({"trajectory_reward": [1.0, 1.0, 0.0, 0.0, 0.0]})
+    right = np.array([[True, False], [False, True], [True, True], [False, False], [True, False]])
+    held = np.array([True, True, True, False, False])
+    masks = strata(steps, right, held)
+    assert masks["train"].tolist() == [False, False, False, True, True]
+    assert masks["heldout, episode succeeded"].tolist() == [True, True, False, False, False]
+    assert masks["heldout, episode failed"].tolist() == [False, False, True, False, False]
+    assert masks["heldout, taken action the expert's"].tolist() == [True, False, True, False, False]
+    assert masks["heldout, taken action not the expert's"].tolist() == [False, True, False, False, False]
+
+
+def test_every_setting_is_judged_on_the_same_states_against_the_same_levels(values_root, tmp_path):
+    paths = Paths(values_root)
+    params = load_params(values_root / "params.yaml")
+    base = CriticConfig(steps=5, hidden=16, batch_size=8)
+    env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
+    out = study(paths, base, {"released": {}, "twin_min": {"twin_heads": "min"}}, 2, env, collect.seed)
+    states = out["states"]
+    assert states["heldout"] + states["train"] == states["heldout, episode succeeded"] + states[
+        "heldout, episode failed"] + states["train"] > 0  # fmt: skip
+    a, b = (out["settings"][n]["strata"] for n in ("released", "twin_min"))
+    assert out["settings"]["twin_min"]["changes"] == {"twin_heads": "min"}
+    for stratum, entry in a.items():
+        for key, rates in entry.items():
+            if key.startswith("hit_rate"):
+                assert (
+                    rates["uninformed"] == b[stratum][key]["uninformed"]
+                )  # the level is the states', not the critic's
+                assert len(rates["critic_per_seed"]) == 2 and 0.0 <= rates["critic"] <= 1.0
+    assert out["settings"]["released"]["passes"]["general"] == pytest.approx(
+        5 * 8 / states["train"], abs=0.01)  # fmt: skip
+
+
+def test_the_command_line_writes_the_study(values_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(SETTINGS, "released", {"steps": 3, "hidden": 16, "batch_size": 8})
+    out = tmp_path / "study.json"
+    result = main(["--root", str(values_root), "--out", str(out), "--settings", "released", "--seeds", "1"])
+    assert json.loads(out.read_text()) == result and "released" in capsys.readouterr().out
