@@ -86,6 +86,7 @@ __all__ = [
     "ActorFitJob",
     "fit_actor_job",
     "offline_step_features",
+    "advantages",
 ]
 
 # With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
@@ -189,7 +190,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
             for row in best_of_n:
                 k = cfg.k_candidates if row.candidates is None else row.candidates
                 critics = load_critics(paths, s, row.critic, task_sets)
-                adv = _advantages(critics, feats[row.critic], valid, of_set, k, np.random.default_rng(seed))
+                adv = advantages(critics, feats[row.critic], valid, of_set, k, np.random.default_rng(seed))
                 plans[row.name], stats = best_of_n_picks(cfg, adv, steps)
                 not_taken.setdefault(row.name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(row.name, []).append({k: round(v, 4) for k, v in stats.items()})
@@ -257,7 +258,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
     return metrics
 
 
-def _advantages(critics: dict[str, Critic], data: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,
+def advantages(critics: dict[str, Critic], data: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,
                 k: int, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
     """(S, N): :func:`drawn_advantages` of every stored state, each scored by its own task set's critic."""
     state, candidates = np.asarray(data["state"]), np.asarray(data["candidates"])
