@@ -565,7 +565,7 @@ class VLMFinetuneConfig:
     holdout: float = _knob(0.2, help="fraction of trajectories held out for accuracy", at_least=0, below=1)
     recipe: str = _knob(
         "tiny",
-        help="how a pair is shown, asked and represented: tiny (red marker, answer slot + pooled states) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
+        help="how a pair is shown, asked and represented: tiny (red marker, a touch's point in the question, answer slot + pooled states) | tiny_no_point (the same without the point) | original (Digi-Q's click icon, padded 1/4-size screen, prompts, BOS, answer-token state)",
     )
     epochs: float = _knob(
         3,
@@ -612,9 +612,9 @@ class VLMFinetuneConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.recipe not in ("tiny", "original") or self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"vlm_finetune: recipe must be tiny or original and schedule constant or cosine; "
-                             f"got {self.recipe!r}, {self.schedule!r}")  # fmt: skip
+        if self.recipe not in ("tiny", "tiny_no_point", "original") or self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"vlm_finetune: recipe must be tiny, tiny_no_point or original and schedule constant "
+                             f"or cosine; got {self.recipe!r}, {self.schedule!r}")  # fmt: skip
         if self.shard and self.lora_rank:
             raise ValueError("vlm_finetune: shard and lora_rank exclude each other: shard a full or last-layers "
                              "fine-tune over several GPUs, or train LoRA adapters on one")  # fmt: skip

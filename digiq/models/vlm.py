@@ -33,7 +33,7 @@ from transformers import (
 
 from digiq.io import atomic_path
 from digiq.models.checkpoint import load_weights, read_tokenizer, read_typed_config, save_checkpoint
-from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, Recipe, recipe
+from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, TINY_RECIPES, Recipe, TinyRecipe, recipe
 
 __all__ = [
     "VLMConfig",
@@ -62,7 +62,7 @@ class VLMConfig:
     prompt_template: str = "{}"
     # The llava-hf folder the weights started from ("" = the tiny VLM built from this config).
     source: str = ""
-    # How pairs are shown, asked and represented (digiq.models.vlm_recipes): tiny | original.
+    # How pairs are shown, asked and represented (digiq.models.vlm_recipes): tiny | tiny_no_point | original.
     recipe: str = "tiny"
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class VLMConfig:
     @property
     def representation_size(self) -> int:
         """The tiny recipe's answer slot and pooled states side by side; the original's answer token alone."""
-        return 2 * self.hidden if self.recipe == "tiny" else self.hidden
+        return 2 * self.hidden if self.recipe in TINY_RECIPES else self.hidden
 
 
 def effect_label(before: np.ndarray, after: np.ndarray, threshold: float = 30.0) -> bool:
@@ -214,7 +214,7 @@ class ScreenVLM:
         next-token cross-entropy over the whole vocabulary, for the answer
         token and for the end token after it, averaged over those tokens.
         """
-        if self.recipe.name == "tiny":
+        if isinstance(self.recipe, TinyRecipe):
             logits, _ = self.answer_logits(images, prompts)
             return F.cross_entropy(logits, labels.to(logits.device))
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}

@@ -38,10 +38,13 @@ from torch.nn import functional as F
 
 from digiq.env.actions import Action, ActionType
 
-__all__ = ["Recipe", "TinyRecipe", "OriginalRecipe", "RECIPES", "recipe", "click_icon", "LLAVA_TEMPLATE",
-           "VICUNA_SYSTEM", "ANSWER_ONLY"]  # fmt: skip
+__all__ = ["Recipe", "TinyRecipe", "OriginalRecipe", "RECIPES", "TINY_RECIPES", "recipe", "click_icon",
+           "LLAVA_TEMPLATE", "VICUNA_SYSTEM", "ANSWER_ONLY"]  # fmt: skip
 
-RECIPES = ("tiny", "original")
+# tiny_no_point: the tiny recipe with a tap's or swipe's point left out of the question, so that only the marker
+# shows where (the question the tiny recipe asked before it followed Digi-Q's); docs/experiments.md measures it.
+TINY_RECIPES = ("tiny", "tiny_no_point")
+RECIPES = (*TINY_RECIPES, "original")
 _RED = np.array([230, 30, 60], np.uint8)
 # LLaVA-1.5's conversation format (llava-hf model cards): the answer slot is the position after "ASSISTANT:".
 LLAVA_TEMPLATE = "USER: {} ASSISTANT:"
@@ -90,6 +93,7 @@ class TinyRecipe:
     name: str = "tiny"
     bos: bool = False
     parts: tuple[str, ...] = ("answer_slot", "pooled")
+    point_in_question: bool = True  # a touch's point as Digi-Q's question states it; False: the marker alone
 
     def template(self, prompt: str) -> str:
         return self.prompt_template.replace("{}", prompt, 1)
@@ -97,8 +101,12 @@ class TinyRecipe:
     def question(self, action: Action, task: str) -> str:
         if action.type is ActionType.DUAL_POINT:  # the point as Digi-Q's question states it: [y, x] of the screen
             (ty, tx), (ly, lx) = action.touch, action.lift
-            what = (f"tapping at the red circle, at [{ty}, {tx}]," if action.is_tap
-                    else f"swiping along the red line, from [{ty}, {tx}] to [{ly}, {lx}],")  # fmt: skip
+            if action.is_tap:
+                what = "tapping at the red circle" + (f", at [{ty}, {tx}]" if self.point_in_question else "")
+            else:
+                what = "swiping along the red line" + (f", from [{ty}, {tx}] to [{ly}, {lx}]" if self.point_in_question
+                                                       else "")  # fmt: skip
+            what += ","
         elif action.type is ActionType.TYPE:
             what = f'typing "{action.text}"'
         elif action.type is ActionType.INVALID:
@@ -203,8 +211,8 @@ class OriginalRecipe:
 
 def recipe(name: str, image_size: int, image_mean: tuple[float, float, float], prompt_template: str) -> Recipe:
     """The recipe called ``name`` for a tower of ``image_size`` with the processor's ``image_mean``."""
-    if name == "tiny":
-        return TinyRecipe(image_size, prompt_template)
+    if name in TINY_RECIPES:
+        return TinyRecipe(image_size, prompt_template, name=name, point_in_question=name == "tiny")
     if name == "original":
         return OriginalRecipe(image_size, tuple(image_mean))
     raise ValueError(f"unknown VLM recipe {name!r}; one of {RECIPES}")

@@ -236,6 +236,14 @@ def test_vlm_yes_no_and_representation(tok, tmp_path):
     vlm.save(tmp_path / "vlm")
     rep2, _ = ScreenVLM.load(tmp_path / "vlm").embed([shown], [asked])
     assert np.allclose(rep, rep2, atol=1e-5)
+    # The touch-point experiment's recipe: the same model and representation, asked without the point; its name
+    # is saved, so embedding asks as the fine-tune did.
+    unplaced = ScreenVLM.tiny(tok, VLMConfig(image_size=32, hidden=32, recipe="tiny_no_point"))
+    assert unplaced.cfg.representation_size == 64 and unplaced.recipe.question(tap(0.5, 0.5), "x") != vlm.recipe.question(
+        tap(0.5, 0.5), "x")  # fmt: skip
+    assert unplaced.loss([shown], [asked], torch.tensor([1])).ndim == 0  # the two answers' cross-entropy
+    unplaced.save(tmp_path / "unplaced")
+    assert ScreenVLM.load(tmp_path / "unplaced").recipe.name == "tiny_no_point"
 
 
 def test_original_recipe_needs_a_tokenizer_with_bos(tok):

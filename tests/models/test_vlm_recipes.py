@@ -39,6 +39,17 @@ def test_original_questions_are_digiqs_per_action_type_and_leave_the_task_out():
         "<image>\nTask: Open Gmail\nDoes tapping at the red circle, at [0.4552, 0.4869], change the screen? Answer:"
     )
     assert "from [0.8, 0.5] to [0.2, 0.5]," in tiny.question(swipe((0.8, 0.5), (0.2, 0.5)), "x")
+    # The experiment's recipe asks the same without the point; the marker is drawn alike.
+    unplaced = recipe("tiny_no_point", 96, CLIP_MEAN, "{}")
+    assert unplaced.name == "tiny_no_point" and unplaced.parts == tiny.parts
+    assert unplaced.question(tap(0.4552, 0.4869), "Open Gmail") == (
+        "<image>\nTask: Open Gmail\nDoes tapping at the red circle, change the screen? Answer:"
+    )
+    assert unplaced.question(swipe((0.8, 0.5), (0.2, 0.5)), "x").endswith("swiping along the red line, change the "
+                                                                        "screen? Answer:")  # fmt: skip
+    assert unplaced.question(press_home(), "x") == tiny.question(press_home(), "x")
+    screen = np.zeros((96, 96, 3), np.uint8)
+    assert np.array_equal(unplaced.mark(screen, tap(0.3, 0.6)), tiny.mark(screen, tap(0.3, 0.6)))
 
 
 def test_original_image_is_a_quarter_size_screen_padded_to_a_square_in_the_mean_colour():
