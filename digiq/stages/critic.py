@@ -211,8 +211,10 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
             for ts in task_sets:
                 curves.update({f"{loss} loss ({row}, {ts})": c for loss, c in fits[(row, 0, ts)]["curves"].items()})
             corrs = {ts: [fits[(row, seed, ts)]["corr"] for seed in range(seeds)] for ts in task_sets}
+            # NaN where no critic's held-out returns vary (a tiny run), without numpy's empty-mean warning.
+            finite = [c for per in corrs.values() for c in per if np.isfinite(c)]
             by_critic[row] = {"vlm": spec.vlm,
-                              "v_mc_return_corr_heldout": round(float(np.nanmean(list(corrs.values()))), 4),
+                              "v_mc_return_corr_heldout": round(float(np.mean(finite)), 4) if finite else float("nan"),
                               "v_mc_return_corr_heldout_per_seed": corrs,
                               "td_fit_per_seed": {ts: [fits[(row, seed, ts)]["fit"] for seed in range(seeds)]
                                                   for ts in task_sets}}  # fmt: skip
