@@ -282,12 +282,19 @@ def step_features(policy: AutoUIPolicy, steps: pd.DataFrame, screens: dict[str, 
         d = policy.cfg.d_model
         return StepFeatures(*(np.zeros((0, d), np.float32) for _ in range(3)))
 
-    def at(column: str) -> torch.Tensor:
-        return torch.stack([screens[key + p] for p in steps[column]])
-
-    return StepFeatures(state_features(policy, steps.observation.tolist(), at("image_path")),
-                        state_features(policy, steps.next_observation.tolist(), at("next_image_path")),
-                        instruction_features(policy, steps.task.tolist()))  # fmt: skip
+    # Each distinct (prompt, screenshot) and instruction is encoded once: a step's s' is the next step's s, and an
+    # episode's steps share its instruction, so this halves the states' encoder passes and leaves one per task.
+    n = len(steps)
+    pairs = [*zip(steps.observation, steps.image_path), *zip(steps.next_observation, steps.next_image_path)]
+    distinct = list(dict.fromkeys(pairs))
+    position = {pair: i for i, pair in enumerate(distinct)}
+    encoded = state_features(policy, [prompt for prompt, _ in distinct],
+                             torch.stack([screens[key + path] for _, path in distinct]))  # fmt: skip
+    rows = np.array([position[pair] for pair in pairs])
+    tasks = list(dict.fromkeys(steps.task))
+    task_row = {task: i for i, task in enumerate(tasks)}
+    instruction = instruction_features(policy, tasks)[[task_row[t] for t in steps.task]]
+    return StepFeatures(encoded[rows[:n]], encoded[rows[n:]], instruction)
 
 
 def fit_and_select(values: DigiRLValues, feats: StepFeatures, steps: pd.DataFrame, cfg: DigiRLConfig,

@@ -1,6 +1,7 @@
 """digiq.algos.digirl: DigiRL's advantage, filters, curriculum and success classifiers, checked by hand."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from digiq.algos.digirl import (
     keep_steps,
     state_features,
     step_advantages,
+    step_features,
     trajectory_advantages,
 )
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
@@ -124,3 +126,32 @@ def test_digirl_values_fit_save_and_load(tmp_path):
     other.load_state(tmp_path)
     assert other.step.value(x) == pytest.approx(values.step.value(x))
     assert other.instruction.value(x) == pytest.approx(values.instruction.value(x))
+
+
+def test_step_features_encode_each_distinct_state_and_instruction_once_and_match_column_by_column(monkeypatch):
+    policy = AutoUIPolicy(PolicyConfig(d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16),
+                          train_tokenizer(default_corpus(n_tasks=20))).eval()  # fmt: skip
+    rng = np.random.default_rng(1)
+    screens = {f"s{i}.png": policy.screen.prepare(rng.integers(0, 256, (1, 228, 108, 3), np.uint8))[0]
+               for i in range(4)}  # fmt: skip
+    # One episode of three steps: each step's s' is the next step's s.
+    prompts = ["Goal: open the clock app", "Previous Actions: PRESS_HOME Goal: open the clock app",
+               "Previous Actions: PRESS_HOME TAP Goal: open the clock app", "done"]  # fmt: skip
+    steps = pd.DataFrame({"observation": prompts[:3], "image_path": ["s0.png", "s1.png", "s2.png"],
+                          "next_observation": prompts[1:], "next_image_path": ["s1.png", "s2.png", "s3.png"],
+                          "task": ["open the clock app"] * 3})  # fmt: skip
+    encoded: list[int] = []
+    original = state_features
+
+    def counting(policy, prompts, shots, batch=64):
+        encoded.append(len(prompts))
+        return original(policy, prompts, shots, batch)
+
+    monkeypatch.setattr("digiq.algos.digirl.state_features", counting)
+    feats = step_features(policy, steps, screens)
+    assert encoded == [4]  # four distinct states, not six
+    shots = {c: torch.stack([screens[p] for p in steps[c]]) for c in ("image_path", "next_image_path")}
+    assert feats.state == pytest.approx(original(policy, prompts[:3], shots["image_path"]), abs=1e-5)
+    assert feats.next_state == pytest.approx(original(policy, prompts[1:], shots["next_image_path"]), abs=1e-5)
+    assert feats.instruction == pytest.approx(np.repeat(instruction_features(policy, ["open the clock app"]), 3, 0),
+                                              abs=1e-5)  # fmt: skip
