@@ -14,7 +14,8 @@ budget the study repeats stage 07's fits, so its policies are the stage's.
 Beside each critic: its top-Q pick against the simulator's expert on the
 subset's held-out trajectories, and the uninformed level there (a uniform
 pick among the distinct valid actions), so the curve also says whether
-more data moves the critic's picks.
+more data moves the critic's picks; and for each row, how many rows it
+imitates per task set and what share of them the expert would take.
 
 ``python -m digiq.diagnostics.scale_study --root . --out-dir DIR
 [--fractions 0.25 0.5 1] [--updates 40]`` runs on a pipeline root whose
@@ -80,6 +81,17 @@ def nested_subset(steps: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
     return keep
 
 
+def _imitated(per_seed: Sequence[Picks], right: np.ndarray, of_set: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per task set, means over seeds: how many rows a policy imitates and the share of them the expert would take."""
+    out = {}
+    for ts in data_task_sets(of_set):
+        mine = [(p.states[of_set[p.states] == ts], p.columns[of_set[p.states] == ts]) for p in per_seed]
+        shares = [float(right[states, columns].mean()) for states, columns in mine if len(states)]
+        out[ts] = {"rows": round(float(np.mean([len(states) for states, _ in mine])), 1),
+                   "expert_share": round(float(np.mean(shares)), 4) if shares else None}  # fmt: skip
+    return out
+
+
 def _label(fraction: float, updates: int) -> str:
     return f"{fraction:g}_{updates}"
 
@@ -127,6 +139,8 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
         entry: dict[str, Any] = {
             "trajectories": {ts: int(steps.traj_id[of_set == ts].nunique()) for ts in task_sets},
             "steps": {ts: int((of_set == ts).sum()) for ts in task_sets},
+            "imitated": {row: _imitated([p for (r, _), p in picks.items() if r == row], right[keep], of_set)
+                         for row in rows},  # fmt: skip
             "critic_heldout_pick": {key: {"uninformed": critic_rates[0][key]["uninformed"],
                                           "critic": round(float(np.mean([r[key]["critic"] for r in critic_rates])), 4),
                                           "critic_per_seed": [r[key]["critic"] for r in critic_rates]}

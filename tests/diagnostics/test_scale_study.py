@@ -74,6 +74,8 @@ def test_the_study_fits_each_row_at_each_budget_and_plays_the_validation_list(va
     assert json.loads((out / "study.json").read_text()) == json.loads(json.dumps(result))
     half, whole = result["fractions"]["0.5"], result["fractions"]["1"]
     assert 0 < half["trajectories"]["general"] < whole["trajectories"]["general"] == 5
+    imitated = whole["imitated"]["filtered_bc"]["general"]
+    assert imitated["rows"] > 0 and 0 <= imitated["expert_share"] <= 1
     pick = whole["critic_heldout_pick"]["hit_rate"]
     assert 0 <= pick["critic"] <= 1 and len(pick["critic_per_seed"]) == 1 and 0 < pick["uninformed"] < 1
     for fraction in ("0.5", "1"):
