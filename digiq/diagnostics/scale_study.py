@@ -8,7 +8,9 @@ subset) and Best-of-N picks its rows; Filtered BC takes the subset's
 successful episodes. Each row is then fit per task set at each actor budget
 (``actor.updates``) exactly as stage 07 fits it (:func:`fit_actor_job`),
 and played on the validation lists by ``python -m digiq.evaluate``, as
-``make val`` plays the stage's policies. On the whole data at the params'
+``make val`` plays the stage's policies. ``--critic`` fits Digi-Q's critics
+under one of the critic study's settings instead of the params' own, to
+see what a critic that picks differently does to the actor. On the whole data at the params'
 budget the study repeats stage 07's fits, so its policies are the stage's.
 
 Beside each critic: its top-Q pick against the simulator's expert on the
@@ -18,7 +20,7 @@ more data moves the critic's picks; and for each row, how many rows it
 imitates per task set and what share of them the expert would take.
 
 ``python -m digiq.diagnostics.scale_study --root . --out-dir DIR
-[--fractions 0.25 0.5 1] [--updates 40]`` runs on a pipeline root whose
+[--fractions 0.25 0.5 1] [--updates 40] [--critic before]`` runs on a pipeline root whose
 critic stage has run; it reads the offline data of train tasks and plays
 the validation lists, never a test list. ``DIR`` gets the policies, each
 evaluation's JSON (``<fraction>_<updates>_<row>.json``) and ``study.json``.
@@ -52,7 +54,7 @@ from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs
 from digiq.data.picks import Picks
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
-from digiq.diagnostics.critic_study import critic_q
+from digiq.diagnostics.critic_study import SETTINGS, critic_q
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
 from digiq.evaluate import main as evaluate
@@ -97,10 +99,14 @@ def _label(fraction: float, updates: int) -> str:
 
 
 def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budgets: Sequence[int],
-          rows: Sequence[str], out_dir: Path, workers: int) -> dict[str, Any]:  # fmt: skip
-    """Fit and evaluate every (fraction, budget, row) on the validation lists; the figures per task set."""
+          rows: Sequence[str], out_dir: Path, workers: int, critic_setting: str = "released") -> dict[str, Any]:  # fmt: skip
+    """Fit and evaluate every (fraction, budget, row) on the validation lists; the figures per task set.
+
+    Digi-Q's critics are the params' critic changed by ``critic_setting``, one of
+    :data:`~digiq.diagnostics.critic_study.SETTINGS` (``released``: as stage 06 fits them).
+    """
     actor = load_section(ActorConfig, "actor", params)
-    critic_cfg = load_section(CriticConfig, "critic", params)
+    critic_cfg = dataclasses.replace(load_section(CriticConfig, "critic", params), **SETTINGS[critic_setting])
     seeds = load_section(ExperimentConfig, "experiment", params).seeds
     collect = load_section(CollectConfig, "collect", params)
     every_step = TrajectoryStore(paths.offline).read().to_pandas()
@@ -111,7 +117,7 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
     val_tasks = out_dir / "val_tasks.txt"
     atomic_write_text(val_tasks, "".join(paths.task_list(ts, "val").read_text()
                                          for ts in data_task_sets(every_step.task_set.to_numpy())))  # fmt: skip
-    out: dict[str, Any] = {"seeds": seeds, "fractions": {}}
+    out: dict[str, Any] = {"seeds": seeds, "critic": critic_setting, "fractions": {}}
     for fraction in fractions:
         keep = nested_subset(every_step, fraction, collect.seed)
         steps = every_step[keep].reset_index(drop=True)
@@ -186,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--updates", type=int, nargs="+", default=None,
                     help="actor budgets (optimizer steps); default: the params' actor.updates")  # fmt: skip
     ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    ap.add_argument("--critic", choices=list(SETTINGS), default="released",
+                    help="Digi-Q's critic: the params' one (released) or a critic study's setting")  # fmt: skip
     args = ap.parse_args(argv)
     paths = Paths(args.root)
     params = load_params(paths.root / "params.yaml")
@@ -197,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ap.error(f"--updates: {min(budgets)} is not a positive number of steps")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = study(paths, params, args.fractions, budgets, args.rows, args.out_dir,
-                   load_section(ComputeConfig, "compute", params).workers)  # fmt: skip
+                   load_section(ComputeConfig, "compute", params).workers, args.critic)  # fmt: skip
     for fraction, entry in result["fractions"].items():
         pick = entry["critic_heldout_pick"].get("hit_rate", {})
         print(f"fraction {fraction}: critic held-out pick {pick.get('critic')} (uninformed {pick.get('uninformed')})")

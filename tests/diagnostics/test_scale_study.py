@@ -55,24 +55,11 @@ def test_the_study_fits_each_row_at_each_budget_and_plays_the_validation_list(va
     paths.task_list("general", "val").parent.mkdir(parents=True, exist_ok=True)
     paths.task_list("general", "val").write_text("\n".join(generate_tasks("general", "val", 1, seed=5)) + "\n")
     out = tmp_path / "study"
-    result = main(
-        [
-            "--root",
-            str(root),
-            "--out-dir",
-            str(out),
-            "--fractions",
-            "0.5",
-            "1",
-            "--updates",
-            "1",
-            "2",
-            "--rows",
-            "filtered_bc",
-        ]
-    )
+    args = ["--fractions", "0.5", "1", "--updates", "1", "2", "--rows", "filtered_bc", "--critic", "twin_min"]
+    result = main(["--root", str(root), "--out-dir", str(out), *args])
     assert json.loads((out / "study.json").read_text()) == json.loads(json.dumps(result))
     half, whole = result["fractions"]["0.5"], result["fractions"]["1"]
+    assert result["critic"] == "twin_min"
     assert 0 < half["trajectories"]["general"] < whole["trajectories"]["general"] == 5
     imitated = whole["imitated"]["filtered_bc"]["general"]
     assert imitated["rows"] > 0 and 0 <= imitated["expert_share"] <= 1
@@ -92,7 +79,10 @@ def test_the_study_fits_each_row_at_each_budget_and_plays_the_validation_list(va
     assert "fraction 0.5" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("args", "named"), [(["--fractions", "0"], "--fractions"), (["--updates", "0"], "--updates")])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--fractions", "0"], "--fractions"), (["--updates", "0"], "--updates"), (["--critic", "big"], "--critic")],
+)
 def test_bad_arguments_are_named(values_root, tmp_path, capsys, args, named):
     with pytest.raises(SystemExit):
         main(["--root", str(values_root), "--out-dir", str(tmp_path / "x"), *args])
