@@ -63,7 +63,7 @@ from digiq.paths import Paths
 from digiq.stages.actor import DRAW_FROM_STATES, ActorFitJob, advantages, fit_actor_job
 from digiq.workers import map_jobs
 
-__all__ = ["ROWS", "nested_subset", "study", "main"]
+__all__ = ["ROWS", "nested_subset", "imitated", "study", "main"]
 
 #: The rows the study fits, each by the kind of its picks (stage 07's names).
 ROWS = {"digiq": "best_of_n", "filtered_bc": "filtered_bc"}
@@ -83,14 +83,25 @@ def nested_subset(steps: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
     return keep
 
 
-def _imitated(per_seed: Sequence[Picks], right: np.ndarray, of_set: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Per task set, means over seeds: how many rows a policy imitates and the share of them the expert would take."""
+def imitated(per_seed: Sequence[Picks], right: np.ndarray, of_set: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per task set, means over seeds: how many rows a policy imitates, the share of them the expert would take, the
+    share at states where some candidate is the expert's, and the expert's share of the rows at those states."""
+
+    def mean(values: list[float]) -> float | None:
+        return round(float(np.mean(values)), 4) if values else None
+
     out = {}
+    possible = right.any(1)
     for ts in data_task_sets(of_set):
         mine = [(p.states[of_set[p.states] == ts], p.columns[of_set[p.states] == ts]) for p in per_seed]
-        shares = [float(right[states, columns].mean()) for states, columns in mine if len(states)]
-        out[ts] = {"rows": round(float(np.mean([len(states) for states, _ in mine])), 1),
-                   "expert_share": round(float(np.mean(shares)), 4) if shares else None}  # fmt: skip
+        mine = [(states, columns, possible[states]) for states, columns in mine]
+        out[ts] = {
+            "rows": round(float(np.mean([len(states) for states, _, _ in mine])), 1),
+            "expert_share": mean([float(right[states, columns].mean()) for states, columns, _ in mine if len(states)]),
+            "at_states_with_an_expert_candidate": mean([float(p.mean()) for states, _, p in mine if len(states)]),
+            "expert_share_there": mean([float(right[states[p], columns[p]].mean()) for states, columns, p in mine
+                                        if p.any()]),
+        }  # fmt: skip
     return out
 
 
@@ -145,7 +156,7 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
         entry: dict[str, Any] = {
             "trajectories": {ts: int(steps.traj_id[of_set == ts].nunique()) for ts in task_sets},
             "steps": {ts: int((of_set == ts).sum()) for ts in task_sets},
-            "imitated": {row: _imitated([p for (r, _), p in picks.items() if r == row], right[keep], of_set)
+            "imitated": {row: imitated([p for (r, _), p in picks.items() if r == row], right[keep], of_set)
                          for row in rows},  # fmt: skip
             "critic_heldout_pick": {key: {"uninformed": critic_rates[0][key]["uninformed"],
                                           "critic": round(float(np.mean([r[key]["critic"] for r in critic_rates])), 4),

@@ -4,12 +4,14 @@ the validation lists."""
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
 
-from digiq.diagnostics.scale_study import main, nested_subset
+from digiq.data.picks import Picks
+from digiq.diagnostics.scale_study import imitated, main, nested_subset
 from digiq.env.taskgen import generate_tasks
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
@@ -32,6 +34,20 @@ def test_a_smaller_share_of_the_data_is_inside_a_larger_one_in_every_task_set():
     assert (nested_subset(steps, 0.5, seed=7) == half).all() and not (nested_subset(steps, 0.5, seed=8) == half).all()
     one_each = _steps(1)
     assert one_each.traj_id[nested_subset(one_each, 0.1, seed=0)].nunique() == 2  # a trajectory per task set at least
+
+
+def test_imitated_rows_are_judged_overall_and_where_the_expert_s_action_was_on_offer():
+    # Four states of one task set; state 3 holds no candidate the expert would take.
+    right = np.array([[True, False], [False, True], [False, True], [False, False]])
+    of_set = np.array(["general"] * 4)
+    seed0 = Picks(np.array([0, 1, 3]), np.array([0, 0, 1]))  # right, wrong, nothing right to pick
+    seed1 = Picks(np.array([1, 2]), np.array([1, 1]))  # right, right
+    out = imitated([seed0, seed1], right, of_set)["general"]
+    assert out["rows"] == 2.5
+    assert out["expert_share"] == pytest.approx((1 / 3 + 1) / 2, abs=1e-4)
+    assert out["at_states_with_an_expert_candidate"] == pytest.approx((2 / 3 + 1) / 2, abs=1e-4)
+    assert out["expert_share_there"] == pytest.approx((1 / 2 + 1) / 2, abs=1e-4)
+    assert imitated([Picks(np.array([], int), np.array([], int))], right, of_set)["general"]["expert_share"] is None
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.5])
