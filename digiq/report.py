@@ -133,18 +133,25 @@ def representation_probe_table(probes: dict[str, Any]) -> list[str]:
 
 
 def _rows_table(diag: dict[str, Any], kept_rows: dict[str, float]) -> list[str]:
-    """Per policy: how many rows it imitates (stage 07) and how often their action is the expert's, per task set (stage 08)."""
+    """Per policy: how many rows it imitates (stage 07) and how often their action is the expert's, per task set (stage
+    08); where stage 08 reports it, how many rows are at states where the expert's action was a candidate, and how
+    often the rows there are the expert's."""
     shares = diag["rows_expert_share"]
     sets = list(next(iter(shares.values())))
-    out = ["| policy | rows | " + " | ".join(f"expert's action, {ts} (%)" for ts in sets) + " |",
-           "|---|---|" + "---|" * len(sets)]  # fmt: skip
-    for name, share in shares.items():
-        cells = [pct(share[ts]) if share[ts] is not None else "-" for ts in sets]
+    columns = {"rows_expert_share": "expert's action", "rows_expert_on_offer": "expert's action on offer",
+               "rows_expert_share_where_on_offer": "expert's action where on offer"}  # fmt: skip
+    columns = {key: label for key, label in columns.items() if key in diag}
+    out = ["| policy | rows | " + " | ".join(f"{label}, {ts} (%)" for label in columns.values() for ts in sets) + " |",
+           "|---|---|" + "---|" * len(sets) * len(columns)]  # fmt: skip
+    for name in shares:
+        cells = [pct(diag[key][name][ts]) if diag[key][name][ts] is not None else "-" for key in columns
+                 for ts in sets]  # fmt: skip
         out.append(f"| {name} | {kept_rows.get(name, '-')} | " + " | ".join(cells) + " |")
     return out + ["", "rows: the (state, action) rows each policy is fit on (mean over its seeds); the share of them "
-                  "whose action does what the simulator's expert would there (mean over seeds; - where none is kept). "
-                  "The extraction ablation's rows (every drawn candidate, weighted) count by their weight, those of "
-                  "negative weight not at all."]  # fmt: skip
+                  "whose action does what the simulator's expert would there (mean over seeds; - where none is kept); "
+                  "the share of them at states where some candidate does (elsewhere every row is wrong); and the "
+                  "expert's share of the rows at those states. The extraction ablation's rows count by their "
+                  "weight."]  # fmt: skip
 
 
 _STATES: tuple[str, Cell] = ("states", lambda ts, g, r: str(r["states"]))

@@ -59,6 +59,11 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
                                                                                     "expert_candidate": 0.65}}},
                                     "rows_expert_share": {"digiq": {"general": 0.2, "webshop": 0.61},
                                                           "filtered_bc": {"general": None, "webshop": 0.7}},
+                                    "rows_expert_on_offer": {"digiq": {"general": 0.25, "webshop": 0.8},
+                                                             "filtered_bc": {"general": None, "webshop": 0.9}},
+                                    "rows_expert_share_where_on_offer": {
+                                        "digiq": {"general": 0.8, "webshop": 0.7625},
+                                        "filtered_bc": {"general": None, "webshop": 0.7778}},
                                     "expert_support_by_kind": {"webshop": {"PRESS_BACK": {
                                         "states": 12, "taken_is_expert": 0.1, "expert_candidate": 0.6}}},
                                     "digiq_rows_by_kind": {"webshop": {"PRESS_BACK": {"kept": 0.4, "expert": 0.0}}},
@@ -110,7 +115,8 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     assert "over the 30 of 50 states" in md and "trajectories no critic trained on" in md
     assert "| webshop | select_first | 40 | 2.9 | 30.0 | 65.0 |" in md  # where the data can teach
     assert "| webshop | PRESS_BACK | 12 | 10.0 | 60.0 | 40.0 | 0.0 |" in md  # ... by the expert's kind of action
-    assert "| digiq | 120.5 | 20.0 | 61.0 |" in md and "| filtered_bc | 80 | - | 70.0 |" in md
+    assert "| digiq | 120.5 | 20.0 | 61.0 | 25.0 | 80.0 | 80.0 | 76.2 |" in md
+    assert "| filtered_bc | 80 | - | 70.0 | - | 90.0 | - | 77.8 |" in md
     assert "| general | PRESS_BACK | 37.3 | 22.3 | 0.0 |" in md and "(general 610.3 per seed" in md
     assert "| webshop | select_first | 4 | 0.089 |" in md  # the critic at the data's rewarded steps
     assert "| finetuned | 0.912 (300) | - |" in md and "| control | 0.600 (300) | 0.700 (80) |" in md  # the probes

@@ -243,13 +243,17 @@ def expert_share(right: np.ndarray, states: np.ndarray, columns: np.ndarray, tas
     ``right`` is :func:`~digiq.diagnostics.ground_truth.expert_matrix`. It says what the keep rule feeds
     the actor, apart from how well the actor learns it. With the rows'
     ``weights`` (the extraction ablation's), it is the share of the weight the
-    fit puts on imitating the expert's action: rows count by their weight, and
-    a row of negative weight (REINFORCE's), pushed down rather than imitated,
-    not at all. ``None`` where the policy imitates no row of a task set.
+    fit puts on imitating the expert's action: rows count by their weight.
+    ``None`` where the policy imitates no row of a task set.
     """
-    hit = right[states, columns]
-    sets = task_sets[states]
-    w = np.ones(len(states)) if weights is None else np.maximum(np.asarray(weights, np.float64), 0.0)
+    return weighted_share(right[states, columns], task_sets[states], task_sets, weights)
+
+
+def weighted_share(hit: np.ndarray, sets: np.ndarray, task_sets: np.ndarray,
+                   weights: np.ndarray | None = None) -> dict[str, float | None]:  # fmt: skip
+    """Per task set of ``task_sets``: the share of rows (of task sets ``sets``) that ``hit``, rows counted by their
+    ``weights`` (negative ones not at all); ``None`` where a task set has no row."""
+    w = np.ones(len(hit)) if weights is None else np.maximum(np.asarray(weights, np.float64), 0.0)
     out: dict[str, float | None] = {}
     for ts in np.unique(task_sets):
         mine = sets == ts

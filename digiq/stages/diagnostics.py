@@ -19,7 +19,9 @@ what it fit says little about what it ranks):
   it goes instead (``critic_wrong_picks``), whether the candidates hold the
   expert's action at all (``expert_support``), and how many of each policy's
   imitated rows are the expert's (``rows_expert_share``, from stage 07's
-  picks; rows counted by their weight in the fit).
+  picks; rows counted by their weight in the fit), how many sit at states
+  where some candidate is the expert's (``rows_expert_on_offer``) and how
+  many of those are (``rows_expert_share_where_on_offer``).
 - **linear probes** of every VLM's (state, action) features
   (:mod:`~digiq.diagnostics.representation`): whether an action changes the
   screen and whether a tap lands on the element the goal names, scored on
@@ -66,6 +68,7 @@ from digiq.diagnostics.reports import (
     keep_by_group,
     ranking_report,
     support_report,
+    weighted_share,
     wrong_pick_report,
 )
 from digiq.diagnostics.representation import feature_vlms, representation_probes
@@ -288,21 +291,30 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                                                               seed=cfg.seed, hidden=hidden)
                          for vlm, f in by_vlm.items() for name, hidden in (("mlp", 256), ("linear", None))}  # fmt: skip
 
-        # The rows each policy of stage 07 imitates: how many are the expert's.
+        # The rows each policy of stage 07 imitates: how many are the expert's; how many are at states where some
+        # candidate is (elsewhere every pick is wrong), and how many of the rows there are the expert's.
         shares: dict[str, list[dict[str, float | None]]] = {}
+        on_offer: dict[str, list[dict[str, float | None]]] = {}
+        shares_there: dict[str, list[dict[str, float | None]]] = {}
+        offered = right.any(1)
         digiq_kept, digiq_right = np.zeros(len(steps), int), np.zeros(len(steps), int)  # over seeds
         by_key = dict(iter(picks.groupby(["policy", "seed"], sort=True)))
         for policy in policies:
             for s in range(seeds):
                 rows = by_key.get((policy, s), picks.iloc[:0])  # no rows: it kept none on this seed
-                states, columns = rows.state.to_numpy(), rows.column.to_numpy()
-                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets,
-                                                                  rows.weight.to_numpy()))  # fmt: skip
+                states, columns, w = rows.state.to_numpy(), rows.column.to_numpy(), rows.weight.to_numpy()
+                there = offered[states]
+                shares.setdefault(policy, []).append(expert_share(right, states, columns, task_sets, w))
+                on_offer.setdefault(policy, []).append(weighted_share(there, task_sets[states], task_sets, w))
+                shares_there.setdefault(policy, []).append(expert_share(right, states[there], columns[there],
+                                                                        task_sets, w[there]))  # fmt: skip
                 if policy == "digiq":
                     digiq_kept[states] += 1
                     digiq_right[states] += right[states, columns]
         metrics["rows_expert_share"] = {name: _mean_share(s) for name, s in shares.items()}
         metrics["rows_expert_share_per_seed"] = shares
+        metrics["rows_expert_on_offer"] = {name: _mean_share(s) for name, s in on_offer.items()}
+        metrics["rows_expert_share_where_on_offer"] = {name: _mean_share(s) for name, s in shares_there.items()}
         metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
 
         reports, critic_q = [], []

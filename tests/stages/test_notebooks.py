@@ -179,6 +179,11 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert set(shares) == set(actor["kept_rows"]) and len(shares["digiq"]) == 2
     assert all(v in (1.0, None) for v in shares["digiq_perfect_critic"].values())  # its rows are the expert's by design
     assert len(diag["rows_expert_share_per_seed"]["digiq"]) == 2
+    # The perfect critic keeps rows only where the expert's action is on offer, and they are all the expert's.
+    assert all(v in (1.0, None) for v in diag["rows_expert_on_offer"]["digiq_perfect_critic"].values())
+    assert set(diag["rows_expert_share_where_on_offer"]) == set(shares)
+    for key in ("rows_expert_on_offer", "rows_expert_share_where_on_offer"):
+        assert all(v is None or 0.0 <= v <= 1.0 for by_ts in diag[key].values() for v in by_ts.values())
     support = diag["expert_support"]  # per family, over every stored state
     assert sum(f["states"] for fams in support.values() for f in fams.values()) == actor["states"]
     assert all(
