@@ -161,10 +161,13 @@ def test_pipeline_notebooks_run_in_order(workspace):
         {*report, *ablations} - {"base"} - online
     )
     runs = json.loads((workspace / "metrics" / "digirl_online.json").read_text())["rows"]
-    assert set(runs) == online and all(len(e["per_seed"]) == 2 for e in runs.values())  # every row on both seeds
+    assert set(runs) == online  # every row on both seeds, one run per task set
+    assert all(set(e["by_task_set"]) == {"general", "webshop"} for e in runs.values())
+    assert all(len(r["per_seed"]) == 2 for e in runs.values() for r in e["by_task_set"].values())
     for row in online:  # two rounds of 4 episodes each (TINY), the last policy where stage 10 read it
-        assert all(len(rounds) == 2 and all(r["episodes"] == 4 for r in rounds) for rounds in runs[row]["per_seed"])
-        assert (workspace / "data" / "online" / "seed1" / row / "latest" / "policy" / "config.json").exists()
+        for ts, run in runs[row]["by_task_set"].items():
+            assert all(len(rounds) == 2 and all(r["episodes"] == 4 for r in rounds) for rounds in run["per_seed"])
+            assert (workspace / "data" / "online" / "seed1" / row / ts / "latest" / "policy" / "config.json").exists()
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())
     perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
     assert actor["kept_rows"]["digiq_perfect_critic"] == round(
