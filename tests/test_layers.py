@@ -17,7 +17,7 @@ LAYERS = (
     {"diagnostics", "evaluate"},
     {"tables", "viz"},  # what a person reads: tables, figures, viewers
     {"stages"},  # load, call, save: one module per stage
-    {"report", "rerun", "preset"},  # the README's tables, rerun spreads, presets
+    {"report", "rerun", "preset", "scale_study"},  # the README's tables, rerun spreads, presets, studies of stage 07
 )
 
 

@@ -59,7 +59,7 @@ def test_real_preset_sets_each_value_and_leaves_every_other_line(params):
             "params.yaml:\n  vlm_finetune:\n    dtype: bfloat16\n",
             r"vlm_finetune.dtype is set in params/released_models.yaml",
         ),
-        ("params.yaml:\n  vlm_finetune:\n    recipe: llava\n", r"recipe must be tiny or original"),
+        ("params.yaml:\n  vlm_finetune:\n    recipe: llava\n", r"recipe must be tiny, tiny_no_point or original"),
     ],
 )
 def test_a_bad_preset_changes_nothing_and_says_what_is_wrong(params, tmp_path, preset, message):

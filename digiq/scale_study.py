@@ -19,7 +19,7 @@ pick among the distinct valid actions), so the curve also says whether
 more data moves the critic's picks; and for each row, how many rows it
 imitates per task set and what share of them the expert would take.
 
-``python -m digiq.diagnostics.scale_study --root . --out-dir DIR
+``python -m digiq.scale_study --root . --out-dir DIR
 [--fractions 0.25 0.5 1] [--updates 40] [--critic before]`` runs on a pipeline root whose
 critic stage has run; it reads the offline data of train tasks and plays
 the validation lists, never a test list. ``DIR`` gets the policies, each
@@ -195,7 +195,7 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the study on a pipeline root; print validation success per fraction, budget and row; write JSON."""
-    ap = argparse.ArgumentParser(prog="python -m digiq.diagnostics.scale_study", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m digiq.scale_study", description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=Path("."), help="pipeline root whose critic stage has run")
     ap.add_argument("--out-dir", type=Path, required=True, help="the study's policies, evaluations and study.json")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0],

@@ -11,10 +11,10 @@ import torch
 import yaml
 
 from digiq.data.picks import Picks
-from digiq.diagnostics.scale_study import imitated, main, nested_subset
 from digiq.env.taskgen import generate_tasks
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
+from digiq.scale_study import imitated, main, nested_subset
 
 
 def _steps(per_set: int) -> pd.DataFrame:
