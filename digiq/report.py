@@ -40,6 +40,7 @@ from digiq.tables import (
     family_table,
     grouped_table,
     pct,
+    pick_margin_table,
     rate,
     rewarded_table,
     skills_table,
@@ -210,6 +211,10 @@ def results_markdown(paths: Paths) -> str:
         out += ["", *env_steps_table(online, [p for p in ev if p not in online["rows"]])]
     if compared:
         out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
+    diag = _load(paths, "diagnostics") or {}
+    if "critic_pick_margin" in diag:
+        out += ["", "Digi-Q's critic against a ranking that knows nothing (stage 08):", ""]
+        out += pick_margin_table(diag["critic_pick_margin"], diag["expert_pick"])
     return "\n".join(out)
 
 
@@ -296,6 +301,9 @@ def diagnostics_markdown(paths: Paths) -> str:
     if "expert_pick" in diag:
         out += ["", "Expert picks on the stored states of the trajectories no critic trained on (stage 08):", ""]
         out += expert_pick_table(diag["expert_pick"])
+    if "critic_pick_margin" in diag:
+        out += ["", "Digi-Q's critic against the uninformed level there, with its interval (stage 08):", ""]
+        out += pick_margin_table(diag["critic_pick_margin"], diag["expert_pick"])
     if "expert_pick_train" in diag:
         out += ["", "The same on the trajectories the critics trained on:", ""]
         out += expert_pick_table(diag["expert_pick_train"])

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["paired_bootstrap", "comparisons", "sample_std"]
+__all__ = ["paired_bootstrap", "cluster_bootstrap", "comparisons", "sample_std"]
 
 
 def _outcomes(x: np.ndarray, name: str) -> np.ndarray:
@@ -51,21 +51,48 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, n_boot: int = 10000, seed:
     x, y = _outcomes(a, "a"), _outcomes(b, "b")
     if x.shape != y.shape:
         raise ValueError(f"paired outcomes need the same (seeds, tasks) shape, got {x.shape} and {y.shape}")
+    result = cluster_bootstrap(x - y, np.ones(x.shape[1]), n_boot=n_boot, seed=seed)
+    return {"diff": result["diff"], "ci95": result["ci95"], "n_tasks": x.shape[1], "seeds": x.shape[0]}
+
+
+def cluster_bootstrap(sums: np.ndarray, counts: np.ndarray, *, n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """A mean over units that come in clusters, with a 95% bootstrap interval over clusters and seeds, in points.
+
+    ``sums`` (seeds, clusters) holds each cluster's sum of a per-unit
+    difference on each seed, and ``counts`` (clusters,) its number of units,
+    the same on every seed (an episode and its states, scored by each seed's
+    critic). The estimate is the sum over everything divided by the units
+    counted. Each replicate resamples seed indices and cluster indices with
+    replacement, so units of one cluster, which are not independent, stay
+    together; :func:`paired_bootstrap` is the case of one unit per cluster.
+
+    Returns ``{"diff", "ci95": [lo, hi], "units", "clusters", "seeds"}`` (diff
+    and the 2.5 / 97.5 percentiles times 100, rounded to 2 decimals).
+
+    Raises:
+        ValueError: the shapes do not match, nothing is counted, a count is negative, or ``n_boot`` < 1.
+    """
+    d, n = np.asarray(sums, np.float64), np.asarray(counts, np.float64)
+    if d.ndim != 2 or n.shape != (d.shape[1],) or d.size == 0:
+        raise ValueError(f"sums must be a non-empty (seeds, clusters) array and counts (clusters,), got shapes "
+                         f"{d.shape} and {n.shape}")  # fmt: skip
+    if (n < 0).any() or n.sum() == 0:
+        raise ValueError("counts must be non-negative and count at least one unit")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    seeds, tasks = x.shape
-    d = x - y
+    seeds, clusters = d.shape
     rng = np.random.default_rng(seed)
     seed_draws = rng.integers(0, seeds, (n_boot, seeds))
     seed_counts = np.stack([(seed_draws == s).sum(1) for s in range(seeds)], axis=1)  # (n_boot, seeds)
-    task_draws = rng.integers(0, tasks, (n_boot, tasks))
-    by_task = seed_counts @ d  # (n_boot, tasks): each task's difference summed over the replicate's seeds
-    replicates = np.take_along_axis(by_task, task_draws, axis=1).sum(1) / (seeds * tasks)
+    cluster_draws = rng.integers(0, clusters, (n_boot, clusters))
+    by_cluster = seed_counts @ d  # (n_boot, clusters): each cluster's sum over the replicate's seeds
+    replicates = np.take_along_axis(by_cluster, cluster_draws, axis=1).sum(1) / (seeds * n[cluster_draws].sum(1))
     lo, hi = np.percentile(replicates, [2.5, 97.5])
     return {
-        "diff": _points(d.mean()),
+        "diff": _points(d.sum() / (seeds * n.sum())),
         "ci95": [_points(lo), _points(hi)],
-        "n_tasks": tasks,
+        "units": int(n.sum()),
+        "clusters": clusters,
         "seeds": seeds,
     }
 

@@ -28,6 +28,7 @@ __all__ = [
     "PAPER_CLAIMS",
     "claims_table",
     "expert_pick_table",
+    "pick_margin_table",
     "wrong_pick_table",
     "rewarded_table",
     "Cell",
@@ -282,6 +283,29 @@ def expert_pick_table(pick: dict[str, Any]) -> list[str]:
                   "half of the episodes, what those inputs allow with a label on every candidate). Right kind: the "
                   "pick is of a kind of action the expert's is (a tap where it taps); right action of that kind: "
                   "how often such a pick is the expert's action (the right element to tap)."]  # fmt: skip
+
+
+def pick_margin_table(margin: dict[str, Any], pick: dict[str, Any]) -> list[str]:
+    """Digi-Q's critic against the uninformed level on the held-out states, with the interval (stage 08; README)."""
+    if not margin:
+        return ["Critic's margin off (`diagnostics.oracle_states: 0`), or no held-out state is informative."]
+    groups = list(margin)
+    rates = [pick["hit_rate" + ("" if g == "all" else f"_{g}")] for g in groups]
+    heads = ["all" if g == "all" else TASK_SET_NAMES.get(g, g) for g in groups]
+
+    def margin_cell(m: dict[str, Any]) -> str:
+        lo, hi = m["ci95"]
+        return f"{m['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]" + ("" if lo > 0 or hi < 0 else ", no detectable difference")
+
+    return ["| held-out states | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads),
+            "| Digi-Q's critic picks the expert's action (%) | " + " | ".join(pct(r["critic_digiq"]) for r in rates) + " |",
+            "| uninformed level (%) | " + " | ".join(pct(r["uninformed"]) for r in rates) + " |",
+            "| critic - uninformed (points, 95% CI) | " + " | ".join(margin_cell(margin[g]) for g in groups) + " |",
+            "", f"Over the {margin[groups[0]]['units']:,} informative stored states of the {margin[groups[0]]['clusters']:,} "
+            "trajectories no critic trained on (states whose valid candidates include both an action the "
+            "simulator's expert would take and another), scored by each seed's critic (mean over seeds); "
+            "uninformed: a uniform pick among each state's distinct valid actions. The interval resamples held-out "
+            "trajectories and seeds (digiq.stats.cluster_bootstrap)."]  # fmt: skip
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:

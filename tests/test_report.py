@@ -23,7 +23,15 @@ from digiq.report import (
 )
 from digiq.stages.common import write_metrics
 from digiq.stats import sample_std
-from digiq.tables import PAPER_CLAIMS, Claim, claims_table, expert_pick_table, rewarded_table, wrong_pick_table
+from digiq.tables import (
+    PAPER_CLAIMS,
+    Claim,
+    claims_table,
+    expert_pick_table,
+    pick_margin_table,
+    rewarded_table,
+    wrong_pick_table,
+)
 from digiq.viz.charts import save_results_chart
 
 
@@ -295,3 +303,26 @@ def test_stage_time_table_lists_every_stage_that_writes_metrics_and_their_sum(tm
     md = stage_times_markdown(paths)
     assert "| vlm_pretrain | 240.0 |" in md
     assert "| all stages | 360 (6 min) | |" in md
+
+
+def test_results_give_the_critic_s_margin_over_the_uninformed_level_with_its_interval(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", _base_and_digiq())
+    margin = {
+        "all": {"diff": 13.04, "ci95": [10.2, 15.9], "units": 4409, "clusters": 461, "seeds": 3},
+        "general": {"diff": 14.3, "ci95": [9.9, 18.1], "units": 1200, "clusters": 200, "seeds": 3},
+        "webshop": {"diff": 1.0, "ci95": [-2.0, 4.0], "units": 3209, "clusters": 261, "seeds": 3},
+    }
+    rates = {"critic_digiq": 0.459, "uninformed": 0.329}
+    write_metrics(paths, "diagnostics", {"critic_pick_margin": margin,
+                                         "expert_pick": {"states": 5000, "informative_states": 4409,
+                                                         "hit_rate": rates, "hit_rate_general": rates,
+                                                         "hit_rate_webshop": rates}})  # fmt: skip
+    md = results_markdown(paths)
+    assert "| held-out states | all | General | Web Shopping |" in md
+    assert "| Digi-Q's critic picks the expert's action (%) | 45.9 | 45.9 | 45.9 |" in md
+    assert "| uninformed level (%) | 32.9 | 32.9 | 32.9 |" in md
+    assert "| critic - uninformed (points, 95% CI) | +13.0 [+10.2, +15.9] | +14.3 [+9.9, +18.1] | " in md
+    assert "+1.0 [-2.0, +4.0], no detectable difference |" in md and "4,409 informative stored states of the 461" in md
+    assert "interval" in diagnostics_markdown(paths)
+    assert "off" in pick_margin_table({}, {})[0]

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from digiq.stats import comparisons, paired_bootstrap, sample_std
+from digiq.stats import cluster_bootstrap, comparisons, paired_bootstrap, sample_std
 
 
 def _width(r: dict) -> float:
@@ -105,3 +105,30 @@ def test_sample_std_is_ddof_1_and_undefined_below_two_values():
     assert sample_std([0.2, 0.4]) == pytest.approx(np.sqrt(0.02))
     assert sample_std(np.array([0.5, 0.5, 0.5])) == 0.0
     assert sample_std([0.3]) is None and sample_std([]) is None
+
+
+def test_cluster_bootstrap_weighs_units_and_keeps_clusters_together():
+    # Two episodes of 3 states at +1 each, one of 1 state at -1: the mean over states is (6 - 1) / 7 per seed.
+    sums, counts = np.array([[3.0, 3.0, -1.0]] * 2), np.array([3.0, 3.0, 1.0])
+    r = cluster_bootstrap(sums, counts, seed=1)
+    assert r["diff"] == round(100 * 5 / 7, 2) and (r["units"], r["clusters"], r["seeds"]) == (7, 3, 2)
+    assert -100.0 <= r["ci95"][0] < r["diff"] < r["ci95"][1] == 100.0  # a replicate of only the +1 episodes is 100
+    # Splitting each episode into independent states narrows the interval: clusters are what vary.
+    split = cluster_bootstrap(np.array([[1.0] * 6 + [-1.0]] * 2), np.ones(7), seed=1)
+    assert split["diff"] == r["diff"] and _width(split) <= _width(r)
+
+
+def test_paired_bootstrap_is_the_cluster_bootstrap_of_one_task_per_cluster():
+    rng = np.random.default_rng(4)
+    a, b = (rng.random((3, 60)) < 0.5).astype(int), (rng.random((3, 60)) < 0.3).astype(int)
+    paired, clustered = paired_bootstrap(a, b, seed=2), cluster_bootstrap(a - b, np.ones(60), seed=2)
+    assert (paired["diff"], paired["ci95"]) == (clustered["diff"], clustered["ci95"])
+
+
+def test_cluster_bootstrap_names_bad_input():
+    with pytest.raises(ValueError, match=r"\(seeds, clusters\).*\(2, 3\).*\(4,\)"):
+        cluster_bootstrap(np.zeros((2, 3)), np.ones(4))
+    with pytest.raises(ValueError, match="at least one unit"):
+        cluster_bootstrap(np.zeros((2, 3)), np.zeros(3))
+    with pytest.raises(ValueError, match="n_boot"):
+        cluster_bootstrap(np.zeros((2, 3)), np.ones(3), n_boot=0)

@@ -15,7 +15,9 @@ what it fit says little about what it ranks):
 - **the expert's choices** on every stored state
   (:func:`~digiq.diagnostics.ground_truth.expert_matrix`): how often each
   critic's top candidate does what the expert would (``expert_pick``; on the
-  trajectories the critics trained on, ``expert_pick_train``), where
+  trajectories the critics trained on, ``expert_pick_train``), how far
+  Digi-Q's critic is above the uninformed level there, with a 95% interval
+  over held-out episodes and seeds (``critic_pick_margin``), where
   it goes instead (``critic_wrong_picks``), whether the candidates hold the
   expert's action at all (``expert_support``), and how many of each policy's
   imitated rows are the expert's (``rows_expert_share``, from stage 07's
@@ -66,6 +68,7 @@ from digiq.diagnostics.reports import (
     expert_pick_report,
     expert_share,
     keep_by_group,
+    pick_margin,
     ranking_report,
     support_report,
     weighted_share,
@@ -338,6 +341,9 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["per_seed"] = reports
         metrics["expert_pick"] = {**_mean_report(expert_reports["heldout"]), "per_seed": expert_reports["heldout"]}
         metrics["expert_pick_train"] = {**_mean_report(expert_reports["train"]), "per_seed": expert_reports["train"]}
+        # Digi-Q's critic against the uninformed level on the held-out states, with an interval over episodes and seeds.
+        metrics["critic_pick_margin"] = pick_margin(right[held], valid[held], distinct[held],
+                                                    [q[held] for q in critic_q], episodes[held], task_sets[held])  # fmt: skip
         metrics["critic_wrong_picks"] = wrong_pick_report(right[held], valid[held], [q[held] for q in critic_q],
                                                           candidate_kinds[held], kinds[held],
                                                           task_sets[held])  # fmt: skip

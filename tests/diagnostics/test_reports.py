@@ -1,9 +1,9 @@
-"""The diagnostics' reports: the expert's share of each policy's rows, kept rows by group."""
+"""The diagnostics' reports: the expert's share of each policy's rows, kept rows by group, the critic's margin."""
 
 import numpy as np
 
 from digiq.data.picks import Picks
-from digiq.diagnostics.reports import expert_share, keep_by_group
+from digiq.diagnostics.reports import expert_share, keep_by_group, pick_margin
 
 
 def test_expert_share_judges_the_picked_candidate_per_task_set():
@@ -44,3 +44,21 @@ def test_keep_by_group_pools_seeds_per_task_set_and_kind():
     kept_right = np.array([0, 0, 0, 1])
     out = keep_by_group(kept, kept_right, 2, task_sets, kinds)
     assert out == {"webshop": {"PRESS_BACK": {"kept": 0.75, "expert": 0.0}, "TYPE": {"kept": 0.5, "expert": 0.5}}}
+
+
+def test_pick_margin_is_the_pick_minus_the_uninformed_level_over_informative_states():
+    # Candidates: state 0 offers the expert's action once among 2 distinct decisions (uninformed 1/2), drawn twice
+    # among 3 draws; state 1 has 1 right of 4 distinct (1/4); state 2 has no right candidate (not informative).
+    right = np.array([[True, True, False, False], [True, False, False, False], [False, False, False, False]])
+    valid = np.ones((3, 4), bool)
+    valid[0, 3] = False
+    distinct = np.array([[True, False, True, True], [True, True, True, True], [True, True, True, True]])
+    hits = np.array([[9.0, 0, 1, 0], [0, 9.0, 1, 0], [9.0, 0, 0, 0]])  # seed 0: right at state 0 only
+    misses = np.array([[0, 0, 9.0, 9.0], [9.0, 0, 0, 0], [9.0, 0, 0, 0]])  # seed 1: the invalid 9 is skipped
+    episodes, groups = np.array([7, 8, 8]), np.array(["general", "webshop", "webshop"])
+    m = pick_margin(right, valid, distinct, [hits, misses], episodes, groups)
+    assert list(m) == ["all", "general", "webshop"]
+    # seed 0: (1 - 1/2) + (0 - 1/4); seed 1: (0 - 1/2) + (1 - 1/4); over 4 (seed, state) pairs: 0.5 / 4.
+    assert m["all"]["diff"] == 12.5 and (m["all"]["units"], m["all"]["clusters"], m["all"]["seeds"]) == (2, 2, 2)
+    assert m["general"]["diff"] == 0.0 and m["webshop"]["diff"] == 25.0
+    assert m["webshop"]["units"] == 1  # state 2 of the same episode offers nothing right: not counted

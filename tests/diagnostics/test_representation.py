@@ -153,6 +153,8 @@ def test_the_diagnostics_stage_probes_every_feature_folder(probe_root):
     taps = probes["control"]["tap_on_goal_element"]
     assert 0 < taps["positive_rate"] < 1  # taps on the named element and elsewhere
     assert m["part_time_s"]["representation_probes"] >= 0
+    if m["expert_pick"]["informative_states"]:  # the critic's margin over the same held-out states
+        assert m["critic_pick_margin"]["all"]["units"] == m["expert_pick"]["informative_states"]
     table = probe_table(probes)
     assert list(table.index) == list(probes) and table.loc["blind", ("changes_screen", "auroc")] == 1.0
 

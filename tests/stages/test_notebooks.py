@@ -216,6 +216,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
         rankers = {f"{kind}_ranker_{vlm}" for kind in ("mlp", "linear") for vlm in ("finetuned", "untuned", "blind")}
         assert set(pick["hit_rate"]) == {"base_sample", "uninformed", "critic_digiq", "critic_digiq_hierarchy",
                                          "critic_digiq_untuned", "critic_digiq_blind", "taken_action", *rankers}  # fmt: skip
+        margin = diag["critic_pick_margin"]["all"]  # Digi-Q's critic against the uninformed level, with its interval
+        assert margin["units"] == pick["informative_states"] and margin["seeds"] == 2
+        assert margin["ci95"][0] <= margin["diff"] <= margin["ci95"][1]
+        assert abs(margin["diff"] - 100 * (pick["hit_rate"]["critic_digiq"] - pick["hit_rate"]["uninformed"])) < 0.05
     assert (workspace / "plots" / "results.png").stat().st_size > 0
     for stage in pipeline.stages():  # every notebook stage times itself (evaluation apart from its results)
         if stage.notebook:
