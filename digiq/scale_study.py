@@ -56,7 +56,7 @@ from digiq.data.picks import Picks
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.critic_study import SETTINGS, critic_q
 from digiq.diagnostics.ground_truth import expert_matrix
-from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
+from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report, expert_share, weighted_share
 from digiq.evaluate import main as evaluate
 from digiq.io import atomic_write_text
 from digiq.paths import Paths
@@ -84,25 +84,24 @@ def nested_subset(steps: pd.DataFrame, fraction: float, seed: int) -> np.ndarray
 
 
 def imitated(per_seed: Sequence[Picks], right: np.ndarray, of_set: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Per task set, means over seeds: how many rows a policy imitates, the share of them the expert would take, the
-    share at states where some candidate is the expert's, and the expert's share of the rows at those states."""
+    """Per task set, means over seeds, as stage 08 measures them: how many rows a policy imitates, the share of them
+    the expert would take, the share at states where some candidate is the expert's, and the expert's share of the
+    rows at those states."""
+    offered = right.any(1)
+    shares, on_offer, there = [], [], []
+    for p in per_seed:
+        at = offered[p.states]
+        shares.append(expert_share(right, p.states, p.columns, of_set))
+        on_offer.append(weighted_share(at, of_set[p.states], of_set))
+        there.append(expert_share(right, p.states[at], p.columns[at], of_set))
 
-    def mean(values: list[float]) -> float | None:
-        return round(float(np.mean(values)), 4) if values else None
+    def mean(per_seed_shares: list[dict[str, float | None]], ts: str) -> float | None:
+        kept = [x[ts] for x in per_seed_shares if x[ts] is not None]
+        return round(float(np.mean(kept)), 4) if kept else None
 
-    out = {}
-    possible = right.any(1)
-    for ts in data_task_sets(of_set):
-        mine = [(p.states[of_set[p.states] == ts], p.columns[of_set[p.states] == ts]) for p in per_seed]
-        mine = [(states, columns, possible[states]) for states, columns in mine]
-        out[ts] = {
-            "rows": round(float(np.mean([len(states) for states, _, _ in mine])), 1),
-            "expert_share": mean([float(right[states, columns].mean()) for states, columns, _ in mine if len(states)]),
-            "at_states_with_an_expert_candidate": mean([float(p.mean()) for states, _, p in mine if len(states)]),
-            "expert_share_there": mean([float(right[states[p], columns[p]].mean()) for states, columns, p in mine
-                                        if p.any()]),
-        }  # fmt: skip
-    return out
+    return {ts: {"rows": round(float(np.mean([(of_set[p.states] == ts).sum() for p in per_seed])), 1),
+                 "expert_share": mean(shares, ts), "at_states_with_an_expert_candidate": mean(on_offer, ts),
+                 "expert_share_there": mean(there, ts)} for ts in data_task_sets(of_set)}  # fmt: skip
 
 
 def _label(fraction: float, updates: int) -> str:
