@@ -16,10 +16,11 @@ import argparse
 import time
 from pathlib import Path
 
-from digiq.config import DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
 from digiq.env.tasks import TASK_SETS
-from digiq.evaluate import EvalJob, device_pool, evaluate_job
+from digiq.evaluate import EvalJob, evaluate_job
 from digiq.paths import Paths
+from digiq.rollout import device_pool
 from digiq.stages.common import read_tasks
 from digiq.workers import map_jobs
 
@@ -41,7 +42,7 @@ def main() -> None:
         here = [evaluate_job(job, pool) for job in jobs]
     one = time.perf_counter() - t0
     t0 = time.perf_counter()
-    there = map_jobs(evaluate_job, jobs, args.workers)
+    there = map_jobs(evaluate_job, jobs, ComputeConfig(workers=args.workers))
     shared = time.perf_counter() - t0
 
     episodes = args.jobs * sum(map(len, tasks.values()))

@@ -62,6 +62,7 @@ PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
 BACKENDS = ("sim", "adb-sim", "emulator")  # where collect and eval step their devices
+COMPUTE_BACKENDS = ("local", "ray")  # where independent jobs and rollouts' devices run
 
 
 class ConfigError(ValueError):
@@ -632,7 +633,8 @@ class EmbedConfig:
 
 @knobs
 class ComputeConfig:
-    """How stages use the machine: data-parallel processes (stages 00, 04, 06, 07) or workers for independent jobs (05-09)."""
+    """How stages use the machine, or a cluster: data-parallel processes (stages 00, 04, 06, 07), independent jobs
+    (05-10) and the devices of rollouts."""
 
     processes: int = _knob(
         1,
@@ -643,17 +645,37 @@ class ComputeConfig:
     cpu: bool = _knob(False, help="run the processes on the CPU even where there are GPUs (the tests do)")
     workers: int = _knob(
         2,
-        help="CPU processes that share stages 05-09's independent jobs: each VLM's features, the "
-        "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the "
-        "stage's own process)",
+        help="local backend: CPU processes that share stages 05-10's independent jobs: each VLM's features, the "
+        "(row, seed) fits and, on the simulator, the evaluations (digiq.workers; 1: all in the stage's own process)",
         at_least=1,
         at_most=MAX_DEVICES,
     )
+    backend: str = _knob(
+        "local",
+        help="local: jobs in this machine's processes, devices of this machine | ray: jobs as tasks of a Ray "
+        "cluster, rollouts on the devices of every node that offers some (digiq.cluster, docs/cluster.md)",
+    )
+    address: str = _knob(
+        "auto",
+        help="ray backend: the cluster to join (auto: the one `ray start` began on this machine, or RAY_ADDRESS; "
+        "host:port: a head node's address)",
+    )
+    job_cpus: int = _knob(1, help="ray backend: CPUs each job asks for (also its torch threads)", at_least=1,
+                          at_most=1024)  # fmt: skip
+    job_gpus: float = _knob(0.0, help="ray backend: GPUs each job asks for (a fraction shares one)", at_least=0,
+                            at_most=MAX_DEVICES)  # fmt: skip
+    retries: int = _knob(
+        3, help="ray backend: times a job lost with its node or worker process starts again", at_least=0, at_most=100
+    )
 
     def __post_init__(self) -> None:
+        if self.backend not in COMPUTE_BACKENDS:
+            raise ValueError(f"backend must be one of {list(COMPUTE_BACKENDS)}, got {self.backend!r}")
         if self.workers > 1 and self.processes > 1:
             raise ValueError(f"workers {self.workers} with processes {self.processes}: a stage either shares its "
                              "jobs among workers or each job's batches among processes, not both")  # fmt: skip
+        if not self.address.strip():
+            raise ValueError("address must name a Ray cluster: auto, or a head node's host:port")
 
 
 @knobs

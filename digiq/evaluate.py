@@ -11,12 +11,12 @@ same code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,12 +44,12 @@ from digiq.judge import evaluator_for
 from digiq.models.agents import ExpertSkill, ModelPolicy
 from digiq.models.checkpoint import read_typed_config
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
-from digiq.rollout import EpisodeResult, Policy, rollout, success_by
+from digiq.rollout import EpisodeResult, Policy, device_pool, rollout, success_by
 from digiq.stats import sample_std
 from digiq.workers import map_jobs, process_cached
 
 __all__ = [
-    "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "device_pool", "seed_metrics", "summarize",
+    "EvalJob", "evaluate_job", "run_jobs", "evaluate_policy", "load_agent", "seed_metrics", "summarize",
     "outcome_strings", "outcome_array", "read_task_file", "policy_for", "main",
 ]  # fmt: skip
 
@@ -63,22 +63,6 @@ def load_agent(checkpoint: Path, cfg: EvalConfig) -> ModelPolicy:
     """
     model = AutoUIPolicy.load(checkpoint)
     return ModelPolicy(model, temperature=cfg.temperature or 1.0, greedy=cfg.temperature == 0)
-
-
-@contextmanager
-def device_pool(
-    devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, size: int
-) -> Iterator[Callable[[], PhoneEnv]]:
-    """An env factory cycling over ``size`` envs on ``devices``, reused by every rollout in the block.
-
-    A device backend has only so many devices, so the envs are made once;
-    success on a real emulator (or on ``adb-sim`` with ``judge.on_adb_sim``)
-    is the VLM ``judge``'s verdict (:func:`digiq.judge.evaluator_for`).
-    """
-    evaluator = evaluator_for(devices, judge)
-    with EnvFactory(devices, Dynamics.of(env), env.width, evaluator) as factory:
-        pool = itertools.cycle([factory() for _ in range(max(1, size))])
-        yield lambda: next(pool)
 
 
 def evaluate_policy(agent: Policy, tasks: Mapping[str, Sequence[Task]], cfg: EvalConfig, env: EnvConfig, *,
@@ -188,12 +172,13 @@ def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None
 
 
 def run_jobs(jobs: Sequence[EvalJob], devices: DeviceConfig, judge: JudgeConfig,
-             workers: int) -> list[dict[str, list[EpisodeResult]]]:  # fmt: skip
-    """Every job's episodes: on the simulator shared among ``workers`` processes, on other devices from this one."""
-    if devices.backend == "sim" and workers > 1:
-        return map_jobs(evaluate_job, jobs, workers)
+             compute: ComputeConfig) -> list[dict[str, list[EpisodeResult]]]:  # fmt: skip
+    """Every job's episodes: on the simulator jobs shared as ``compute`` says (local processes or a Ray cluster's
+    tasks, :mod:`digiq.workers`), on other devices one after the other from this process, on ``compute``'s devices."""
+    if devices.backend == "sim" and (compute.workers > 1 or compute.backend == "ray"):
+        return map_jobs(evaluate_job, jobs, compute)
     longest = max(len(listed) for job in jobs for listed in job.tasks.values())
-    with device_pool(devices, jobs[0].env, judge, min(jobs[0].cfg.n_envs, longest)) as pool:
+    with device_pool(devices, jobs[0].env, judge, min(jobs[0].cfg.n_envs, longest), compute) as pool:
         return [evaluate_job(job, pool) for job in jobs]
 
 
@@ -285,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
     ap.add_argument("--workers", type=int, default=None,
-                    help="processes sharing the seeds on the simulator; default: the params' compute.workers")  # fmt: skip
+                    help="local backend: processes sharing the seeds on the simulator; default: the params' "
+                         "compute.workers (compute.backend: ray shares them among the cluster's nodes)")  # fmt: skip
     ap.add_argument("--on-devices", action="store_true",
                     help="step the params' devices backend (judge: its judge group) instead of the in-process simulator")  # fmt: skip
     args = ap.parse_args(argv)
@@ -303,12 +289,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         devices = load_section(DeviceConfig, "devices", params, args.params) if args.on_devices else DeviceConfig()
         judge = load_section(JudgeConfig, "judge", params, args.params)
         experiment = load_section(ExperimentConfig, "experiment", params, args.params)
-        workers = args.workers if args.workers is not None else load_section(ComputeConfig, "compute", params,
-                                                                              args.params).workers  # fmt: skip
+        compute = load_section(ComputeConfig, "compute", params, args.params)
     except (FileNotFoundError, ValueError) as e:  # a ConfigError is a ValueError
         ap.error(str(e))
-    if workers < 1:
-        ap.error(f"--workers must be >= 1, got {workers}")
+    if args.workers is not None:
+        try:
+            compute = dataclasses.replace(compute, workers=args.workers)
+        except ValueError as e:
+            ap.error(f"--workers: {e}")
     seeds = args.seeds if args.seeds is not None else experiment.seeds if len(args.policy) == 1 else len(args.policy)
     try:
         ExperimentConfig(seeds=seeds)  # the bounds of the params' experiment.seeds: each seed is a whole evaluation
@@ -338,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         folder, config = args.policy[s % len(args.policy)], configs[s % len(args.policy)]
         jobs += [EvalJob(policy_for(folder, ts), folder.name, s, {ts: listed}, cfg, env, config.screen_text)
                  for ts, listed in tasks.items()]  # fmt: skip
-    results = run_jobs(jobs, devices, judge, workers)
+    results = run_jobs(jobs, devices, judge, compute)
     runs = {ts: [r[ts] for job, r in zip(jobs, results, strict=True) if ts in job.tasks] for ts in tasks}
     report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
     report.update({

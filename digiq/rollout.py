@@ -18,19 +18,23 @@ logged and, with a store, appended to ``faults.jsonl`` beside the data.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import Step, TrajectoryStore, mc_returns, observation_text
 from digiq.env.actions import format_action
 from digiq.env.adb_env import DeviceFault
+from digiq.env.backends import EnvFactory
 from digiq.env.catalog import stable_int
 from digiq.env.expert import Expert
 from digiq.env.gym_env import AndroidSimEnv, PhoneEnv
@@ -38,11 +42,13 @@ from digiq.env.hierarchy import describe
 from digiq.env.state import Dynamics
 from digiq.env.tasks import Task
 from digiq.io import write_error
+from digiq.judge import evaluator_for
 from digiq.noise import noise_key
 from digiq.progress import Progress, progress
 
 __all__ = [
-    "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "episode_seed", "success_by", "FAULTS_FILE"
+    "RolloutBatch", "Policy", "ExpertPolicy", "EpisodeResult", "rollout", "device_pool", "episode_seed", "success_by",
+    "FAULTS_FILE",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -205,7 +211,9 @@ class _Rollouts:
 
     def begin(self, i: int) -> None:
         """Start the next waiting episode on device ``i`` (or leave it idle when none is left)."""
-        if self.in_a_row[i] >= self.max_faults:  # a device that keeps failing is out: its episodes go elsewhere
+        # A device that keeps failing is out: its episodes go elsewhere. So is one known to be gone (on a cluster
+        # node that was lost), before it costs an episode a fault.
+        if self.in_a_row[i] >= self.max_faults or self.envs[i].gone:
             self.retire(i)
             return
         index = self._take(i)
@@ -354,6 +362,42 @@ def rollout(
             + (f" and are stored in {store.root} (faults in {FAULTS_FILE})" if store is not None else "")
         )
     return sorted(run.results, key=lambda r: r.index)
+
+
+@contextmanager
+def device_pool(devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, size: int,
+                compute: ComputeConfig | None = None) -> Iterator[Callable[[], PhoneEnv]]:  # fmt: skip
+    """An env factory cycling over ``size`` envs on ``devices``, reused by every rollout in the block.
+
+    A device backend has only so many devices, so the envs are made once,
+    each when a rollout first asks for it (one that asks for fewer opens no
+    more), and handed out again in turn; success on a real emulator (or on
+    ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict
+    (:func:`digiq.judge.evaluator_for`). With
+    ``compute.backend: ray`` they are the devices of every node of the
+    cluster that offers some (:func:`digiq.cluster.cluster_devices`);
+    simulated phones stay in this process where no node offers devices.
+    """
+    if compute is not None and compute.backend == "ray":
+        from digiq.cluster import cluster_devices, connect, device_nodes
+
+        connect(compute)
+        if devices.backend != "sim" or device_nodes():
+            with cluster_devices(compute, devices, env, judge, max(1, size)) as pool:
+                yield pool
+            return
+    evaluator = evaluator_for(devices, judge)
+    with EnvFactory(devices, Dynamics.of(env), env.width, evaluator) as factory:
+        made: list[PhoneEnv] = []
+        turn = itertools.count()
+
+        def make() -> PhoneEnv:
+            n = next(turn)
+            if len(made) < max(1, size):
+                made.append(factory())
+            return made[n % len(made)]
+
+        yield make
 
 
 def _steps(store: TrajectoryStore, episode: Episode, gamma: float) -> list[Step]:

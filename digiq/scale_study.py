@@ -176,7 +176,7 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
                     fit_rows = imitation_rows(steps, cands, Picks(rows_picked.states[mine], rows_picked.columns[mine]))
                     pool = int((of_set == ts).sum()) if ROWS[row] in DRAW_FROM_STATES else len(fit_rows)
                     jobs.append(ActorFitJob(where, row, s, ts, actor.seed + s, fit_rows, pool, cfg))
-            map_jobs(fit_actor_job, jobs, workers)
+            map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
             entry["budgets"][updates] = {}
             for row in rows:
                 result = out_dir / f"{_label(fraction, updates)}_{row}.json"

@@ -11,7 +11,7 @@ LAYERS = (
     {"io", "paths", "noise", "lock", "parallel", "progress", "config", "rows", "pipeline", "fingerprint", "stats"},
     {"env"},  # the simulated and real devices, tasks, actions
     {"data", "judge"},  # stored trajectories, candidates, features; the VLM judge of a real episode
-    {"rollout"},  # episodes of any policy on any devices
+    {"rollout", "cluster"},  # episodes of any policy on any devices; jobs and devices on a Ray cluster
     {"models"},  # the networks and their checkpoints
     {"algos", "workers"},  # the learning rules; jobs over worker processes
     {"diagnostics", "evaluate"},

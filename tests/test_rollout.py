@@ -11,14 +11,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import digiq.stages.collect as collect_module
-from digiq.config import CollectConfig, EnvConfig
+import digiq.rollout as rollout_module
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data import DataError, TrajectoryStore, mc_returns, observation_text
 from digiq.data.trajectories import Step
 from digiq.env import AndroidSimEnv, Dynamics, parse_task
 from digiq.env.taskgen import generate_tasks
 from digiq.paths import Paths
-from digiq.rollout import FAULTS_FILE, ExpertPolicy, rollout
+from digiq.rollout import FAULTS_FILE, ExpertPolicy, device_pool, rollout
 from digiq.stages.collect import run_collect
 from digiq.stages.eval import train_tasks
 
@@ -191,6 +191,43 @@ def test_a_faulted_episode_moves_to_another_device_and_a_failing_device_is_retir
     assert sorted(store.read().to_pandas().traj_id.unique()) == list(range(6))
 
 
+def test_a_device_known_to_be_gone_is_retired_before_it_costs_an_episode_a_fault(tmp_path):
+    """A device of a lost cluster node that was idle when the node went: it takes no episode, so none faults on it."""
+    gone = FaultyPhone(set(), broken=True, serial="gone")
+    gone.gone = True
+    phones = iter([gone, FaultyPhone(set(), serial="good")])
+    results = rollout(ExpertPolicy(), TASKS[:3], n_envs=2, store=TrajectoryStore(tmp_path),
+                      env_factory=lambda: next(phones))  # fmt: skip
+    assert [r.success for r in results] == [True] * 3
+    assert not (tmp_path / FAULTS_FILE).exists()
+
+
+def test_a_device_pool_opens_only_the_devices_a_rollout_asks_for(monkeypatch):
+    """Made when first asked for, then handed out in turn: a resumed run with fewer tasks opens fewer devices."""
+    made = []
+
+    class CountedPhones:  # stands in for EnvFactory
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def __call__(self) -> AndroidSimEnv:
+            made.append(AndroidSimEnv(width=108))
+            return made[-1]
+
+    monkeypatch.setattr(rollout_module, "EnvFactory", CountedPhones)
+    with device_pool(DeviceConfig(), EnvConfig(width=108), JudgeConfig(), 4) as make:
+        rollout(ExpertPolicy(), TASKS[:2], n_envs=4, env_factory=make)
+        assert len(made) == 2
+        handed = [make() for _ in range(6)]
+    assert len(made) == 4 and handed == made[2:] + made  # the next two new, then all four in turn
+
+
 def test_an_abandoned_episode_is_a_counted_failure_not_missing(tmp_path):
     cursed = {TASKS[2].instruction}
     phones = iter([FaultyPhone(cursed, serial=f"p{i}") for i in range(2)])
@@ -209,7 +246,7 @@ def test_collect_counts_an_abandoned_episode_as_a_failure_and_stores_the_rest(co
     tasks = {ts: collect_root.task_list(ts, "train").read_text().split("\n")[0] for ts in ("general", "webshop")}
     cursed = {parse_task(tasks["general"]).instruction}
 
-    class FaultyPhones:  # stands in for EnvFactory: the stage's phones, each faulting while it runs a cursed task
+    class FaultyPhones:  # stands in for EnvFactory: the device pool's phones, each faulting while it runs a cursed task
         def __init__(self, *args, **kwargs) -> None:
             self.made = 0
 
@@ -223,7 +260,7 @@ def test_collect_counts_an_abandoned_episode_as_a_failure_and_stores_the_rest(co
             self.made += 1
             return FaultyPhone(cursed, serial=f"p{self.made}")
 
-    monkeypatch.setattr(collect_module, "EnvFactory", FaultyPhones)
+    monkeypatch.setattr(rollout_module, "EnvFactory", FaultyPhones)
     metrics = run_collect(
         CollectConfig(tasks_per_set=2, n_envs=2, **EACH_TASK_ONCE), EnvConfig(width=108), collect_root
     )

@@ -11,6 +11,7 @@ import yaml
 
 from digiq.config import (
     CollectConfig,
+    ComputeConfig,
     DeviceConfig,
     DiagnosticsConfig,
     EnvConfig,
@@ -22,13 +23,14 @@ from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
-from digiq.evaluate import EvalJob, device_pool, evaluate_job
+from digiq.evaluate import EvalJob, evaluate_job
 from digiq.models.critic import Critic
 from digiq.paths import Paths
+from digiq.rollout import device_pool
 from digiq.stages import diagnostics
 from digiq.stages.critic import run as critic_stage
 from digiq.stages.launch import run_stage
-from digiq.workers import map_jobs, threads_per_worker
+from digiq.workers import IN_PROCESS, map_jobs, threads_per_worker
 
 pytestmark = pytest.mark.slow  # worker processes, each loading torch
 
@@ -46,7 +48,7 @@ def test_seeded_jobs_draw_the_same_in_workers_and_come_back_in_order():
     seeds = [3, 1, 4, 1, 5]
     here = [_draws(s) for s in seeds]
     assert len({tuple(d) for d in here}) == 4  # the draws differ by seed: equality below is not vacuous
-    assert map_jobs(_draws, seeds, workers=2) == here
+    assert map_jobs(_draws, seeds, ComputeConfig(workers=2)) == here
 
 
 def _jobs(checkpoint, n_tasks: int = 4) -> list[EvalJob]:
@@ -60,7 +62,7 @@ def test_evaluations_in_workers_match_the_stage_s_process(values_root):
     jobs = _jobs(Paths(values_root).base_policy)
     with device_pool(DeviceConfig(), EnvConfig(width=WIDTH), JudgeConfig(), 3) as pool:
         here = [evaluate_job(job, pool) for job in jobs]
-    there = map_jobs(evaluate_job, jobs, workers=2)
+    there = map_jobs(evaluate_job, jobs, ComputeConfig(workers=2))
     assert there == here  # every episode: its task, success and number of steps
     assert [r.index for r in there[1]["webshop"]] == list(range(4))
     assert [r.task for r in there[0]["general"]] == [t.instruction for t in jobs[0].tasks["general"]]
@@ -70,10 +72,10 @@ def test_a_failing_job_raises_its_error_here(values_root, tmp_path):
     good, _ = _jobs(Paths(values_root).base_policy, n_tasks=1)
     bad = EvalJob(tmp_path / "no_checkpoint", "missing", 0, good.tasks, good.cfg, good.env, False)
     with pytest.raises(FileNotFoundError, match="no_checkpoint"):
-        map_jobs(evaluate_job, [good, bad], workers=2)
+        map_jobs(evaluate_job, [good, bad], ComputeConfig(workers=2))
 
 
-def _write_or_read(job: tuple[str, Path]) -> str:
+def write_or_read(job: tuple[str, Path]) -> str:
     """The job "write" writes the file after a while, "quick" returns at once, "read" reads the file (or fails)."""
     kind, path = job
     if kind == "write":
@@ -88,22 +90,27 @@ def test_a_job_given_one_to_wait_for_starts_once_it_has_finished(tmp_path):
     out = tmp_path / "out.txt"
     jobs = [("write", out), ("quick", out), ("read", out)]
     # The second worker, free after "quick", would read the file before it is written, if it did not wait.
-    assert map_jobs(_write_or_read, jobs, workers=2, after=[None, None, 0]) == ["wrote", "quick", "written"]
+    assert map_jobs(write_or_read, jobs, ComputeConfig(workers=2), after=[None, None, 0]) == [
+        "wrote",
+        "quick",
+        "written",
+    ]
     with pytest.raises(ValueError, match="an earlier job's index"):
-        map_jobs(len, ["a", "b"], workers=2, after=[None, 1])
+        map_jobs(len, ["a", "b"], ComputeConfig(workers=2), after=[None, 1])
 
 
 def test_worker_counts_are_checked_and_share_the_cores():
     with pytest.raises(ValueError, match="workers must be >= 1"):
-        map_jobs(len, ["a"], workers=0)
-    assert map_jobs(len, ["a", "bb"], workers=1) == [1, 2]
+        map_jobs(len, ["a"], ComputeConfig(workers=0))
+    assert map_jobs(len, ["a", "bb"], IN_PROCESS) == [1, 2]
     assert threads_per_worker(1) >= threads_per_worker(2) >= 1 and threads_per_worker(10**6) == 1
 
 
-def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
+def critic_root(values_root: Path, dest: Path, compute: dict) -> Paths:
+    """Stage 06 on the tiny pipeline's data with ``compute`` as its params' group: two rows, two seeds, a few steps."""
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["compute"] = {"workers": workers}
+    params["compute"] = compute
     params["critic"].update({"steps": 6, "hidden": 16, "batch_size": 16, "penalty_states": 5})
     params["experiment"]["seeds"] = 2
     params["ablations"].update({"untuned_vlm": False, "blind_vlm": False})
@@ -114,7 +121,7 @@ def _critic_root(values_root: Path, dest: Path, workers: int) -> Paths:
 
 def test_the_critic_stage_on_two_workers_matches_one_process(values_root, tmp_path):
     """Four critics (two rows, two seeds) fitted in two worker processes: the stage's metrics and weights."""
-    one, two = (_critic_root(values_root, tmp_path / name, w) for name, w in (("one", 1), ("two", 2)))
+    one, two = (critic_root(values_root, tmp_path / name, {"workers": w}) for name, w in (("one", 1), ("two", 2)))
     m1, m2 = (run_stage(critic_stage, p, p.root / "params.yaml") for p in (one, two))
     assert set(m1["by_critic"]) == {"digiq", "digiq_cql"}
     for key in ("wall_time_s",):
@@ -138,7 +145,8 @@ def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monke
     cfg = DiagnosticsConfig(oracle_states=6, oracle_rollouts=2, behaviour_rollouts=1)
     env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
     pool = np.arange(len(steps))
-    one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, pool, paths, w) for w in (1, 2))
+    one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, pool, paths, ComputeConfig(workers=w))
+                for w in (1, 2))  # fmt: skip
     assert set(one) == set(two) == {"idx", "valid", "oracle", "loglik", "behaviour"}
     assert one["oracle"].shape == one["behaviour"].shape == (6, 3)
     assert one["oracle"].max() > 0 and len(np.unique(one["loglik"])) > 1  # equality below is not vacuous

@@ -52,6 +52,9 @@ class PhoneEnv(gym.Env):
     # Whether stepping waits on something outside this process (a device over adb):
     # rollouts step such envs from threads so that a pool of devices works in parallel.
     parallel_steps = False
+    # Whether the device is known to be lost for good (a cluster node that went away): rollouts retire it
+    # before it takes an episode. A device in this process is never gone.
+    gone = False
 
     def __init__(self, tasks: Sequence[Task | str] = (), width: int = 216, max_steps: int | None = None) -> None:
         self.tasks = [_as_task(t) for t in tasks]

@@ -78,7 +78,7 @@ from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
-from digiq.workers import map_jobs, process_cached
+from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
 __all__ = [
     "run",
@@ -140,11 +140,11 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
 
 @one_run_at_a_time("actor")
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row], env: EnvConfig,
-              collect: CollectConfig, digirl: DigiRLConfig | None = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip
+              collect: CollectConfig, digirl: DigiRLConfig | None = None, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Train the policy of every offline row of ``table`` (:func:`digiq.rows.all_rows`: the paper's comparison,
     the named variants, the ablations) for every seed.
 
-    The fits, all with the same number of updates, are shared among ``workers`` processes (:mod:`digiq.workers`).
+    The fits, all with the same number of updates, are shared as ``compute`` says (:mod:`digiq.workers`).
     ``digirl`` sets offline DigiRL's rule (default: the paper's values).
 
     Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
@@ -226,7 +226,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
                         passes.setdefault(name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
                     fits.append(ActorFitJob(paths, name, s, ts, seed, rows, pool, cfg))
         with timed(parts, "fits"):
-            losses = map_jobs(fit_actor_job, fits, workers)
+            losses = map_jobs(fit_actor_job, fits, compute)
         curves = {f"{job.name} ({job.task_set})": curve for job, curve in zip(fits, losses, strict=True)
                   if job.seed == 0 and curve}  # fmt: skip
         if parallel.is_main():
@@ -282,4 +282,4 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
                      table=all_rows(ablations, list(load_variants(params))), env=load_section(EnvConfig, "env", params),
                      collect=load_section(CollectConfig, "collect", params),
                      digirl=load_section(DigiRLConfig, "digirl", params),
-                     workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip
+                     compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

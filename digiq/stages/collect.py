@@ -11,19 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
+from digiq.config import CollectConfig, ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
 from digiq.data.trajectories import TrajectoryStore
-from digiq.env.backends import EnvFactory
 from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, require
-from digiq.judge import evaluator_for
 from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
-from digiq.rollout import rollout, success_by
+from digiq.rollout import device_pool, rollout, success_by
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 
 __all__ = ["run", "run_collect", "episode_tasks"]
@@ -60,10 +58,12 @@ def episode_tasks(cfg: CollectConfig, task_set: str, pool: list[Task]) -> list[T
 
 @one_run_at_a_time("collect")
 def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
-                judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
+                judge: JudgeConfig | None = None, compute: ComputeConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """Roll the base policy out on ``devices`` (default: the in-process simulator).
 
     Success on a real emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
+    With ``compute.backend: ray`` the episodes are spread over the devices of every node of the cluster that
+    offers some (:func:`digiq.rollout.device_pool`).
     """
     devices = devices or DeviceConfig()
     require("collect", paths.base_policy / "config.json")
@@ -73,9 +73,7 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         first = _first_tasks(cfg, paths)
         tasks = [t for ts in TASK_SETS for t in episode_tasks(cfg, ts, _rollout_tasks(cfg, paths, ts, first[ts]))]
         store = TrajectoryStore(paths.offline)
-        with EnvFactory(
-            devices, Dynamics.of(env), env.width, evaluator_for(devices, judge or JudgeConfig())
-        ) as make_env:
+        with device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, len(tasks)), compute) as make_env:
             ran = rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
                     dynamics=Dynamics.of(env), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
                     env_factory=make_env, screen_text=model.cfg.screen_text,
@@ -106,4 +104,5 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 01 as ``params.yaml`` sets it."""
     return run_collect(load_section(CollectConfig, "collect", params), load_section(EnvConfig, "env", params), paths,
                        devices=load_section(DeviceConfig, "devices", params),
-                       judge=load_section(JudgeConfig, "judge", params))  # fmt: skip
+                       judge=load_section(JudgeConfig, "judge", params),
+                       compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

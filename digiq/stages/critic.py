@@ -34,7 +34,7 @@ from digiq.models.critic import Critic, load_critics, per_task_set
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
-from digiq.workers import map_jobs, process_cached
+from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
 __all__ = [
     "run",
@@ -188,9 +188,10 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
 
 
 @one_run_at_a_time("critic")
-def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, workers: int = 1) -> dict[str, Any]:
-    """One critic per (row, seed, task set): ``data/models/critic/seed<s>/<row>/<task set>``, the fits shared among
-    ``workers`` processes.
+def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1,
+               compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
+    """One critic per (row, seed, task set): ``data/models/critic/seed<s>/<row>/<task set>``, the fits shared as
+    ``compute`` says (:mod:`digiq.workers`).
 
     Metrics at the top level are Digi-Q's critics'; ``by_critic`` holds every critic's held-out
     V-vs-return correlation and TD fit per seed and task set.
@@ -203,7 +204,7 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1, worke
         task_sets = data_task_sets(transitions(paths).task_set)
         jobs = [CriticJob(paths, row, spec, seed, ts) for row, spec in specs.items() for seed in range(seeds)
                 for ts in task_sets]  # fmt: skip
-        fits = dict(zip([(j.row, j.seed, j.task_set) for j in jobs], map_jobs(fit_critic_job, jobs, workers),
+        fits = dict(zip([(j.row, j.seed, j.task_set) for j in jobs], map_jobs(fit_critic_job, jobs, compute),
                         strict=True))  # fmt: skip
         curves: dict[str, list[float]] = {}
         by_critic: dict[str, Any] = {}
@@ -247,5 +248,5 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
         specs,
         paths,
         seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-        workers=load_section(ComputeConfig, "compute", params).workers,
+        compute=load_section(ComputeConfig, "compute", params),
     )

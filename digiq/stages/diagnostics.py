@@ -88,7 +88,7 @@ from digiq.paths import Paths
 from digiq.rollout import episode_seed
 from digiq.rows import VLM_OF_ROW, all_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
-from digiq.workers import map_jobs, process_cached
+from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
 __all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "run"]
 
@@ -156,11 +156,11 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
 
 
 def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
-                  cands: pd.DataFrame, pool: np.ndarray, paths: Paths, workers: int) -> dict[str, Any]:  # fmt: skip
+                  cands: pd.DataFrame, pool: np.ndarray, paths: Paths, compute: ComputeConfig) -> dict[str, Any]:  # fmt: skip
     """True values, the base policy's log-likelihoods and (``behaviour_rollouts``) its values of the candidates of
     ``cfg.oracle_states`` states sampled from ``pool`` (row indices: the trajectories no critic trained on).
 
-    The states are shared among ``workers`` processes in chunks of :data:`ORACLE_CHUNK`.
+    The states are shared as ``compute`` says (:mod:`digiq.workers`) in chunks of :data:`ORACLE_CHUNK`.
     """
     rng = np.random.default_rng(cfg.seed)
     idx = np.sort(rng.choice(pool, min(cfg.oracle_states, len(pool)), replace=False))
@@ -173,7 +173,7 @@ def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig
                                   stable_int("oracle state", cfg.seed, int(i))))  # fmt: skip
     jobs = [OracleJob(paths, c, states[start : start + ORACLE_CHUNK], cfg, env, collect.temperature, gamma)
             for c, start in enumerate(range(0, len(states), ORACLE_CHUNK))]  # fmt: skip
-    parts = map_jobs(oracle_job, jobs, workers)
+    parts = map_jobs(oracle_job, jobs, compute)
     sample = {"idx": idx, "valid": np.stack(cands.valid_list.to_numpy()[idx])}
     sample.update({key: np.concatenate([p[key] for p in parts]) for key in parts[0]})
     return sample
@@ -225,7 +225,7 @@ def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 @one_run_at_a_time("diagnostics")
 def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: EnvConfig, collect: CollectConfig,
-                    policies: Sequence[str], threshold: float, workers: int = 1) -> dict[str, Any]:  # fmt: skip
+                    policies: Sequence[str], threshold: float, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Every diagnostic of the module docstring, for every seed's critics; writes ``metrics/diagnostics.json``.
 
     ``policies`` are the ones stage 07 trained (:func:`digiq.rows.all_rows`); one that kept no
@@ -265,7 +265,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         with timed(parts, "representation_probes"):  # every VLM whose features the embed stage wrote
             metrics["probes"] = representation_probes(paths, feature_vlms(paths), threshold=threshold, seed=cfg.seed)
         with timed(parts, "oracle_values"):
-            sample = oracle_sample(cfg, env, collect, gamma, steps, cands, np.flatnonzero(held), paths, workers)
+            sample = oracle_sample(cfg, env, collect, gamma, steps, cands, np.flatnonzero(held), paths, compute)
         # The representation's slices as the VLM's recipe made them; features from elsewhere count as one.
         slices = saved_recipe(paths.vlm).parts if (paths.vlm / "config.json").exists() else ("representation",)
         probes: dict[str, np.ndarray] = {}
@@ -364,4 +364,4 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
                            threshold=load_section(VLMFinetuneConfig, "vlm_finetune", params).threshold,
                            env=load_section(EnvConfig, "env", params),
                            collect=load_section(CollectConfig, "collect", params),
-                           workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip
+                           compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

@@ -58,18 +58,16 @@ from digiq.config import (
     load_section,
 )
 from digiq.data.trajectories import TrajectoryStore
-from digiq.env.backends import EnvFactory
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import require, swap_in
-from digiq.judge import evaluator_for
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
-from digiq.rollout import rollout
+from digiq.rollout import device_pool, rollout
 from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
-from digiq.workers import map_jobs
+from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
 __all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "split_runs", "start_checkpoint",
            "run"]  # fmt: skip
@@ -105,6 +103,7 @@ class OnlineJob(NamedTuple):
     env: EnvConfig
     devices: DeviceConfig
     judge: JudgeConfig
+    device_compute: ComputeConfig = IN_PROCESS  # whose devices its rollouts step: this process's, or a Ray cluster's
     until: int | None = None
 
 
@@ -180,7 +179,7 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         name = f"round{r:03d}"
         store = TrajectoryStore(run / name)
         tasks = round_tasks(cfg, train, job.seed, job.task_set, r)
-        with EnvFactory(job.devices, dynamics, job.env.width, evaluator_for(job.devices, job.judge)) as make_env:
+        with device_pool(job.devices, job.env, job.judge, min(cfg.n_envs, len(tasks)), job.device_compute) as make_env:
             ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=round_seed,
                           dynamics=dynamics, width=job.env.width, store=store,
                           desc=f"{job.row} {job.task_set} {name}",
@@ -261,11 +260,13 @@ def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: di
 @one_run_at_a_time("digirl_online")
 def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, paths: Paths, *, seeds: int,
                       devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
-                      workers: int = 1) -> dict[str, Any]:  # fmt: skip
+                      compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Every online row for every seed; writes ``metrics/digirl_online.json`` and the learning curves.
 
-    On the simulator the runs are shared among ``workers`` processes; real
-    devices are stepped from this process.
+    On the simulator the runs are jobs shared as ``compute`` says
+    (:mod:`digiq.workers`), each stepping its own simulated phones; on
+    other devices they run here, one after the other, on ``compute``'s
+    devices (a Ray cluster's: every node's that offers some).
     """
     devices = devices or DeviceConfig()
     require("digirl_online", paths.base_policy / "config.json",
@@ -274,13 +275,14 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     if "digirl_off2on" in cfg.online:
         require("digirl_online", paths.offline)
     paths.online.mkdir(parents=True, exist_ok=True)  # the stage's output, empty when digirl.online is []
-    jobs = [OnlineJob(paths, row, s, ts, cfg, actor, env, devices, judge or JudgeConfig())
-            for row in cfg.online for s in range(seeds) for ts in TASK_SETS]  # fmt: skip
-    processes = workers if devices.backend == "sim" else 1
+    on_sim = devices.backend == "sim"
+    jobs = [OnlineJob(paths, row, s, ts, cfg, actor, env, devices, judge or JudgeConfig(),
+                      IN_PROCESS if on_sim else compute) for row in cfg.online for s in range(seeds) for ts in TASK_SETS]  # fmt: skip
+    runs_on = compute if on_sim else IN_PROCESS
     metrics: dict[str, Any] = {}
     with timed(metrics):
-        parts, after = split_runs(jobs, processes)
-        records = map_jobs(run_online_job, parts, processes, after)[len(parts) - len(jobs) :]
+        parts, after = split_runs(jobs, job_slots(runs_on))
+        records = map_jobs(run_online_job, parts, runs_on, after)[len(parts) - len(jobs) :]
     offline = TrajectoryStore(paths.offline).read() if paths.offline.exists() else None
     offline_steps = offline.num_rows if offline is not None else 0
     rows: dict[str, Any] = {}
@@ -298,7 +300,7 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
         # What the policies learnt from in all: off2on's offline data too.
         entry["env_steps"] = entry["online_env_steps"] + (offline_steps if row == "digirl_off2on" else 0)
         entry["wall_time_s"] = round(per_seed_total(entry, "wall_time_s"), 2)
-    metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": workers})
+    metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": job_slots(compute)})
     write_metrics(paths, "digirl_online", metrics)
     levels = ({f"offline data, {ts} (train tasks)": level for ts, level in _offline_success(offline).items()}
               if offline is not None else {})  # fmt: skip
@@ -316,5 +318,5 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
         load_section(DigiRLConfig, "digirl", params), load_section(ActorConfig, "actor", params),
         load_section(EnvConfig, "env", params), paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
         devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
-        workers=load_section(ComputeConfig, "compute", params).workers,
+        compute=load_section(ComputeConfig, "compute", params),
     )  # fmt: skip

@@ -30,7 +30,7 @@ from digiq.paths import Paths
 from digiq.progress import progress
 from digiq.rows import VLM_OF_ROW, vlm_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
-from digiq.workers import map_jobs, process_cached
+from digiq.workers import IN_PROCESS, job_slots, map_jobs, process_cached
 
 __all__ = [
     "run",
@@ -196,12 +196,14 @@ def _save(paths: Paths, name: str, steps: list[dict], parts: list[tuple[EmbedJob
 
 
 @one_run_at_a_time("embed")
-def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned",), workers: int = 1) -> dict[str, Any]:
+def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned",),
+              compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Features from each of ``vlms`` (:func:`load_vlm`; the first is the critic's own, the others ablations).
 
     Each VLM's rows are cut into jobs of whole batches (:func:`embed_job`),
-    merged here in order. On a CPU the jobs are shared by ``workers``
-    processes (:mod:`digiq.workers`); on a GPU they run one after the other.
+    merged here in order. On a CPU the jobs are shared by ``compute.workers``
+    processes (:mod:`digiq.workers`), on a GPU they run one after the other;
+    on a Ray cluster they are its tasks, each on ``compute.job_gpus`` GPUs.
     """
     require("embed", paths.vlm / "config.json", paths.candidates)
     metrics: dict[str, Any] = {}
@@ -216,10 +218,11 @@ def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned"
         if any(len(c["action_list"]) != n for c in cands):
             raise DataError(f"candidates {paths.candidates} hold lists of different lengths; every state needs "
                             f"{n}, as the first has: rerun augment_actions")  # fmt: skip
-        workers = workers if parallel.device().type == "cpu" else 1
+        if compute.backend == "local" and parallel.device().type != "cpu":
+            compute = IN_PROCESS
         n_states = len(steps) + sum(s["done"] for s in steps)
-        jobs = _jobs(paths, vlms, cfg.batch_size, n_states, len(steps) * n, workers)
-        parts = list(zip(jobs, map_jobs(embed_job, jobs, workers), strict=True))
+        jobs = _jobs(paths, vlms, cfg.batch_size, n_states, len(steps) * n, job_slots(compute))
+        parts = list(zip(jobs, map_jobs(embed_job, jobs, compute), strict=True))
         for name in vlms:
             _save(paths, name, steps, [(j, p) for j, p in parts if j.vlm == name], n)
         first = [p for j, p in parts if j.vlm == vlms[0]]
@@ -237,4 +240,4 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 05 as ``params.yaml`` sets it: the features of the VLMs the rows' critics read, the paper's first."""
     vlms = [VLM_OF_ROW[row] for row in vlm_rows(load_section(AblationsConfig, "ablations", params))]
     return run_embed(load_section(EmbedConfig, "embed", params), paths, vlms,
-                     workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip
+                     compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

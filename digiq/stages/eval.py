@@ -70,6 +70,7 @@ from digiq.rollout import EpisodeResult
 from digiq.rows import ONLINE_ROWS, all_rows
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
+from digiq.workers import IN_PROCESS, job_slots
 
 __all__ = ["run", "run_eval", "train_tasks", "ONLINE_PAIRS"]
 
@@ -133,7 +134,7 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
 @one_run_at_a_time("eval")
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
              variants: Sequence[str] = (), online: Sequence[str] = (), devices: DeviceConfig | None = None,
-             judge: JudgeConfig | None = None, workers: int = 1) -> dict[str, Any]:  # fmt: skip
+             judge: JudgeConfig | None = None, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Evaluate ``base`` + ``main`` + ``online`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
 
     ``online`` are stage 09's rows (DigiRL online, off-to-online, Filtered BC
@@ -149,9 +150,10 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
 
     On ``devices`` (default: the in-process simulator); success on a real
     emulator (or on ``adb-sim`` with ``judge.on_adb_sim``) is the VLM ``judge``'s verdict.
-    On the simulator the (policy, seed) evaluations are shared among
-    ``workers`` processes (:mod:`digiq.workers`); real devices are stepped
-    from this process. Returns every policy's summary (:func:`summarize`) per task set.
+    On the simulator the (policy, seed) evaluations are jobs shared as
+    ``compute`` says (local processes or a Ray cluster's tasks,
+    :mod:`digiq.workers`); real devices are stepped from this process (on a
+    Ray cluster, every node's that offers some). Returns every policy's summary (:func:`summarize`) per task set.
     """
     devices = devices or DeviceConfig()
     baselines = [*main, *online]  # the paper's rows and DigiRL's online ones
@@ -180,7 +182,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
         protocol = {ts: listed[:PROTOCOL_TASKS] for ts, listed in tasks.items()}
         jobs += [j for skill in cfg.expert_skills for j in job("base", 0, protocol, f"base + expert {skill}", skill)]
     with timed(timing):
-        results = run_jobs(jobs, devices, judge or JudgeConfig(), workers)
+        results = run_jobs(jobs, devices, judge or JudgeConfig(), compute)
     done: dict[tuple[str, int], dict[str, list[EpisodeResult]]] = {}
     for j, result in zip(jobs, results, strict=True):
         done.setdefault((j.name, j.seed), {}).update(result)
@@ -213,7 +215,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
             "off": "eval.train_tasks is 0" if cfg.train_tasks == 0 else "no task of the offline data parses"
         }
     write_metrics(paths, "eval_train", train_summary)
-    write_metrics(paths, "eval_timing", {**timing, "workers": workers if on_sim else 1})
+    write_metrics(paths, "eval_timing", {**timing, "workers": job_slots(compute) if on_sim else 1})
     return summary
 
 
@@ -225,4 +227,4 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
                     seeds=load_section(ExperimentConfig, "experiment", params).seeds, main=main, variants=variants,
                     online=load_section(DigiRLConfig, "digirl", params).online, ablations=ablations,
                     devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
-                    workers=load_section(ComputeConfig, "compute", params).workers)  # fmt: skip
+                    compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from digiq.config import ActorConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
+from digiq.config import ActorConfig, ComputeConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import TASK_SETS, parse_task
@@ -181,7 +181,8 @@ def test_on_two_workers_the_run_left_over_is_shared_and_returns_its_whole_record
     paths = _copy(online_root, tmp_path / "root")
     cfg = DigiRLConfig(rounds=2, episodes_per_round=4, env_steps=None, n_envs=4, value_updates=3, value_batch=8,
                        actor_updates=1)  # fmt: skip
-    out = run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1, workers=2)
+    out = run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1,
+                            compute=ComputeConfig(workers=2))  # fmt: skip
     assert list(out["rows"]) == cfg.online  # six runs (three rows, two task sets)
     for row, entry in out["rows"].items():
         for ts, part in entry["by_task_set"].items():

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from digiq.config import EmbedConfig
+from digiq.config import ComputeConfig, EmbedConfig
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.trajectories import DataError, TrajectoryStore
@@ -96,7 +96,7 @@ def test_each_distinct_pair_is_embedded_once_and_every_row_is_the_pair_by_pair_o
 def test_jobs_in_workers_cut_at_batches_write_the_same_bytes(embed_root):
     """Batches that split states, several jobs per VLM in two processes: still every row pair by pair's."""
     paths, batch = embed_root, 7
-    run_embed(EmbedConfig(batch_size=batch), paths, ["finetuned"], workers=2)
+    run_embed(EmbedConfig(batch_size=batch), paths, ["finetuned"], ComputeConfig(workers=2))
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(2))  # the workers' own: float sums may differ with the thread count
     try:
