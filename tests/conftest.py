@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from chat_server import ChatServer
 
 from digiq.config import load_params, with_defaults
 from digiq.data import TrajectoryStore
@@ -86,3 +87,17 @@ def collect_root(tmp_path) -> Paths:
     torch.manual_seed(0)
     AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
     return paths
+
+
+@pytest.fixture
+def serve():
+    """Start scripted chat servers (:class:`chat_server.ChatServer`) on loopback; they stop after the test."""
+    servers = []
+
+    def start(*script):
+        servers.append(ChatServer(script))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()

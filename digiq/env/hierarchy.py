@@ -214,11 +214,13 @@ class Element:
     """An element one can tap or type into, as a screen reader lists it.
 
     ``box`` is (y0, x0, y1, x1) in [0, 1] of the screen, AutoUI's (y, x) order;
-    ``label`` its text (a switch's ends in `` on`` or `` off``).
+    ``label`` its text (a switch's ends in `` on`` or `` off``); ``kind`` what
+    the element is, read from its class and whether it is checkable.
     """
 
     label: str
     box: tuple[float, float, float, float]
+    kind: str = "button"  # "input" (a text field), "switch" (checkable) or "button" (anything else one taps)
 
     @property
     def center(self) -> tuple[float, float]:
@@ -250,7 +252,8 @@ def screen_elements(xml: str, size: tuple[int, int] = (SCREEN_W, SCREEN_H)) -> l
             if element.label and 0 <= x < 1 and 0 <= y < 1:
                 switch = node.get("checkable") == "true"
                 state = (" on" if node.get("checked") == "true" else " off") if switch else ""
-                out.append(Element(element.label + state, element.box))
+                kind = "switch" if switch else "input" if node.get("class", "").endswith("EditText") else "button"
+                out.append(Element(element.label + state, element.box, kind))
             return
         for child in node:
             visit(child)

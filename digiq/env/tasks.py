@@ -34,12 +34,14 @@ __all__ = [
     "SettingsPage",
     "Shade",
     "Task",
+    "Unchecked",
     "UnsupportedInstruction",
     "Video",
     "WebSearch",
     "has_keywords",
     "keywords",
     "parse_task",
+    "unchecked_task",
 ]
 
 MAX_STEPS = {"general": 10, "webshop": 20}
@@ -302,6 +304,16 @@ class AnyOf(Goal):
             g.setup(s, rng)
 
 
+@dataclass(frozen=True)
+class Unchecked(Goal):
+    """No condition the device can check: free exploration, or an instruction :func:`parse_task` cannot map (a
+    proposed task). It never holds, so an episode on it ends only by the agent's own ending action, the step limit or
+    an evaluator's verdict."""
+
+    def check(self, s: DeviceState) -> bool:
+        return False
+
+
 def _ensure_installed(s: DeviceState, app: str) -> None:
     if app not in s.installed:
         s.installed.append(app)
@@ -332,6 +344,18 @@ class Task:
     @property
     def max_steps(self) -> int:
         return MAX_STEPS[self.task_set]
+
+    @property
+    def checkable(self) -> bool:
+        """Whether the device can tell the task is done (its ground truth); an :class:`Unchecked` task's cannot."""
+        return not isinstance(self.goal, Unchecked)
+
+
+def unchecked_task(instruction: str, task_set: str = "general") -> Task:
+    """A task with no ground truth: its instruction is shown to the agent; nothing on the device says it is done."""
+    if task_set not in MAX_STEPS:
+        raise ValueError(f"task_set must be one of {list(TASK_SETS)}, got {task_set!r}")
+    return Task(instruction, task_set, "unchecked", Unchecked())
 
 
 def _clean(text: str) -> str:

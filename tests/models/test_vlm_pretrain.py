@@ -43,9 +43,12 @@ def test_screen_elements_read_labels_and_boxes_from_a_dump():
            "<node text='Clock' clickable='true' class='android.widget.TextView' bounds='[0,0][50,20]' />"
            "<node text='' clickable='false' class='android.widget.TextView' bounds='[0,20][50,40]' />"
            "<node text='Wi-Fi' checkable='true' checked='true' clickable='true' class='android.widget.Switch' "
-           "bounds='[50,100][100,120]' /></node></hierarchy>")  # fmt: skip
+           "bounds='[50,100][100,120]' />"
+           "<node text='Search' clickable='false' class='android.widget.EditText' bounds='[0,160][100,180]' />"
+           "</node></hierarchy>")  # fmt: skip
     assert screen_elements(xml, (100, 200)) == [Element("Clock", (0.0, 0.0, 0.1, 0.5)),
-                                                Element("Wi-Fi on", (0.5, 0.5, 0.6, 1.0))]  # fmt: skip
+                                                Element("Wi-Fi on", (0.5, 0.5, 0.6, 1.0), "switch"),
+                                                Element("Search", (0.8, 0.0, 0.9, 1.0), "input")]  # fmt: skip
 
 
 def test_corpus_holds_distinct_labelled_screens_and_excludes_seen_ones(corpus):
