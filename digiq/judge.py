@@ -68,7 +68,7 @@ from digiq.env.tasks import Task
 
 __all__ = [
     "JudgeError", "JudgeAuthError", "NoVerdict", "VLMJudge", "Example", "read_examples", "verdict",
-    "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "REDACTED", "redact", "evaluator_for",
+    "SYSTEM_PROMPT", "REPLY_FORMAT", "NO_KEY", "REDACTED", "redact", "evaluator_for", "image_part",
 ]  # fmt: skip
 
 SYSTEM_PROMPT = (
@@ -208,16 +208,16 @@ class VLMJudge:
         question = [{"type": "text", "text": f"Task: {task}\n{REPLY_FORMAT}"}]
         if self.examples:
             content = [{"type": "text", "text": "Worked examples:"}, *self._example_content,
-                       {"type": "text", "text": "Your turn. Screen:"}, _image_part(screenshot, self.cfg.max_image_side),
+                       {"type": "text", "text": "Your turn. Screen:"}, image_part(screenshot, self.cfg.max_image_side),
                        *question]  # fmt: skip
         else:
-            content = [_image_part(screenshot, self.cfg.max_image_side), *question]
+            content = [image_part(screenshot, self.cfg.max_image_side), *question]
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
     def _shown(self, example: Example) -> list[dict[str, Any]]:
         with Image.open(example.image) as im:
             image = np.asarray(im.convert("RGB"))
-        return [{"type": "text", "text": "Screen:"}, _image_part(image, self.cfg.max_image_side),
+        return [{"type": "text", "text": "Screen:"}, image_part(image, self.cfg.max_image_side),
                 {"type": "text", "text": f"Task: {example.task}\n{example.answer}"}]  # fmt: skip
 
     def _ask(self, task: str, screenshot: np.ndarray) -> bool:
@@ -237,7 +237,8 @@ class VLMJudge:
         return found
 
 
-def _image_part(screenshot: np.ndarray, max_side: int) -> dict[str, Any]:
+def image_part(screenshot: np.ndarray, max_side: int) -> dict[str, Any]:
+    """A screenshot as a chat message's image part: a PNG data URL, downscaled to fit ``max_side``."""
     image = Image.fromarray(np.asarray(screenshot, np.uint8))
     image.thumbnail((max_side, max_side))
     buf = io.BytesIO()

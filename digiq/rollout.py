@@ -99,6 +99,9 @@ class EpisodeResult:
     success: bool
     steps: int
     abandoned: bool = False  # given up after device faults: counted as a failure, never left out
+    # The device's own check at the end, where an evaluator decided ``success`` (digiq.pae.evaluators.JudgedEnv):
+    # for reports only. None where the device decided, or cannot check the task.
+    ground_truth: bool | None = None
 
 
 def success_by(rows: Sequence, key: str) -> dict[str, float]:
@@ -126,6 +129,7 @@ class Episode:
     actions: list[str] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     valid: list[bool] = field(default_factory=list)
+    ground_truth: bool | None = None  # the last step's ``info["ground_truth"]``, where the env reports one
 
 
 class _Rollouts:
@@ -256,6 +260,7 @@ class _Rollouts:
         episode.shots.append(obs["screenshot"])
         episode.prompts.append(text)
         episode.hierarchies.append(xml)
+        episode.ground_truth = info.get("ground_truth")
         if term or trunc:
             self.finish(i, episode, bool(reward))
             self.begin(i)
@@ -265,7 +270,7 @@ class _Rollouts:
         self.in_a_row[i] = 0
         task = episode.task
         self.results.append(EpisodeResult(episode.index, task.instruction, task.task_set, task.family, success,
-                                          len(episode.actions)))  # fmt: skip
+                                          len(episode.actions), ground_truth=episode.ground_truth))  # fmt: skip
         if self.store is not None:
             self.pending += _steps(self.store, episode, self.gamma)
             if len({s.traj_id for s in self.pending}) >= self.part_size:

@@ -8,11 +8,24 @@ from digiq.paths import ROOT
 
 # Lowest first. A top-level module or subpackage of digiq belongs to exactly one layer.
 LAYERS = (
-    {"io", "paths", "noise", "lock", "parallel", "progress", "config", "rows", "pipeline", "fingerprint", "stats"},
+    {
+        "io",
+        "paths",
+        "noise",
+        "lock",
+        "parallel",
+        "progress",
+        "config",
+        "rows",
+        "pipeline",
+        "fingerprint",
+        "stats",
+        "endpoint",
+    },
     {"env"},  # the simulated and real devices, tasks, actions
     {"data", "judge"},  # stored trajectories, candidates, features; the VLM judge of a real episode
     {"rollout", "cluster"},  # episodes of any policy on any devices; jobs and devices on a Ray cluster
-    {"models"},  # the networks and their checkpoints
+    {"models", "pae"},  # the networks and their checkpoints; PAE's crawler, proposers and evaluators
     {"algos", "workers"},  # the learning rules; jobs over worker processes
     {"diagnostics", "evaluate"},
     {"tables", "viz"},  # what a person reads: tables, figures, viewers

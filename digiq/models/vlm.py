@@ -43,6 +43,7 @@ __all__ = [
     "saved_recipe",
     "ANSWERS",
     "llava_processor",
+    "trainable",
 ]
 
 ANSWERS = ("No", "Yes")
@@ -349,3 +350,24 @@ def _answer_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if len(set(ids)) != len(ANSWERS) or tokenizer.unk_token_id in ids:
         raise ValueError(f"the tokenizer needs distinct known tokens for the answers {ANSWERS}, got ids {ids}")
     return ids
+
+
+def trainable(vlm: ScreenVLM, last_layers: int) -> list[torch.nn.Parameter]:
+    """Every weight (``last_layers`` 0), or only the projector and the language model's last layers and norm.
+
+    A full fine-tune of LLaVA-1.5-7B needs about 105 GB for weights, gradients
+    and AdamW state; with the last 4 of 32 layers trained in bf16, about 18 GB
+    before activations.
+    """
+    params = dict(vlm.model.named_parameters())
+    if last_layers == 0:
+        return list(params.values())
+    n = vlm.model.config.text_config.num_hidden_layers
+    keep = ("multi_modal_projector.", "language_model.norm.",
+            *(f"language_model.layers.{i}." for i in range(max(0, n - last_layers), n)))  # fmt: skip
+    chosen = []
+    for name, p in params.items():
+        p.requires_grad_(any(k in name for k in keep))
+        if p.requires_grad:
+            chosen.append(p)
+    return chosen

@@ -25,12 +25,12 @@ from digiq.config import AblationsConfig, VLMFinetuneConfig, load_section
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.io import require
-from digiq.models.vlm import ScreenVLM, effect_label
+from digiq.models.vlm import ScreenVLM, effect_label, trainable
 from digiq.paths import Paths
 from digiq.progress import progress
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 
-__all__ = ["run", "run_vlm_finetune", "labelled_pairs", "lr_factor", "trainable", "add_lora", "merge_lora"]
+__all__ = ["run", "run_vlm_finetune", "labelled_pairs", "lr_factor", "add_lora", "merge_lora"]
 
 # With compute.processes > 1, every process takes its share of the fine-tune's batches (digiq.parallel).
 DATA_PARALLEL = True
@@ -71,27 +71,6 @@ def _accuracy(vlm: ScreenVLM, pairs: list[dict[str, Any]], batch: int = 128) -> 
         logits, _ = vlm.answer_logits([p["image"] for p in b], [p["prompt"] for p in b])
         hits += int((logits.argmax(-1).cpu() == torch.tensor([p["label"] for p in b])).sum())
     return hits / max(1, len(pairs))
-
-
-def trainable(vlm: ScreenVLM, last_layers: int) -> list[torch.nn.Parameter]:
-    """Every weight (``last_layers`` 0), or only the projector and the language model's last layers and norm.
-
-    A full fine-tune of LLaVA-1.5-7B needs about 105 GB for weights, gradients
-    and AdamW state; with the last 4 of 32 layers trained in bf16, about 18 GB
-    before activations.
-    """
-    params = dict(vlm.model.named_parameters())
-    if last_layers == 0:
-        return list(params.values())
-    n = vlm.model.config.text_config.num_hidden_layers
-    keep = ("multi_modal_projector.", "language_model.norm.",
-            *(f"language_model.layers.{i}." for i in range(max(0, n - last_layers), n)))  # fmt: skip
-    chosen = []
-    for name, p in params.items():
-        p.requires_grad_(any(k in name for k in keep))
-        if p.requires_grad:
-            chosen.append(p)
-    return chosen
 
 
 def blocks(vlm: ScreenVLM) -> list[torch.nn.Module]:

@@ -1,0 +1,182 @@
+"""The learned evaluator: the pretrained tiny VLM fine-tuned to answer "is this task finished?".
+
+With no VLM judge on a laptop CPU, PAE's evaluator is learned here from
+stored episodes whose outcome is known: each step of the offline data is a
+question (the task, the screen before and after the step side by side, the
+step's action in words) whose answer is Yes when the task was done by that
+step. A model could answer from the screens alone (a results page looks
+finished whatever was asked), so each Yes is also asked once more with the
+task of an episode of another family, answered No: the model must read the
+task. Its threshold on P(Yes) is chosen on episodes of the validation tasks
+(:func:`choose_threshold`), never on the tasks it will judge.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.actions import ActionType, parse_action
+from digiq.io import atomic_path
+from digiq.models.vlm import ScreenVLM, trainable
+from digiq.progress import progress
+
+__all__ = ["Example", "LearnedEvaluator", "action_words", "choose_threshold", "fit_evaluator", "question",
+           "side_by_side", "stored_examples"]  # fmt: skip
+
+
+def action_words(action: str) -> str:
+    """An AutoUI action string as a few words: ``tap at [0.45, 0.49]``, ``type "dell xps"``, ``press Back``..."""
+    a = parse_action(action)
+    if a.type is ActionType.DUAL_POINT:
+        (ty, tx), (ly, lx) = a.touch, a.lift
+        return (
+            f"tap at [{ty:.2f}, {tx:.2f}]" if a.is_tap else f"swipe from [{ty:.2f}, {tx:.2f}] to [{ly:.2f}, {lx:.2f}]"
+        )
+    if a.type is ActionType.TYPE:
+        return f'type "{a.text}"'
+    return {ActionType.PRESS_BACK: "press Back", ActionType.PRESS_HOME: "press Home",
+            ActionType.PRESS_ENTER: "press Enter", ActionType.STATUS_TASK_COMPLETE: "declare the task done",
+            ActionType.STATUS_TASK_IMPOSSIBLE: "declare the task impossible"}.get(a.type, "an invalid action")  # fmt: skip
+
+
+def question(task: str, action: str) -> str:
+    return f"<image>\nTask: {task}\nLast action: {action_words(action)}\nIs the task finished? Answer:"
+
+
+def side_by_side(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """The screen before the step on the left, after it on the right: two phone screens make a near-square image."""
+    return np.concatenate([before, after], axis=1)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question: the image at the VLM's input size, the prompt, the answer (1 = Yes), and its episode."""
+
+    image: np.ndarray
+    prompt: str
+    label: int
+    traj_id: int
+    swapped: bool = False
+
+
+def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0) -> list[Example]:
+    """One example per stored step, and a swapped-task No for each Yes (the task of an episode of another family).
+
+    Raises:
+        ValueError: the store holds no successful step, or no family other than the successes' to swap in.
+    """
+    t = store.read().select(["traj_id", "task", "family", "image_path", "next_image_path", "action", "reward"])
+    rows = t.to_pylist()
+    tasks_by_family: dict[str, list[str]] = {}
+    for r in rows:
+        tasks_by_family.setdefault(r["family"], [])
+        if r["task"] not in tasks_by_family[r["family"]]:
+            tasks_by_family[r["family"]].append(r["task"])
+    if not any(r["reward"] > 0 for r in rows):
+        raise ValueError(f"{store.root}: no successful step to learn 'finished' from")
+    rng = random.Random(seed)
+    out: list[Example] = []
+    for i in progress(range(0, len(rows), 64), desc="evaluator examples"):
+        batch = rows[i : i + 64]
+        pairs = [store.load_images([r["image_path"], r["next_image_path"]]) for r in batch]
+        images = vlm.recipe.base([side_by_side(before, after) for before, after in pairs])
+        for r, image in zip(batch, images, strict=True):
+            label = int(r["reward"] > 0)
+            out.append(Example(image, question(r["task"], r["action"]), label, r["traj_id"]))
+            if label:
+                others = [task for fam, tasks in tasks_by_family.items() if fam != r["family"] for task in tasks]
+                if not others:
+                    raise ValueError(f"{store.root}: every episode is of family {r['family']!r}: no task to swap in")
+                out.append(Example(image, question(rng.choice(others), r["action"]), 0, r["traj_id"], True))
+    return out
+
+
+def fit_evaluator(vlm: ScreenVLM, examples: Sequence[Example], *, epochs: float, batch_size: int, lr: float,
+                  last_layers: int, seed: int) -> list[float]:  # fmt: skip
+    """Fine-tune ``vlm`` on the examples' Yes/No answers (AdamW, constant rate); the loss per update."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    params = trainable(vlm, last_layers)
+    opt = torch.optim.AdamW(params, lr=lr)
+    order = list(range(len(examples)))
+    total = max(1, round(epochs * len(examples) / batch_size))
+    curve: list[float] = []
+    vlm.model.train()
+    bar = progress(total=total, desc="fit evaluator")
+    while len(curve) < total:
+        rng.shuffle(order)
+        for i in range(0, len(order), batch_size):
+            if len(curve) == total:
+                break
+            batch = [examples[j] for j in order[i : i + batch_size]]
+            opt.zero_grad()
+            loss = vlm.loss([e.image for e in batch], [e.prompt for e in batch],
+                            torch.tensor([e.label for e in batch]))  # fmt: skip
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+            bar.update()
+    bar.close()
+    vlm.model.eval()
+    return curve
+
+
+def choose_threshold(probabilities: np.ndarray, labels: np.ndarray) -> tuple[float, dict[str, float]]:
+    """The P(Yes) threshold with the best F1 of "finished" over the given steps, and its precision, recall and F1.
+
+    Candidates are the midpoints between sorted distinct probabilities (and the ends); ties go to the higher
+    threshold, the more cautious evaluator.
+    """
+    p, y = np.asarray(probabilities, float), np.asarray(labels, bool)
+    distinct = np.unique(p)
+    candidates = np.concatenate([[0.0], (distinct[1:] + distinct[:-1]) / 2, [1.0]]) if len(distinct) else [0.5]
+    best: tuple[float, float, dict[str, float]] = (-1.0, 0.0, {})
+    for c in candidates:
+        said = p >= c
+        tp = float((said & y).sum())
+        precision = tp / said.sum() if said.any() else 0.0
+        recall = tp / y.sum() if y.any() else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        if f1 >= best[0]:
+            best = (f1, float(c), {"precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)})
+    return best[1], best[2]
+
+
+class LearnedEvaluator:
+    """A fine-tuned VLM and its threshold as an :class:`~digiq.pae.evaluators.Evaluator`."""
+
+    def __init__(self, vlm: ScreenVLM, threshold: float) -> None:
+        self.vlm, self.threshold = vlm, threshold
+
+    @torch.no_grad()
+    def probabilities(self, tasks: Sequence[str], screens: Sequence[Sequence[np.ndarray]],
+                      actions: Sequence[str]) -> np.ndarray:  # fmt: skip
+        """P(Yes) for each (task, its last screens, its last action): the last two screens are shown."""
+        images = self.vlm.recipe.base([side_by_side(s[-2] if len(s) > 1 else s[-1], s[-1]) for s in screens])
+        _, yes = self.vlm.embed(images, [question(t, a) for t, a in zip(tasks, actions, strict=True)])
+        return yes
+
+    def finished(self, task: str, screens: Sequence[np.ndarray], action: str) -> bool:
+        return bool(self.probabilities([task], [screens], [action])[0] >= self.threshold)
+
+    def save(self, folder: Path, **meta: object) -> None:
+        """The VLM in ``vlm/`` and the threshold (with ``meta``) in ``evaluator.json``, written last."""
+        self.vlm.save(folder / "vlm", stage="pae_evaluator")
+        with atomic_path(folder / "evaluator.json") as tmp:
+            tmp.write_text(json.dumps({"threshold": self.threshold, **meta}, indent=1))
+
+    @classmethod
+    def load(cls, folder: Path) -> LearnedEvaluator:
+        """Raises: ValueError naming the folder when it holds no saved evaluator."""
+        meta = folder / "evaluator.json"
+        if not meta.is_file():
+            raise ValueError(f"{folder} holds no learned evaluator (no evaluator.json): run the pae stage first")
+        return cls(ScreenVLM.load(folder / "vlm"), float(json.loads(meta.read_text())["threshold"]))
