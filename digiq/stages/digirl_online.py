@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,6 +48,7 @@ import pyarrow as pa
 
 from digiq.algos.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
 from digiq.algos.filtered_bc import filtered_bc_picks
+from digiq.algos.pae import pae_picks
 from digiq.config import (
     ActorConfig,
     ComputeConfig,
@@ -64,15 +66,18 @@ from digiq.io import require, swap_in
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
+from digiq.pae.evaluators import JudgedEnv
+from digiq.pae.learned import LearnedEvaluator
 from digiq.paths import Paths
-from digiq.rollout import device_pool, rollout
+from digiq.rollout import EpisodeResult, device_pool, rollout
 from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
 from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
-__all__ = ["OnlineJob", "run_online_job", "run_digirl_online", "round_tasks", "split_runs", "start_checkpoint",
-           "run"]  # fmt: skip
+__all__ = ["OnlineJob", "Practice", "GROUND_TRUTH_FILE", "ground_truth_counts", "run_online_job", "run_digirl_online",
+           "round_tasks", "practice_tasks", "split_runs", "start_checkpoint", "run"]  # fmt: skip
 
 OFFLINE = "offline"  # the buffer's name for the offline data (off2on)
+GROUND_TRUTH_FILE = "ground_truth.json"  # beside a practice round's store: its episodes by the device's own check
 
 
 def start_checkpoint(paths: Paths, row: str, seed: int, task_set: str) -> Path:
@@ -91,8 +96,44 @@ def round_tasks(cfg: DigiRLConfig, train: list[Task], seed: int, task_set: str, 
     return [train[j] for j in rng.choice(len(train), min(cfg.episodes_per_round, len(train)), replace=False)]
 
 
+def ground_truth_counts(ran: Sequence[EpisodeResult], tasks: Sequence[Task]) -> dict[str, Any]:
+    """A practice round's episodes by the device's own check, beside the verdicts that decided them.
+
+    ``episodes``: ``[index, verdict, ground truth]`` per episode, the last None where the device cannot check the
+    task; ``checked_episodes``: how many it could check; ``ground_truth_success``: the share of all episodes the
+    device's check passed (an episode it cannot check counts as not shown done). For reports only: nothing the
+    actor learns from reads them.
+    """
+    episodes = []
+    for r in ran:
+        truth = r.ground_truth if r.ground_truth is not None else (r.success if tasks[r.index].checkable else None)
+        episodes.append([r.index, bool(r.success), truth])
+    return {"episodes": episodes, "checked_episodes": sum(e[2] is not None for e in episodes),
+            "ground_truth_success": round(sum(bool(e[2]) for e in episodes) / max(1, len(episodes)), 4)}  # fmt: skip
+
+
+def practice_tasks(cfg: DigiRLConfig, pool: Sequence[Task], seed: int, task_set: str, round_: int) -> list[Task]:
+    """A practice round's episodes: ``cfg.episodes_per_round`` drawn uniformly with replacement from ``pool``, as PAE
+    draws from its proposed tasks; by seed, task set and round, so every practice row of a seed draws alike."""
+    rng = np.random.default_rng([cfg.seed, seed, TASK_SETS.index(task_set), round_, 1])
+    return [pool[j] for j in rng.integers(len(pool), size=cfg.episodes_per_round)]
+
+
+class Practice(NamedTuple):
+    """What makes an online run PAE's practice (:mod:`digiq.stages.pae`): tasks drawn with replacement from
+    ``pool``, success said by the learned evaluator in ``evaluator`` (None: the device's own check), the actor
+    imitating :func:`~digiq.algos.pae.pae_picks`, the run kept under ``runs``."""
+
+    pool: tuple[Task, ...]
+    evaluator: Path | None
+    runs: Path
+
+
 class OnlineJob(NamedTuple):
-    """One online run: ``row`` for seed index ``seed`` on ``task_set``; with ``until``, its rounds up to that many only."""
+    """One online run: ``row`` for seed index ``seed`` on ``task_set``; with ``until``, its rounds up to that many only.
+
+    ``practice`` makes it a PAE row's run.
+    """
 
     paths: Paths
     row: str
@@ -105,6 +146,14 @@ class OnlineJob(NamedTuple):
     judge: JudgeConfig
     device_compute: ComputeConfig = IN_PROCESS  # whose devices its rollouts step: this process's, or a Ray cluster's
     until: int | None = None
+    practice: Practice | None = None
+
+    @property
+    def run(self) -> Path:
+        """The run's folder: its rounds' stores and ``latest/``."""
+        if self.practice is None:
+            return self.paths.online_run(self.row, self.seed, self.task_set)
+        return self.practice.runs / f"seed{self.seed}" / self.row / self.task_set
 
 
 class _Buffer:
@@ -146,8 +195,8 @@ def _resume(run: Path) -> Path | None:
 
 def run_online_job(job: OnlineJob) -> dict[str, Any]:
     """Run (or resume) one online run to its end, or to ``job.until`` rounds; its record: ``{"rounds": [...], ...}``."""
-    cfg, paths = job.cfg, job.paths
-    run = paths.online_run(job.row, job.seed, job.task_set)
+    cfg, paths, practice = job.cfg, job.paths, job.practice
+    run = job.run
     run.mkdir(parents=True, exist_ok=True)
     seed = cfg.seed + job.seed
     base = AutoUIPolicy.load(paths.base_policy)  # frozen: the value functions' features
@@ -157,16 +206,17 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     where = start.relative_to(paths.root).as_posix() if start.is_relative_to(paths.root) else str(start)
     state: dict[str, Any] = json.loads((done / "state.json").read_text()) if done else {"rounds": [], "start": where}
     policy = AutoUIPolicy.load(done / "policy" if done else start)
-    values = DigiRLValues(base.cfg.d_model, seed=seed)
-    if done:
+    values = DigiRLValues(base.cfg.d_model, seed=seed) if practice is None else None  # PAE's rule uses none
+    if done and values is not None:
         values.load_state(done)
     buffer = _Buffer(base)
     if job.row == "digirl_off2on":
         buffer.add(OFFLINE, TrajectoryStore(paths.offline), job.task_set)
     for r in range(len(state["rounds"])):
         buffer.add(f"round{r:03d}", TrajectoryStore(run / f"round{r:03d}"))
-    train = read_tasks(paths, job.task_set, "train", None, "digirl_online")
+    train = read_tasks(paths, job.task_set, "train", None, "digirl_online") if practice is None else []
     dynamics = Dynamics.of(job.env)
+    evaluator = LearnedEvaluator.load(practice.evaluator) if practice and practice.evaluator else None
 
     def spent() -> int:
         return sum(r["env_steps"] for r in state["rounds"])
@@ -178,18 +228,27 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         began = time.perf_counter()
         name = f"round{r:03d}"
         store = TrajectoryStore(run / name)
-        tasks = round_tasks(cfg, train, job.seed, job.task_set, r)
+        tasks = (round_tasks(cfg, train, job.seed, job.task_set, r) if practice is None
+                 else practice_tasks(cfg, practice.pool, job.seed, job.task_set, r))  # fmt: skip
         with device_pool(job.devices, job.env, job.judge, min(cfg.n_envs, len(tasks)), job.device_compute) as make_env:
+            judged = make_env if evaluator is None else (lambda: JudgedEnv(make_env(), evaluator))
             ran = rollout(ModelPolicy(policy, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=round_seed,
                           dynamics=dynamics, width=job.env.width, store=store,
                           desc=f"{job.row} {job.task_set} {name}",
-                          env_factory=make_env, screen_text=policy.cfg.screen_text)  # fmt: skip
+                          env_factory=judged, screen_text=policy.cfg.screen_text)  # fmt: skip
         collected = buffer.add(name, store)
         steps, feats = buffer.table()
-        if job.row == "filtered_bc_online":
+        truth: dict[str, Any] = {}
+        if practice is not None:  # what the device's own check says, beside the verdicts: for reports only
+            truth = ground_truth_counts(ran, tasks)
+            (store.root / GROUND_TRUTH_FILE).write_text(json.dumps(truth["episodes"]) + "\n")
+            kept = pae_picks(steps, round_seed).states
+            stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
+        elif job.row == "filtered_bc_online":
             kept = filtered_bc_picks(steps).states
             stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
         else:
+            assert values is not None
             kept, stats = fit_and_select(values, feats, steps, cfg, round_seed)
         rows = [FitRow(steps.observation.iat[i], steps.key.iat[i], steps.action.iat[i]) for i in kept]
         if rows:
@@ -204,6 +263,7 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
             "episodes": len(episodes) + len(abandoned),
             "env_steps": len(collected) + sum(e.steps for e in abandoned),
             "success": round(float(episodes.sum()) / max(1, len(episodes) + len(abandoned)), 4),
+            **{k: v for k, v in truth.items() if k != "episodes"},
             **stats,
             "wall_time_s": round(time.perf_counter() - began, 2),
         })  # fmt: skip
@@ -243,14 +303,15 @@ def _offline_success(offline: pa.Table) -> dict[str, float]:
         lambda r: (r > 0).mean()).items()}  # fmt: skip
 
 
-def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues, state: dict[str, Any], job: OnlineJob,
-                round_: int) -> None:  # fmt: skip
-    """Write the policy, the value functions and the record after a round, whole, as ``latest/``."""
+def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues | None, state: dict[str, Any],
+                job: OnlineJob, round_: int) -> None:  # fmt: skip
+    """Write the policy, the value functions (DigiRL's rows) and the record after a round, whole, as ``latest/``."""
     partial = run / ".latest.partial"
     shutil.rmtree(partial, ignore_errors=True)
     policy.save(partial / "policy", stage="digirl_online", method=job.row, seed=job.cfg.seed + job.seed,
                 rounds=round_ + 1)  # fmt: skip
-    values.save(partial)
+    if values is not None:
+        values.save(partial)
     (partial / "state.json").write_text(json.dumps(state, indent=1))
     swap_in(partial, run / "latest")
     for left in run.glob(".latest.old-*"):  # a state a kill left mid-swap, now superseded
