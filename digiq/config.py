@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 import yaml
 
-from digiq.rows import ABLATION_NAMES, EXTRACTIONS, ONLINE_ROWS
+from digiq.rows import ABLATION_NAMES, EXTRACTIONS, ONLINE_ROWS, PAE_ROWS
 
 __all__ = [
     "ConfigError",
@@ -956,6 +956,56 @@ class DiagnosticsConfig:
     seed: int = _seed(5, help="seed of the sampled states, the rollouts and the probes")
 
 
+# PAE's proposers and evaluators (digiq.pae), and its practice rows (digiq.stages.pae).
+PROPOSERS = ("builtin", "llm")
+PAE_EVALUATORS = ("learned", "judge", "oracle")
+
+
+@knobs
+class PAEConfig:
+    """PAE: tasks proposed from a crawl of the device, practised and judged without ground truth (digiq.pae)."""
+
+    rows: list[str] = _knob(
+        list(PAE_ROWS),
+        help="practice rows: pae (the proposals, judged by pae.evaluator) | pae_oracle (the proposals, the device's "
+        "own check) | pae_human (the human train lists, the device's own check); [] = off",
+    )
+    proposer: str = _knob("builtin", help="builtin (the crawl and the lexicon, offline) | llm (judge's endpoint)")
+    per_group: int = _knob(
+        25, help="proposals per task group (builtin) or per app (llm), as PAE asks 25 per website", at_least=1,
+        at_most=10_000,
+    )  # fmt: skip
+    lexicon: str = _knob("", help="the built-in proposer's lexicon file; '' = digiq/pae/lexicon.txt")
+    proposer_model: str = _knob("", help="llm: the chat model that proposes; '' = judge.model")
+    crawl_depth: int = _knob(4, help="taps from the home screen the crawl goes at most", at_least=1, at_most=10)
+    crawl_screens: int = _knob(30, help="distinct screens the crawl keeps per app", at_least=1, at_most=10_000)
+    evaluator: str = _knob("learned", help="who judges the pae row's episodes: learned | judge | oracle")
+    evaluator_epochs: float = _knob(1.0, help="passes of the learned evaluator's fine-tune over its examples", above=0)
+    evaluator_batch: int = _knob(32, help="examples per update of the learned evaluator", at_least=1, at_most=MAX_BATCH)
+    evaluator_lr: float = _knob(0.0003, help="learning rate of the learned evaluator's fine-tune", above=0)
+    evaluator_last_layers: int = _knob(
+        1, help="0: train every weight of the evaluator's VLM; N: only the projector and the last N LM layers",
+        at_least=0, at_most=1000,
+    )  # fmt: skip
+    threshold_episodes: int = _knob(
+        96,
+        help="base-policy episodes per task set on the validation lists whose steps choose the learned evaluator's "
+        "threshold (best F1 of 'finished')",
+        at_least=1,
+        at_most=MAX_TASKS,
+    )
+    seed: int = _seed(13, help="seed of the proposals' draws, the evaluator's fine-tune and its threshold episodes")
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.rows if r not in PAE_ROWS]
+        if unknown:
+            raise ValueError(f"rows: unknown rows {unknown}; known: {list(PAE_ROWS)}")
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {list(PROPOSERS)}, got {self.proposer!r}")
+        if self.evaluator not in PAE_EVALUATORS:
+            raise ValueError(f"evaluator must be one of {list(PAE_EVALUATORS)}, got {self.evaluator!r}")
+
+
 # What stage 10's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
@@ -1010,6 +1060,7 @@ SECTIONS: dict[str, type] = {
     "critic": CriticConfig,
     "actor": ActorConfig,
     "digirl": DigiRLConfig,
+    "pae": PAEConfig,
     "diagnostics": DiagnosticsConfig,
     "eval": EvalConfig,
 }

@@ -122,6 +122,32 @@ class Paths:
         """The policy an online run ended with (after its last finished round)."""
         return self.online_run(row, seed, task_set) / "latest" / "policy"
 
+    @property
+    def pae(self) -> Path:
+        """PAE's files: the crawl and proposals (the propose stage's), the learned evaluator and the practice runs."""
+        return self.data / "pae"
+
+    @property
+    def pae_crawl(self) -> Path:
+        return self.pae / "crawl.json"
+
+    @property
+    def pae_proposals(self) -> Path:
+        return self.pae / "proposals.jsonl"
+
+    @property
+    def pae_evaluator(self) -> Path:
+        return self.pae / "evaluator"
+
+    @property
+    def pae_runs(self) -> Path:
+        """The practice runs, as the online runs are kept (:meth:`online_run`)."""
+        return self.pae / "runs"
+
+    def pae_policy(self, row: str, seed: int, task_set: str) -> Path:
+        """The policy a practice run ended with."""
+        return self.pae_runs / f"seed{seed}" / row / task_set / "latest" / "policy"
+
     def lock(self, stage: str) -> Path:
         """``stage``'s run lock (:mod:`digiq.lock`): held by the run of the stage that is writing its outputs."""
         return self.data / f".{stage}.lock"

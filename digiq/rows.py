@@ -30,6 +30,7 @@ __all__ = [
     "PERFECT_CRITIC_ROW",
     "ABLATION_NAMES",
     "ONLINE_ROWS",
+    "PAE_ROWS",
     "VLM_OF_ROW",
     "Row",
     "all_rows",
@@ -46,6 +47,9 @@ UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "di
 ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
 # DigiRL's online rows (stage 09): how each starts and what its actor imitates.
 ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
+# PAE's practice rows (the pae stage): proposed tasks judged by PAE's evaluator, or by the device's own check; and
+# the same practice on the human train lists.
+PAE_ROWS = ("pae", "pae_oracle", "pae_human")
 #: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
 VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
 

@@ -66,7 +66,7 @@ from digiq.io import require, swap_in
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
-from digiq.pae.evaluators import JudgedEnv
+from digiq.pae.evaluators import Evaluator, JudgedEnv, JudgeEvaluator
 from digiq.pae.learned import LearnedEvaluator
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult, device_pool, rollout
@@ -121,12 +121,22 @@ def practice_tasks(cfg: DigiRLConfig, pool: Sequence[Task], seed: int, task_set:
 
 class Practice(NamedTuple):
     """What makes an online run PAE's practice (:mod:`digiq.stages.pae`): tasks drawn with replacement from
-    ``pool``, success said by the learned evaluator in ``evaluator`` (None: the device's own check), the actor
-    imitating :func:`~digiq.algos.pae.pae_picks`, the run kept under ``runs``."""
+    ``pool``, success said by ``evaluator`` (``learned``: the one saved in ``evaluator_dir``; ``judge``: the VLM
+    judge; ``oracle``: the device's own check), the actor imitating :func:`~digiq.algos.pae.pae_picks`, the run
+    kept under ``runs``."""
 
     pool: tuple[Task, ...]
-    evaluator: Path | None
+    evaluator: str
     runs: Path
+    evaluator_dir: Path | None = None
+
+    def judge(self, judge: JudgeConfig) -> Evaluator | None:
+        """The evaluator that decides the run's episodes; None: the device's own check."""
+        if self.evaluator == "learned":
+            if self.evaluator_dir is None:
+                raise ValueError("a practice run judged by the learned evaluator needs its folder (evaluator_dir)")
+            return LearnedEvaluator.load(self.evaluator_dir)
+        return JudgeEvaluator(judge) if self.evaluator == "judge" else None
 
 
 class OnlineJob(NamedTuple):
@@ -216,7 +226,7 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         buffer.add(f"round{r:03d}", TrajectoryStore(run / f"round{r:03d}"))
     train = read_tasks(paths, job.task_set, "train", None, "digirl_online") if practice is None else []
     dynamics = Dynamics.of(job.env)
-    evaluator = LearnedEvaluator.load(practice.evaluator) if practice and practice.evaluator else None
+    evaluator = practice.judge(job.judge) if practice is not None else None
 
     def spent() -> int:
         return sum(r["env_steps"] for r in state["rounds"])

@@ -44,9 +44,10 @@ def practice_root(tmp_path_factory) -> Paths:
 
 
 def _job(paths: Paths, row: str, evaluator: Path | None, runs: Path) -> OnlineJob:
+    """``row`` at tiny size: the learned evaluator saved in ``evaluator``, or (None) the device's own check."""
     cfg = DigiRLConfig(rounds=2, episodes_per_round=5, env_steps=None, n_envs=3, actor_updates=2)
     return OnlineJob(paths, row, 0, "general", cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), DeviceConfig(),
-                     JudgeConfig(), practice=Practice(POOL, evaluator, runs))  # fmt: skip
+                     JudgeConfig(), practice=Practice(POOL, "learned" if evaluator else "oracle", runs, evaluator))  # fmt: skip
 
 
 def test_practice_draws_with_replacement_the_same_for_every_row_of_a_seed():
