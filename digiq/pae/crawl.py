@@ -28,10 +28,15 @@ from digiq.env.hierarchy import Element, screen_elements
 from digiq.env.tasks import Task, unchecked_task
 from digiq.pae.context import HOME, DeviceContext, ScreenRecord
 
-__all__ = ["EXPLORE", "crawl"]
+__all__ = ["EXPLORE", "crawl", "nothing_done"]
 
 # The task a crawl's device is reset with: no goal, so nothing the crawl does ends an episode but the step limit.
 EXPLORE: Task = unchecked_task("Explore the device")
+
+
+def nothing_done(link: object, task: Task, screenshot: object) -> bool:
+    """The success judge of a crawl's device (an emulator needs one): exploring has no goal to reach."""
+    return False
 
 
 def _record(path: tuple[str, ...], elements: Iterable[Element]) -> ScreenRecord:
