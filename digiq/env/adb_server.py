@@ -50,7 +50,7 @@ from digiq.env.android import DENSITY, KEYCODES, SIM_COMMAND, decode_input_text
 from digiq.env.device import SimDevice
 from digiq.env.hierarchy import DUMP_TRAILER, hierarchy_xml
 from digiq.env.state import Dynamics
-from digiq.env.tasks import Task, UnsupportedInstruction, parse_task, unchecked_task
+from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task, unchecked_task
 from digiq.env.ui import SCREEN_H, SCREEN_W
 
 __all__ = ["SERVER_VERSION", "AdbSimServer", "Fault", "SimPhone", "BOOT_SNAPSHOTS"]
@@ -593,6 +593,8 @@ class _Shell:
         if len(args) == 4 and args[0] == "reset":
             try:
                 seed = int(args[1])
+                if args[2] not in TASK_SETS:
+                    raise ValueError(f"task set must be one of {list(TASK_SETS)}, got {args[2]!r}")
                 try:
                     task = parse_task(args[3], args[2])
                 except UnsupportedInstruction:  # a phone takes any instruction; its check of this one never passes

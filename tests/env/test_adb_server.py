@@ -121,7 +121,11 @@ def test_sim_command(phone):
     x, y = p.device.find("app:clock").center
     d.click(x, y)
     assert d.shell("digiq-sim check") == "1"
-    assert "reset:" in d.shell(["digiq-sim", "reset", "1", "general", "Fly me to the moon"])
+    # An instruction no family matches still starts (a proposed task); the phone's check never passes.
+    assert d.shell(["digiq-sim", "reset", "1", "general", "Fly me to the moon"]) == "ok"
+    assert p.task is not None and p.task.family == "unchecked" and d.shell("digiq-sim check") == "0"
+    assert "reset:" in d.shell(["digiq-sim", "reset", "one", "general", "Open the clock app"])
+    assert "reset:" in d.shell(["digiq-sim", "reset", "1", "weekly", "Open the clock app"])
 
 
 def test_errors_reach_the_client(server, client):
