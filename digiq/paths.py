@@ -22,7 +22,7 @@ class Paths:
         object.__setattr__(self, "root", Path(self.root))
 
     def writing(self, name: str, folder: Path) -> Paths:
-        """These paths with the output folder ``name`` (``vlm``, ``critics`` or ``actors``) moved to ``folder``."""
+        """These paths with the output folder ``name`` (``vlm``, ``critics``, ``actors``...) moved to ``folder``."""
         if name not in _REDIRECTABLE:
             raise ValueError(f"Paths.writing: {name!r} is not one of {sorted(_REDIRECTABLE)}")
         return replace(self, redirected=(*self.redirected, (name, Path(folder))))
@@ -137,7 +137,8 @@ class Paths:
 
     @property
     def pae_evaluator(self) -> Path:
-        return self.pae / "evaluator"
+        """The learned evaluator: its VLM, threshold, and the validation episodes the threshold was chosen on."""
+        return self._output("pae_evaluator", self.pae / "evaluator")
 
     @property
     def pae_runs(self) -> Path:
@@ -161,4 +162,4 @@ class Paths:
         return self.root / "plots"
 
 
-_REDIRECTABLE = {"vlm", "critic_inputs", "critics", "actors"}
+_REDIRECTABLE = {"vlm", "critic_inputs", "critics", "actors", "pae_evaluator"}

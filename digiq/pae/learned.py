@@ -67,11 +67,12 @@ class Example:
     swapped: bool = False
 
 
-def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0) -> list[Example]:
+def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0, need_success: bool = True) -> list[Example]:
     """One example per stored step, and a swapped-task No for each Yes (the task of an episode of another family).
 
     Raises:
-        ValueError: the store holds no successful step, or no family other than the successes' to swap in.
+        ValueError: the store holds no successful step (with ``need_success``: nothing to learn "finished" from),
+            or no family other than the successes' to swap in.
     """
     t = store.read().select(["traj_id", "task", "family", "image_path", "next_image_path", "action", "reward"])
     rows = t.to_pylist()
@@ -80,7 +81,7 @@ def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0) -> li
         tasks_by_family.setdefault(r["family"], [])
         if r["task"] not in tasks_by_family[r["family"]]:
             tasks_by_family[r["family"]].append(r["task"])
-    if not any(r["reward"] > 0 for r in rows):
+    if need_success and not any(r["reward"] > 0 for r in rows):
         raise ValueError(f"{store.root}: no successful step to learn 'finished' from")
     rng = random.Random(seed)
     out: list[Example] = []

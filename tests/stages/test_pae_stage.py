@@ -1,0 +1,76 @@
+"""The pae stage at tiny size: the learned evaluator fitted and thresholded, the three rows, and the panels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from digiq.config import ActorConfig, DigiRLConfig, EnvConfig, PAEConfig
+from digiq.data.trajectories import TrajectoryStore
+from digiq.env.taskgen import generate_tasks
+from digiq.env.tasks import TASK_SETS, parse_task
+from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.models.vlm import ScreenVLM, VLMConfig
+from digiq.pae.learned import LearnedEvaluator
+from digiq.pae.proposals import read_proposals
+from digiq.paths import Paths
+from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages.pae import THRESHOLD_EPISODES, proposal_pools, run_pae
+from digiq.stages.propose import run_propose
+
+WIDTH = 108
+CFG = PAEConfig(per_group=3, crawl_depth=3, evaluator_epochs=0.5, evaluator_batch=16, threshold_episodes=3)
+DIGIRL = DigiRLConfig(rounds=2, episodes_per_round=3, env_steps=None, n_envs=3, actor_updates=1)
+
+
+@pytest.fixture(scope="module")
+def pae_root(tmp_path_factory) -> Paths:
+    """Task lists, a tiny base policy and pretrained VLM, the noisy expert's episodes as offline data, proposals."""
+    paths = Paths(tmp_path_factory.mktemp("pae"))
+    for ts in TASK_SETS:
+        for split, n in (("train", 8), ("val", 4), ("test", 6)):
+            paths.task_list(ts, split).parent.mkdir(parents=True, exist_ok=True)
+            paths.task_list(ts, split).write_text("\n".join(generate_tasks(ts, split, n, seed=3)) + "\n")
+    tok = train_tokenizer(default_corpus(n_tasks=50), vocab_size=400)
+    torch.manual_seed(0)
+    AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, num_layers=1, image_dim=32), tok).save(paths.base_policy)
+    ScreenVLM.tiny(tok, VLMConfig(image_size=32, vision_hidden=32, hidden=32, layers=1)).save(paths.vlm_pretrained)
+    tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 5, seed=4)]
+    rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
+    run_propose(CFG, EnvConfig(width=WIDTH), paths)
+    return paths
+
+
+def test_the_stage_fits_the_evaluator_runs_every_row_and_measures_both(pae_root):
+    metrics = run_pae(CFG, DIGIRL, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), pae_root, seeds=1)
+    ev = metrics["evaluator"]
+    assert ev["examples"] > ev["examples_yes"] > 0
+    assert ev["threshold_steps_yes"] == 0 and ev["threshold"] == 1.0  # the untrained base did no validation task
+    assert LearnedEvaluator.load(pae_root.pae_evaluator).threshold == pytest.approx(ev["threshold"], abs=1e-6)
+    held = TrajectoryStore(pae_root.pae_evaluator / THRESHOLD_EPISODES).read().to_pandas()
+    val = {t for ts in TASK_SETS for t in pae_root.task_list(ts, "val").read_text().splitlines()[:3]}
+    assert set(held.task) <= val and held.traj_id.nunique() == 6  # the validation lists' first episodes
+    assert set(metrics["rows"]) == {"pae", "pae_oracle", "pae_human"}
+    for row in metrics["rows"]:
+        for ts in TASK_SETS:
+            assert (pae_root.pae_policy(row, 0, ts) / "config.json").exists()
+            assert len(metrics["rows"][row]["by_task_set"][ts]["per_seed"][0]) == 2
+    human = TrajectoryStore(pae_root.pae_runs / "seed0" / "pae_human" / "general" / "round000").read().to_pandas()
+    assert set(human.task) <= set(pae_root.task_list("general", "train").read_text().splitlines())
+    panel = metrics["proposer_panel"]
+    assert 0 < panel["valid"] < 1 and panel["proposals"] == len(read_proposals(pae_root.pae_proposals))
+    assert set(panel["test_lines_unmatched"]) == set(TASK_SETS)
+    oracle = metrics["evaluator_panel"]["pae_oracle"]["all"]
+    assert oracle["agreement"] in (None, 1.0)  # the device's check against itself
+    assert json.loads((pae_root.metrics / "pae.json").read_text())["rows"] == metrics["rows"]
+    assert (pae_root.plots / "pae.png").exists()
+
+
+def test_a_task_set_without_proposals_of_its_own_practises_on_all_of_them(pae_root):
+    general_only = [p for p in read_proposals(pae_root.pae_proposals) if p.task_set == "general"]
+    pools = proposal_pools(general_only)
+    assert [t.instruction for t in pools["webshop"]] == [p.instruction for p in general_only]
+    assert {t.task_set for t in pools["webshop"]} == {"webshop"}
