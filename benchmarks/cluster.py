@@ -3,7 +3,7 @@
 Two ways an evaluation uses a cluster (docs/cluster.md), each measured in
 episodes per second:
 
-* **jobs**: stage 10's evaluation jobs (one per seed and task set, each with
+* **jobs**: stage 12's evaluation jobs (one per seed and task set, each with
   its own simulated phones and its own copy of the policy) as Ray tasks of
   one CPU, against the same jobs in this process one after the other;
 * **devices**: one rollout with the policy here and ``--devices`` phones

@@ -1006,13 +1006,13 @@ class PAEConfig:
             raise ValueError(f"evaluator must be one of {list(PAE_EVALUATORS)}, got {self.evaluator!r}")
 
 
-# What stage 10's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
+# What stage 12's diagnostic can take from the simulator's expert (digiq.models.agents.ExpertSkill).
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
 @knobs
 class EvalConfig:
-    """Stage 10: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
+    """Stage 12: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int | None = _knob(
         None,

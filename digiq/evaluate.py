@@ -3,7 +3,7 @@
 Every seed's policies are evaluated on that seed's devices, with sampling
 noise keyed by that seed's episodes and steps (the base policy too, so its
 spread is sampling noise), which pairs seed ``s`` of one policy with seed
-``s`` of another for the paired bootstrap. Stage 10 (:mod:`digiq.stages.eval`) and ``python -m
+``s`` of another for the paired bootstrap. Stage 12 (:mod:`digiq.stages.eval`) and ``python -m
 digiq.evaluate`` (:func:`main`: any checkpoint on any task file) run the
 same code.
 """
@@ -70,7 +70,7 @@ def evaluate_policy(agent: Policy, tasks: Mapping[str, Sequence[Task]], cfg: Eva
                     name: str = "policy") -> dict[str, list[EpisodeResult]]:  # fmt: skip
     """One seed's episodes of ``agent`` on each task set's tasks, in list order.
 
-    The one rollout loop of stage 10 and of ``python -m digiq.evaluate``:
+    The one rollout loop of stage 12 and of ``python -m digiq.evaluate``:
     devices seeded by ``cfg.seed + seed`` (the same for every policy of a
     seed), ``cfg.n_envs`` at a time, each task's own step limit.
     """
@@ -241,7 +241,7 @@ def policy_for(folder: Path, task_set: str) -> Path:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate a policy checkpoint on a file of instructions; print a table, optionally write JSON.
 
-    Runs :func:`evaluate_policy` as stage 10 does, with the params file's
+    Runs :func:`evaluate_policy` as stage 12 does, with the params file's
     ``eval`` group (temperature, n_envs, device seed) and seeds ``0..N-1``, so
     the stage's checkpoints on the stage's task lists give the stage's figures.
     One ``--policy`` folder runs on every seed; several (one per seed, as
@@ -250,14 +250,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     as stage 07 writes a row's policies of one seed): each task set's tasks
     are then played by its own. On the
     simulator the seeds are shared among ``--workers`` processes (default:
-    the params' ``compute.workers``), as stage 10 shares its evaluations.
+    the params' ``compute.workers``), as stage 12 shares its evaluations.
     Bad input (a missing checkpoint or task file, a file with no parseable
     line, an ``--out`` that cannot be written, checked before the run) exits
     with status 2 and a message naming it.
     """
     ap = argparse.ArgumentParser(
         prog="python -m digiq.evaluate",
-        description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 10 does.",
+        description="Evaluate a policy checkpoint on a file of instructions (one per line), as stage 12 does.",
     )
     ap.add_argument("--policy", required=True, type=Path, nargs="+",
                     help="policy checkpoint folder (config.json + weights), or a folder of one per task set (a stage-07 "
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--task-set", choices=TASK_SETS, default=None,
                     help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None,
-                    help="seeds 0..N-1 (devices and sampling, as stage 10's); default: the params' experiment.seeds")  # fmt: skip
+                    help="seeds 0..N-1 (devices and sampling, as stage 12's); default: the params' experiment.seeds")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
     ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
     ap.add_argument("--workers", type=int, default=None,
@@ -322,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if missing:
             ap.error(f"--policy {folder}: no checkpoint for task set(s) {missing}")
     jobs = []
-    for s in range(seeds):  # one job per task set, as stage 10 runs them
+    for s in range(seeds):  # one job per task set, as stage 12 runs them
         folder, config = args.policy[s % len(args.policy)], configs[s % len(args.policy)]
         jobs += [EvalJob(policy_for(folder, ts), folder.name, s, {ts: listed}, cfg, env, config.screen_text)
                  for ts, listed in tasks.items()]  # fmt: skip

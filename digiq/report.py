@@ -193,7 +193,7 @@ def results_markdown(paths: Paths) -> str:
     train, compared = _load(paths, "eval_train"), _load(paths, "comparisons")
     if not ev:
         return "No `metrics/eval.json` yet: run `make repro`."
-    margins = comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 10."]
+    margins = comparison_table(compared, ev) if compared else ["No `metrics/comparisons.json`: run stage 12."]
     out = success_table(ev, train) + ["", "![results](plots/results.png)", ""] + margins
     if ab:
         out += ["", "Ablations (success rate %, mean ± sample std over seeds):", ""] + success_table(ab)
@@ -318,7 +318,7 @@ def diagnostics_markdown(paths: Paths) -> str:
     if rewarded:
         out += ["", "Digi-Q's critic at the data's rewarded steps (stage 06):", ""] + rewarded_table(rewarded)
     if skills:
-        out += ["", "Where the base policy loses (stage 10, first seed, the first 96 test tasks; success % with one "
+        out += ["", "Where the base policy loses (stage 12, first seed, the first 96 test tasks; success % with one "
                 "skill taken from the simulator's expert, everything else the policy's own):", ""]  # fmt: skip
         out += skills_table(skills)
     return "\n".join(out)

@@ -1,6 +1,6 @@
 """Roll policies out on many simulated devices at once; record trajectories.
 
-Used by collection (stage 01) and evaluation (stage 10). A policy sees a batch
+Used by collection (stage 01) and evaluation (stage 12). A policy sees a batch
 of screenshots and AutoUI text prompts and answers with AutoUI action
 strings; the scripted expert also gets the envs (its privileged view).
 Finished trajectories are written in parts, so an interrupted collection

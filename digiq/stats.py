@@ -1,6 +1,6 @@
 """Statistics of evaluation results: sample spread over seeds and paired bootstrap intervals.
 
-Two policies evaluated on the same task list with the same seeds (stage 10
+Two policies evaluated on the same task list with the same seeds (stage 12
 gives seed ``s`` of every policy the same devices and sampling seed) meet
 the same tasks under the same conditions, so their difference is measured
 episode against episode. A paired bootstrap keeps that pairing: each

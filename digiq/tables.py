@@ -87,7 +87,7 @@ def success_table(results: dict[str, Any], train: dict[str, Any] | None = None) 
 
 
 def evaluated_sets(results: dict[str, Any]) -> list[str]:
-    """The task sets stage 10 evaluated (``eval.json``'s policies all hold the same ones: those the data hold)."""
+    """The task sets stage 12 evaluated (``eval.json``'s policies all hold the same ones: those the data hold)."""
     some = next(iter(results.values()))
     return [ts for ts in TASK_SETS if ts in some]
 
@@ -103,7 +103,7 @@ def family_table(results: dict[str, Any]) -> list[str]:
 
 
 def comparison_table(comparisons: dict[str, Any], rows: Iterable[str]) -> list[str]:
-    """The paired comparisons of stage 10 between ``rows``: difference in points and its 95% bootstrap interval.
+    """The paired comparisons of stage 12 between ``rows``: difference in points and its 95% bootstrap interval.
 
     Empty when no comparison has both its policies among ``rows`` (a table of its own per results table).
     """
@@ -334,7 +334,7 @@ def rewarded_table(rewarded: dict[str, Any]) -> list[str]:
 
 
 def skills_table(skills: dict[str, Any]) -> list[str]:
-    """The base policy alone and with each skill lent by the expert, per task set (stage 10, first seed)."""
+    """The base policy alone and with each skill lent by the expert, per task set (stage 12, first seed)."""
     if "off" in skills:
         return [f"Expert-skill diagnostic off: {skills['off']}."]
     sets = [ts for ts in TASK_SETS if ts in skills["none"]]

@@ -114,7 +114,7 @@ def test_a_failing_job_raises_its_own_error(cluster, tmp_path):
 
 
 def test_evaluation_jobs_give_the_local_backend_s_episodes(cluster, values_root):
-    """Stage 10's jobs on the simulator as Ray tasks: the same episodes as in worker-less local evaluation."""
+    """Stage 12's jobs on the simulator as Ray tasks: the same episodes as in worker-less local evaluation."""
     tasks = {ts: [t for t in TASKS if t.task_set == ts][:3] for ts in ("general", "webshop")}
     cfg = EvalConfig(n_envs=2, seed=7, temperature=0.8)
     jobs = [EvalJob(Paths(values_root).base_policy, f"seed {s}", s, tasks, cfg, EnvConfig(width=WIDTH), False)

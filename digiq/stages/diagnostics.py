@@ -1,7 +1,7 @@
 """Stage 08: the critics' picks judged against what only the simulator knows.
 
 Nothing here feeds a policy: stage 07 trains the actors without waiting for
-it, and stage 10 evaluates them. On stored states of the offline data, of the
+it, and stage 12 evaluates them. On stored states of the offline data, of the
 trajectories stage 06 held out of every critic's training (a critic judged on
 what it fit says little about what it ranks):
 

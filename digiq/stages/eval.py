@@ -1,4 +1,4 @@
-"""Stage 10: roll every policy out on held-out test tasks; success by task set and family.
+"""Stage 12: roll every policy out on held-out test tasks; success by task set and family.
 
 Protocol (docs/experiments.md): the first ``n_tasks`` tasks of
 each test list, in order; 10 steps for General, 20 for Web Shopping; success
@@ -220,7 +220,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
 
 
 def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    """Stage 10 as ``params.yaml`` sets it: the base and every row, the ablations into their own table."""
+    """Stage 12 as ``params.yaml`` sets it: the base and every row, the ablations into their own table."""
     table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
     main, variants, ablations = ([r.name for r in table if r.group == g] for g in ("paper", "variant", "ablation"))
     return run_eval(load_section(EvalConfig, "eval", params), load_section(EnvConfig, "env", params), paths,

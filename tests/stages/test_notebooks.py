@@ -164,7 +164,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert set(runs) == online  # every row on both seeds, one run per task set
     assert all(set(e["by_task_set"]) == {"general", "webshop"} for e in runs.values())
     assert all(len(r["per_seed"]) == 2 for e in runs.values() for r in e["by_task_set"].values())
-    for row in online:  # two rounds of 4 episodes each (TINY), the last policy where stage 10 read it
+    for row in online:  # two rounds of 4 episodes each (TINY), the last policy where stage 12 read it
         for ts, run in runs[row]["by_task_set"].items():
             assert all(len(rounds) == 2 and all(r["episodes"] == 4 for r in rounds) for rounds in run["per_seed"])
             assert (workspace / "data" / "online" / "seed1" / row / ts / "latest" / "policy" / "config.json").exists()
@@ -234,7 +234,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
 
 def test_the_values_notebook_shows_both_viewers_with_pictures_headless(workspace):
     out = workspace / "executed_10.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / "11_explore_values.ipynb"), str(out), kernel_name="python3",
+    pm.execute_notebook(str(ROOT / "notebooks" / "13_explore_values.ipynb"), str(out), kernel_name="python3",
                         parameters={"root": str(workspace)}, progress_bar=False, cwd=str(workspace))  # fmt: skip
     cells = json.loads(out.read_text())["cells"]
     outputs = [o.get("data", {}) for c in cells if c["cell_type"] == "code" for o in c["outputs"]]

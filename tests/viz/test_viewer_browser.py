@@ -38,7 +38,7 @@ def _free_port() -> int:
 @pytest.fixture
 def lab(values_root):
     """A JupyterLab server on loopback, rooted at the viewer dataset, with the parametrised notebook in it."""
-    pm.execute_notebook(str(ROOT / "notebooks" / "11_explore_values.ipynb"), str(values_root / "viewer.ipynb"),
+    pm.execute_notebook(str(ROOT / "notebooks" / "13_explore_values.ipynb"), str(values_root / "viewer.ipynb"),
                         parameters={"root": str(values_root)}, prepare_only=True)  # fmt: skip
     port = _free_port()
     labconfig = values_root / ".jupyter" / "labconfig"
