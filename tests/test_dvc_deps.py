@@ -42,8 +42,11 @@ def test_the_fingerprint_stage_comes_first_runs_every_time_and_writes_one_file_p
 def test_a_stage_depends_on_its_fingerprint_instead_of_its_code_files(name: str) -> None:
     deps = STAGES[name]["deps"]
     assert fingerprint_file(name) in deps, f"dvc.yaml stage {name!r}: add {fingerprint_file(name)} to its deps"
-    # A code file among the deps would rerun the stage for a reworded docstring again.
-    assert not [d for d in deps if d.startswith("digiq")], f"dvc.yaml stage {name!r}: code deps {deps}"
+    # A code file among the deps would rerun the stage for a reworded docstring again. A data file the package
+    # ships (the built-in proposer's lexicon) is a dep of its own: no fingerprint covers it.
+    assert not [d for d in deps if d.startswith("digiq") and d.endswith(".py")], (
+        f"dvc.yaml stage {name!r}: code deps {deps}"
+    )
     assert any(m.split(".")[0] == "digiq" for m in entry_modules(STAGES[name]["cmd"])), STAGES[name]["cmd"]
 
 

@@ -40,6 +40,7 @@ TINY = {
         "value_batch": 8,
         "actor_updates": 2,
     },
+    "pae": {"per_group": 3, "crawl_depth": 3, "threshold_episodes": 2, "evaluator_epochs": 0.2},
     "diagnostics": {"oracle_states": 6, "oracle_rollouts": 2, "behaviour_rollouts": 2},
     "eval": {"n_tasks": 6, "n_envs": 6, "train_tasks": 5},
     "experiment": {"seeds": 2},
@@ -101,7 +102,7 @@ def test_notebooks_are_committed_without_outputs():
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
-    assert len(STAGES) == 11
+    assert len(STAGES) == 13
     os.environ.setdefault("TQDM_DISABLE", "1")
     for stage in pipeline.stages():  # in dvc.yaml's order: the notebooks, and the stages without one
         if stage.cmd == f"python -m digiq.stages.{stage.name}":
@@ -168,6 +169,12 @@ def test_pipeline_notebooks_run_in_order(workspace):
         for ts, run in runs[row]["by_task_set"].items():
             assert all(len(rounds) == 2 and all(r["episodes"] == 4 for r in rounds) for rounds in run["per_seed"])
             assert (workspace / "data" / "online" / "seed1" / row / ts / "latest" / "policy" / "config.json").exists()
+    practice = json.loads((workspace / "metrics" / "pae.json").read_text())  # PAE's rows: every seed and task set
+    assert set(practice["rows"]) == {"pae", "pae_oracle", "pae_human"} and "threshold" in practice["evaluator"]
+    for row, entry in practice["rows"].items():
+        assert all(len(part["per_seed"]) == 2 for part in entry["by_task_set"].values())
+        assert (workspace / "data" / "pae" / "runs" / "seed1" / row / "webshop" / "latest" / "policy").is_dir()
+    assert json.loads((workspace / "metrics" / "propose.json").read_text())["proposals"] > 0
     actor = json.loads((workspace / "metrics" / "actor.json").read_text())
     perfect = actor["perfect_critic"]  # a perfect critic keeps exactly the states with an expert-equivalent candidate
     assert actor["kept_rows"]["digiq_perfect_critic"] == round(
