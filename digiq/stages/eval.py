@@ -14,15 +14,18 @@ Writes, as ``{policy: {task_set: summary}}`` with each summary
 "n_episodes"}}`` (rates are means over seeds, the std is the sample std over
 seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
 
-- ``metrics/eval.json``: the base, the paper's comparison (``main``) and
-  Digi-Q's named ``variants`` (its rows beside the paper's method);
+- ``metrics/eval.json``: the base, the paper's comparison (``main``), the
+  online and PAE rows and Digi-Q's named ``variants`` (its rows beside the paper's method);
 - ``metrics/ablations.json``: Digi-Q and its ``ablations``;
 - ``metrics/eval_outcomes.json``: every episode's 0/1 success as
   ``{policy: {task_set: ["0110...", one string per seed]}}``, in task-list order;
 - ``metrics/comparisons.json``: paired bootstrap intervals (:mod:`digiq.stats`)
   as ``{task_set: {"A-B": {"diff", "ci95", "n_tasks", "seeds"}}}`` in
   percentage points, for Digi-Q minus each other policy of ``eval.json`` and
-  each variant or ablation minus Digi-Q.
+  each variant or ablation minus Digi-Q;
+- ``metrics/pae_eval.json`` (with PAE's rows): :data:`PAE_PAIRS` the same
+  way, on the whole lists (``all``) and on the test tasks whose goal no
+  proposal has (``unmatched``, with ``unmatched_tasks`` per task set).
 
 With ``eval.train_tasks`` it also rolls the base, the paper's comparison
 (``main``) and the online rows out on train tasks, the tasks of the first trajectories per task set in the
@@ -42,9 +45,12 @@ same code (:mod:`digiq.evaluate`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from digiq.config import (
     AblationsConfig,
@@ -55,6 +61,7 @@ from digiq.config import (
     EvalConfig,
     ExperimentConfig,
     JudgeConfig,
+    PAEConfig,
     load_section,
     load_variants,
 )
@@ -67,15 +74,18 @@ from digiq.models.checkpoint import read_typed_config
 from digiq.models.policy import PolicyConfig
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult
-from digiq.rows import ONLINE_ROWS, all_rows
+from digiq.rows import ONLINE_ROWS, PAE_ROWS, all_rows
 from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
 from digiq.stats import comparisons
 from digiq.workers import IN_PROCESS, job_slots
 
-__all__ = ["run", "run_eval", "train_tasks", "ONLINE_PAIRS"]
+__all__ = ["run", "run_eval", "train_tasks", "pae_comparisons", "ONLINE_PAIRS", "PAE_PAIRS"]
 
 # The DigiRL paper's comparisons among its own rows, as "A - B", beside Digi-Q minus each.
 ONLINE_PAIRS = (("digirl_online", "filtered_bc_online"), ("digirl_off2on", "digirl_offline"))
+# PAE's: practice on proposed tasks against the base it started from, against the same practice on human tasks and
+# against online Filtered BC on human tasks; and a perfect evaluator against the learned one.
+PAE_PAIRS = (("pae", "base"), ("pae", "pae_human"), ("pae", "filtered_bc_online"), ("pae_oracle", "pae"))
 
 
 def _checkpoint(paths: Paths, policy: str, seed: int, task_set: str) -> Path:
@@ -85,6 +95,8 @@ def _checkpoint(paths: Paths, policy: str, seed: int, task_set: str) -> Path:
         return paths.base_policy
     if policy in ONLINE_ROWS:
         return paths.online_policy(policy, seed, task_set)
+    if policy in PAE_ROWS:
+        return paths.pae_policy(policy, seed, task_set)
     return paths.actor(policy, seed, task_set)
 
 
@@ -131,11 +143,27 @@ def train_tasks(paths: Paths, n: int) -> dict[str, list[Task]]:
     return out
 
 
+def pae_comparisons(arrays: dict[str, dict[str, np.ndarray]], unmatched: dict[str, list[int]]) -> dict[str, Any]:
+    """PAE's comparisons (:data:`PAE_PAIRS`) on the whole test lists, and on the test tasks whose goal no proposal
+    has (``unmatched``: their lines, per task set, from the pae stage's proposer panel) with how many those are."""
+    subset = {p: {ts: a[:, [i for i in unmatched.get(ts, []) if i < a.shape[1]]] for ts, a in sets.items()}
+              for p, sets in arrays.items()}  # fmt: skip
+    some = {p: {ts: a for ts, a in sets.items() if a.shape[1]} for p, sets in subset.items()}
+    return {"all": comparisons(arrays, PAE_PAIRS), "unmatched": comparisons(some, PAE_PAIRS),
+            "unmatched_tasks": {ts: int(a.shape[1]) for ts, a in next(iter(subset.values()), {}).items()}}  # fmt: skip
+
+
 @one_run_at_a_time("eval")
 def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main: list[str], ablations: list[str],
-             variants: Sequence[str] = (), online: Sequence[str] = (), devices: DeviceConfig | None = None,
-             judge: JudgeConfig | None = None, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
-    """Evaluate ``base`` + ``main`` + ``online`` + ``variants`` (into eval.json) and ``ablations`` (into ablations.json).
+             variants: Sequence[str] = (), online: Sequence[str] = (), practice: Sequence[str] = (),
+             devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
+             compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``base`` + ``main`` + ``online`` + ``practice`` + ``variants`` (into eval.json) and ``ablations``
+    (into ablations.json).
+
+    ``practice`` are PAE's rows (the pae stage's), read from their runs' last
+    policies and compared as :data:`PAE_PAIRS` says, on the whole test lists
+    and on the test tasks no proposal matched (``metrics/pae_eval.json``).
 
     ``online`` are stage 09's rows (DigiRL online, off-to-online, Filtered BC
     online), read from their runs' last policies; they are compared with
@@ -157,7 +185,7 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     """
     devices = devices or DeviceConfig()
     baselines = [*main, *online]  # the paper's rows and DigiRL's online ones
-    table_rows = ["base", *baselines, *variants]  # the rows of eval.json; the ablations go to ablations.json
+    table_rows = ["base", *baselines, *practice, *variants]  # the rows of eval.json; the ablations go to ablations.json
     policies = [*table_rows, *ablations]
     task_sets = _trained_task_sets(paths, policies, seeds)
     tasks = {ts: read_tasks(paths, ts, "test", cfg.n_tasks, "eval") for ts in task_sets}
@@ -204,6 +232,10 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     pairs += [(a, b) for a, b in ONLINE_PAIRS if a in online and b in table_rows]
     arrays = {p: {ts: outcome_array(r) for ts, r in sets.items()} for p, sets in runs.items()}
     write_metrics(paths, "comparisons", comparisons(arrays, pairs))
+    if practice:
+        require("eval", paths.metrics / "pae.json")
+        unmatched = json.loads((paths.metrics / "pae.json").read_text())["proposer_panel"]["test_lines_unmatched"]
+        write_metrics(paths, "pae_eval", pae_comparisons(arrays, unmatched))
     write_metrics(paths, "skills", skills)
     if held_in:
         train_summary: dict[str, Any] = {
@@ -226,5 +258,6 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     return run_eval(load_section(EvalConfig, "eval", params), load_section(EnvConfig, "env", params), paths,
                     seeds=load_section(ExperimentConfig, "experiment", params).seeds, main=main, variants=variants,
                     online=load_section(DigiRLConfig, "digirl", params).online, ablations=ablations,
+                    practice=load_section(PAEConfig, "pae", params).rows,
                     devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
                     compute=load_section(ComputeConfig, "compute", params))  # fmt: skip

@@ -123,7 +123,10 @@ def test_pipeline_notebooks_run_in_order(workspace):
         assert bare == 0, (name, bare)
     report = json.loads((workspace / "metrics" / "eval.json").read_text())
     online = {"digirl_online", "digirl_off2on", "filtered_bc_online"}
-    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"} | online
+    practice_rows = {"pae", "pae_oracle", "pae_human"}
+    assert set(report) == {"base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy"} | online | practice_rows
+    pae_eval = json.loads((workspace / "metrics" / "pae_eval.json").read_text())
+    assert set(pae_eval["all"]["general"]) == {"pae-base", "pae-pae_human", "pae-filtered_bc_online", "pae_oracle-pae"}
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
     assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_blind", "digiq_perfect_critic",
                               "digiq_awr", "digiq_reinforce"}  # fmt: skip
@@ -142,7 +145,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
             "digiq_reinforce-digiq", "digiq-digirl_off2on", "digirl_online-filtered_bc_online",
             "digirl_off2on-digirl_offline"} <= set(comparisons["general"])  # fmt: skip
     train = json.loads((workspace / "metrics" / "eval_train.json").read_text())  # the paper's train columns
-    assert set(train) == set(report) - set(VARIANTS)  # the paper's rows and the online ones
+    assert set(train) == set(report) - set(VARIANTS) - practice_rows  # the paper's rows and the online ones
     for policy, sets in train.items():  # the tasks of the first 5 of each task set's 8 collected trajectories
         assert set(sets) == {"general", "webshop"} and all(r["n_episodes"] == 5 for r in sets.values())
         seeds = len({**ablations, **report}[policy]["general"]["per_seed"])  # as many seeds as on the test tasks

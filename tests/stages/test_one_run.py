@@ -22,6 +22,7 @@ from digiq.config import (
     EmbedConfig,
     EnvConfig,
     EvalConfig,
+    PAEConfig,
     VLMFinetuneConfig,
     VLMPretrainConfig,
     load_params,
@@ -42,6 +43,8 @@ from digiq.stages.diagnostics import run_diagnostics
 from digiq.stages.digirl_online import run_digirl_online
 from digiq.stages.embed import run_embed
 from digiq.stages.eval import run_eval
+from digiq.stages.pae import run_pae
+from digiq.stages.propose import run_propose
 from digiq.stages.vlm_finetune import run_vlm_finetune
 from digiq.stages.vlm_pretrain import run_vlm_pretrain
 
@@ -115,6 +118,8 @@ ENTRIES: dict[str, Callable[[Paths], object]] = {
         DiagnosticsConfig(), p, seeds=1, env=EnvConfig(), collect=CollectConfig(), policies=[], threshold=0.0
     ),  # fmt: skip
     "digirl_online": lambda p: run_digirl_online(DigiRLConfig(), ActorConfig(), EnvConfig(), p, seeds=1),
+    "propose": lambda p: run_propose(PAEConfig(), EnvConfig(), p),
+    "pae": lambda p: run_pae(PAEConfig(), DigiRLConfig(), ActorConfig(), EnvConfig(), p, seeds=1),
     "eval": lambda p: run_eval(EvalConfig(), EnvConfig(), p, seeds=1, main=[], ablations=[]),
 }
 

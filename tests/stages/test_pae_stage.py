@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from digiq.pae.learned import LearnedEvaluator
 from digiq.pae.proposals import read_proposals
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages.eval import pae_comparisons
 from digiq.stages.pae import THRESHOLD_EPISODES, proposal_pools, run_pae
 from digiq.stages.propose import run_propose
 
@@ -74,3 +76,14 @@ def test_a_task_set_without_proposals_of_its_own_practises_on_all_of_them(pae_ro
     pools = proposal_pools(general_only)
     assert [t.instruction for t in pools["webshop"]] == [p.instruction for p in general_only]
     assert {t.task_set for t in pools["webshop"]} == {"webshop"}
+
+
+def test_pae_comparisons_run_on_all_tasks_and_on_those_no_proposal_matched():
+    ones, zeros = np.ones((2, 6), np.int8), np.zeros((2, 6), np.int8)
+    half = np.array([[1, 1, 1, 0, 0, 0]] * 2, np.int8)
+    arrays = {"pae": {"general": ones}, "base": {"general": half}, "pae_human": {"general": zeros},
+              "filtered_bc_online": {"general": half}, "pae_oracle": {"general": ones}}  # fmt: skip
+    out = pae_comparisons(arrays, {"general": [3, 4, 5, 40]})  # a line past the list (a shorter n_tasks) is passed over
+    assert out["all"]["general"]["pae-base"]["diff"] == 50.0 and out["all"]["general"]["pae-pae_human"]["diff"] == 100.0
+    assert out["unmatched"]["general"]["pae-base"]["diff"] == 100.0 and out["unmatched_tasks"] == {"general": 3}
+    assert out["unmatched"]["general"]["pae_oracle-pae"]["n_tasks"] == 3
