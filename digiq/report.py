@@ -32,6 +32,7 @@ from digiq.env.tasks import TASK_SETS
 from digiq.io import fill_block
 from digiq.paths import Paths
 from digiq.tables import (
+    PAE_CLAIMS,
     TASK_SET_NAMES,
     Cell,
     claims_table,
@@ -51,6 +52,7 @@ from digiq.tables import (
 __all__ = [
     "results_markdown",
     "env_steps_table",
+    "pae_markdown",
     "validation_markdown",
     "diagnostics_markdown",
     "stage_times_markdown",
@@ -208,9 +210,12 @@ def results_markdown(paths: Paths) -> str:
         out += _extraction_note({name: e for name, e in actor.get("extraction", {}).items() if name in ab})
     online = _load(paths, "digirl_online")
     if online and online.get("rows"):
-        out += ["", *env_steps_table(online, [p for p in ev if p not in online["rows"]])]
+        practice = (_load(paths, "pae") or {}).get("rows", {})
+        offline = [p for p in ev if p not in online["rows"] and p not in practice]
+        out += ["", *env_steps_table(online, offline, practice)]
     if compared:
         out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
+    out += pae_markdown(paths)
     diag = _load(paths, "diagnostics") or {}
     if "critic_pick_margin" in diag:
         out += ["", "Digi-Q's critic against a ranking that knows nothing (stage 08):", ""]
@@ -218,9 +223,32 @@ def results_markdown(paths: Paths) -> str:
     return "\n".join(out)
 
 
-def env_steps_table(online: dict[str, Any], offline_rows: list[str]) -> list[str]:
+def pae_markdown(paths: Paths) -> list[str]:
+    """PAE's claims (docs/pae.md) judged by stage 12's intervals, on the whole test lists and on the test tasks no
+    proposal matched; the proposals' validity and the learned evaluator's agreement with ground truth (stage 11)."""
+    judged = _load(paths, "pae_eval")
+    if not judged:
+        return []
+    out = ["", "PAE's claims ([docs/pae.md](docs/pae.md)), each judged by its comparison's interval, on the whole test "
+           "lists:", "", *claims_table(judged["all"], PAE_CLAIMS)[:-2]]  # fmt: skip
+    sizes = ", ".join(f"{n} {TASK_SET_NAMES[ts]}" for ts, n in judged["unmatched_tasks"].items())
+    out += ["", f"On the test tasks whose goal no proposal has ({sizes}):", "",
+            *claims_table(judged["unmatched"], PAE_CLAIMS[:1])]  # fmt: skip
+    practice = _load(paths, "pae") or {}
+    panel, evaluated = practice.get("proposer_panel"), practice.get("evaluator_panel", {}).get("pae", {}).get("all")
+    if panel and evaluated and evaluated.get("precision") is not None:
+        out += ["", f"The {panel['proposals']} proposals: {pct(panel['valid'])}% map to a task the simulator can check "
+                f"(the scripted expert does {pct(panel['expert_success_on_valid'] or 0)}% of those). The pae row's "
+                f"evaluator against that check over its practice episodes: precision {pct(evaluated['precision'])}%, "
+                f"recall {pct(evaluated['recall'] or 0)}%, agreement {pct(evaluated['agreement'])}%."]  # fmt: skip
+    return out
+
+
+def env_steps_table(online: dict[str, Any], offline_rows: list[str], practice: dict[str, Any] | None = None
+                    ) -> list[str]:  # fmt: skip
     """The environment steps each row learnt from: the offline data for the offline rows, the rounds' for the online
-    ones (off2on: both), with the online runs' rounds (per task set's run) and wall time (means over seeds)."""
+    ones (off2on: both) and PAE's practice rows (``practice``: ``metrics/pae.json``'s rows), with the runs' rounds
+    (per task set's run) and the online runs' wall time (means over seeds)."""
     out = ["| policy | environment steps learnt from | of them online | rounds | online wall time (s) |",
            "|---|---|---|---|---|"]  # fmt: skip
     data = online["offline_env_steps"]
@@ -229,8 +257,12 @@ def env_steps_table(online: dict[str, Any], offline_rows: list[str]) -> list[str
         rounds = np.mean([len(r) for part in entry["by_task_set"].values() for r in part["per_seed"]])
         out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['online_env_steps']:,.0f} | {rounds:.1f} | "
                    f"{entry['wall_time_s']:,.0f} |")  # fmt: skip
-    return out + ["", "The offline rows learn from the collected data (stage 01) alone; the online rows' steps are "
-                  "means over seeds, and their wall time one seed's runs on both task sets (stage 09)."]  # fmt: skip
+    for row, entry in (practice or {}).items():
+        rounds = np.mean([len(r) for part in entry["by_task_set"].values() for r in part["per_seed"]])
+        out.append(f"| {row} | {entry['env_steps']:,.0f} | {entry['env_steps']:,.0f} | {rounds:.1f} | - |")
+    return out + ["", "The offline rows learn from the collected data (stage 01) alone; the online and practice rows' "
+                  "steps are means over seeds, and the online rows' wall time one seed's runs on both task sets "
+                  "(stage 09; PAE's practice, stage 11, times itself as a whole)."]  # fmt: skip
 
 
 # How each row of the extraction ablation weighs a drawn candidate of advantage A.

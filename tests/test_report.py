@@ -326,3 +326,26 @@ def test_results_give_the_critic_s_margin_over_the_uninformed_level_with_its_int
     assert "+1.0 [-2.0, +4.0], no detectable difference |" in md and "4,409 informative stored states of the 461" in md
     assert "interval" in diagnostics_markdown(paths)
     assert "off" in pick_margin_table({}, {})[0]
+
+
+def test_results_judge_pae_s_claims_on_all_test_tasks_and_on_those_no_proposal_matched(tmp_path):
+    paths = Paths(tmp_path)
+    write_metrics(paths, "eval", _base_and_digiq())
+    assert "PAE's claims" not in results_markdown(paths)  # no PAE rows evaluated
+    every = {ts: {"pae-base": _pair(10.0, 4.0, 16.0), "pae-pae_human": _pair(-8.0, -12.0, -3.0),
+                  "pae-filtered_bc_online": _pair(1.0, -3.0, 5.0), "pae_oracle-pae": _pair(6.0, 1.0, 11.0)}
+             for ts in ("general", "webshop")}  # fmt: skip
+    unmatched = {"general": {"pae-base": _pair(2.0, -4.0, 8.0)}}
+    write_metrics(paths, "pae_eval", {"all": every, "unmatched": unmatched,
+                                      "unmatched_tasks": {"general": 57, "webshop": 0}})  # fmt: skip
+    write_metrics(paths, "pae", {"proposer_panel": {"proposals": 200, "valid": 0.8, "expert_success_on_valid": 0.9},
+                                 "evaluator_panel": {"pae": {"all": {"precision": 0.7, "recall": 0.5,
+                                                                     "agreement": 0.85}}}})  # fmt: skip
+    md = results_markdown(paths)
+    assert "PAE's claims ([docs/pae.md](docs/pae.md))" in md
+    hold = "+10.0 [+4.0, +16.0], holds"
+    assert f"`pae - base > 0` on both task sets | {hold} | {hold} | **reproduced** |" in md
+    assert "`pae - pae_human ≥ 0` on both task sets | -8.0 [-12.0, -3.0], reversed" in md  # reported whatever it says
+    assert "On the test tasks whose goal no proposal has (57 General, 0 Web Shopping):" in md
+    assert "| +2.0 [-4.0, +8.0], no detectable difference | not measured | **not measured** |" in md
+    assert "200 proposals: 80.0% map to a task the simulator can check" in md and "precision 70.0%" in md
