@@ -167,10 +167,11 @@ class OnlineJob(NamedTuple):
 
 
 class _Buffer:
-    """Every episode a run learns from: the step tables, their frozen features and their screens, per source."""
+    """Every episode a run learns from: the step tables, their frozen features (for DigiRL's value functions) and their
+    screens, per source."""
 
-    def __init__(self, base: AutoUIPolicy) -> None:
-        self.base = base
+    def __init__(self, base: AutoUIPolicy, features: bool = True) -> None:
+        self.base, self.features = base, features
         self.steps: list[pd.DataFrame] = []
         self.feats: list[StepFeatures] = []
         self.screens: dict[str, Any] = {}
@@ -185,14 +186,15 @@ class _Buffer:
         loaded = load_screens(self.base, store, [*t.image_path, *t.next_image_path])
         self.screens.update({key + p: v for p, v in loaded.items()})
         self.steps.append(t.assign(source=name, key=key + t.image_path))
-        self.feats.append(step_features(self.base, t, loaded))
+        if self.features:
+            self.feats.append(step_features(self.base, t, loaded))
         return t
 
-    def table(self) -> tuple[pd.DataFrame, StepFeatures]:
-        """All steps, numbered by ``episode`` in buffer order, and their features."""
+    def table(self) -> tuple[pd.DataFrame, StepFeatures | None]:
+        """All steps, numbered by ``episode`` in buffer order, and their features (None: the buffer keeps none)."""
         t = pd.concat(self.steps, ignore_index=True)
         t["episode"] = t.groupby(["source", "traj_id"], sort=False).ngroup().to_numpy()
-        return t, StepFeatures.concat(self.feats)
+        return t, StepFeatures.concat(self.feats) if self.features else None
 
 
 def _resume(run: Path) -> Path | None:
@@ -219,7 +221,8 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     values = DigiRLValues(base.cfg.d_model, seed=seed) if practice is None else None  # PAE's rule uses none
     if done and values is not None:
         values.load_state(done)
-    buffer = _Buffer(base)
+    # Only DigiRL's rule reads value functions; Filtered BC's and PAE's read the outcomes alone.
+    buffer = _Buffer(base, features=practice is None and job.row != "filtered_bc_online")
     if job.row == "digirl_off2on":
         buffer.add(OFFLINE, TrajectoryStore(paths.offline), job.task_set)
     for r in range(len(state["rounds"])):
@@ -258,7 +261,7 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
             kept = filtered_bc_picks(steps).states
             stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
         else:
-            assert values is not None
+            assert values is not None and feats is not None
             kept, stats = fit_and_select(values, feats, steps, cfg, round_seed)
         rows = [FitRow(steps.observation.iat[i], steps.key.iat[i], steps.action.iat[i]) for i in kept]
         if rows:
