@@ -105,8 +105,7 @@ FRAMES: dict[str, tuple[str, ...]] = {
 }
 
 _SLOT = re.compile(r"\{(\w+?)\}")
-_SCREEN_SLOTS = ("icon", "app", "new_entry")
-_NEW = "New "
+_NEW = "New "  # a menu entry that makes something: "New tab", "New incognito tab"
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ class _Sources:
     """What one group's slots can be filled with, from the crawl and the lexicon, and the screens that showed it."""
 
     def __init__(self, context: DeviceContext, lexicon: Lexicon, app: str) -> None:
-        self.context, self.lexicon, self.app = context, lexicon, app
+        self.lexicon, self.app = lexicon, app
         home = context.apps.get(HOME, [])
         self.home = home[0] if home else None
         self.icons = set(self.home.buttons) if self.home else set()
@@ -152,10 +151,14 @@ class _Sources:
             return [_Value(label, Slot("icon", label, "screen", HOME)) for label in self.home.buttons]
         if name == "app":
             return self.shown_apps() + self.lexicon_values("app")
-        if name == "new_entry":
-            return [_Value(label.lower(), Slot("new_entry", label.lower(), "screen", _where(record)))
-                    for record in self.screens for label in record.buttons
-                    if label.startswith(_NEW) and len(label) > len(_NEW)]  # fmt: skip
+        if name == "new_entry":  # each entry once, cited to the first screen that offers it
+            entries: dict[str, _Value] = {}
+            for record in self.screens:
+                for label in record.buttons:
+                    if label.startswith(_NEW) and len(label) > len(_NEW):
+                        text = label.lower()
+                        entries.setdefault(text, _Value(text, Slot("new_entry", text, "screen", _where(record))))
+            return list(entries.values())
         return self.lexicon_values(name.rstrip("2").replace("_", " "))
 
     def evidence(self, needs: str) -> tuple[str, ...]:
