@@ -129,16 +129,18 @@ def _folded(paths: tuple[str, ...]) -> list[str]:
 
 
 def stage_table(dvc_yaml: Path = ROOT / "dvc.yaml") -> str:
-    """The stages as a Markdown table for ``docs/pipeline.md``: number, name, executed notebook, what each does
-    and writes for the stages after it (``docs/`` links are relative to that page)."""
+    """The stages as a Markdown table for ``docs/pipeline.md``: number, name, executed notebook (the notebook itself
+    where no run executed it yet), what each does and writes for the stages after it (``docs/`` links are relative
+    to that page)."""
     rows = ["| | stage | notebook | does | writes |", "|---|---|---|---|---|"]
     for s in stages(dvc_yaml):
         number = "" if s.number is None else f"{s.number:02d}"
-        notebook = (
-            "(command line)"
-            if s.notebook is None
-            else f"[`{Path(s.notebook).stem}`](notebooks/{Path(s.notebook).name})"
-        )
+        if s.notebook is None:
+            notebook = "(command line)"
+        elif (dvc_yaml.parent / "docs" / "notebooks" / Path(s.notebook).name).exists():
+            notebook = f"[`{Path(s.notebook).stem}`](notebooks/{Path(s.notebook).name})"
+        else:  # a stage the committed run did not have: its notebook as written, until a run executes it
+            notebook = f"[`{Path(s.notebook).stem}`](../{s.notebook}) (not run yet)"
         writes = ", ".join(f"`{o}`" for o in _folded(s.data + tuple(m for m in s.metrics if m not in s.data)))
         rows.append(f"| {number} | {s.name} | {notebook} | {s.desc} | {writes or '-'} |")
     return "\n".join(rows)
