@@ -962,14 +962,9 @@ PAE_EVALUATORS = ("learned", "judge", "oracle")
 
 
 @knobs
-class PAEConfig:
-    """PAE: tasks proposed from a crawl of the device, practised and judged without ground truth (digiq.pae)."""
+class ProposeConfig:
+    """Stage 10: PAE's tasks, proposed once from a crawl of a fresh device (digiq.pae)."""
 
-    rows: list[str] = _knob(
-        list(PAE_ROWS),
-        help="practice rows: pae (the proposals, judged by pae.evaluator) | pae_oracle (the proposals, the device's "
-        "own check) | pae_human (the human train lists, the device's own check); [] = off",
-    )
     proposer: str = _knob("builtin", help="builtin (the crawl and the lexicon, offline) | llm (judge's endpoint)")
     per_group: int = _knob(
         25, help="proposals per task group (builtin) or per app (llm), as PAE asks 25 per website", at_least=1,
@@ -979,6 +974,22 @@ class PAEConfig:
     proposer_model: str = _knob("", help="llm: the chat model that proposes; '' = judge.model")
     crawl_depth: int = _knob(4, help="taps from the home screen the crawl goes at most", at_least=1, at_most=10)
     crawl_screens: int = _knob(30, help="distinct screens the crawl keeps per app", at_least=1, at_most=10_000)
+    seed: int = _seed(13, help="seed of the crawl's devices and the proposals' draws")
+
+    def __post_init__(self) -> None:
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {list(PROPOSERS)}, got {self.proposer!r}")
+
+
+@knobs
+class PAEConfig:
+    """Stage 11: PAE's practice on the proposals, judged without ground truth, beside its controls (digiq.pae)."""
+
+    rows: list[str] = _knob(
+        list(PAE_ROWS),
+        help="practice rows: pae (the proposals, judged by pae.evaluator) | pae_oracle (the proposals, the device's "
+        "own check) | pae_human (the human train lists, the device's own check); [] = off",
+    )
     evaluator: str = _knob("learned", help="who judges the pae row's episodes: learned | judge | oracle")
     evaluator_epochs: float = _knob(1.0, help="passes of the learned evaluator's fine-tune over its examples", above=0)
     evaluator_batch: int = _knob(32, help="examples per update of the learned evaluator", at_least=1, at_most=MAX_BATCH)
@@ -994,14 +1005,12 @@ class PAEConfig:
         at_least=1,
         at_most=MAX_TASKS,
     )
-    seed: int = _seed(13, help="seed of the proposals' draws, the evaluator's fine-tune and its threshold episodes")
+    seed: int = _seed(14, help="seed of the evaluator's fine-tune and its threshold episodes")
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.rows if r not in PAE_ROWS]
         if unknown:
             raise ValueError(f"rows: unknown rows {unknown}; known: {list(PAE_ROWS)}")
-        if self.proposer not in PROPOSERS:
-            raise ValueError(f"proposer must be one of {list(PROPOSERS)}, got {self.proposer!r}")
         if self.evaluator not in PAE_EVALUATORS:
             raise ValueError(f"evaluator must be one of {list(PAE_EVALUATORS)}, got {self.evaluator!r}")
 
@@ -1060,6 +1069,7 @@ SECTIONS: dict[str, type] = {
     "critic": CriticConfig,
     "actor": ActorConfig,
     "digirl": DigiRLConfig,
+    "propose": ProposeConfig,
     "pae": PAEConfig,
     "diagnostics": DiagnosticsConfig,
     "eval": EvalConfig,

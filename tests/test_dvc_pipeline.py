@@ -52,7 +52,9 @@ def test_params_match_the_typed_configs_and_their_defaults():
 def test_params_yaml_holds_the_methods_knobs_and_params_the_machines():
     knobs = [k for group, keys in METHOD.items() for k in keys if group != "variants"]
     knobs += [k for changes in METHOD["variants"].values() for k in changes]
-    assert len(knobs) <= 50, f"params.yaml has {len(knobs)} knobs"
+    # A page a person reads whole: the methods' knobs that decide a run (Digi-Q's, DigiRL's and PAE's switches);
+    # the rest keep their config defaults, each explained by its help.
+    assert len(knobs) <= 53, f"params.yaml has {len(knobs)} knobs"
     assert not {"env", "devices", "judge", "compute"} & set(METHOD)  # in params/, beside it
     assert {p.name for p in config.params_files()[1:]} == {"compute.yaml", "devices.yaml", "released_models.yaml"}
 

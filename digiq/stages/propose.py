@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, PAEConfig, load_section
+from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, ProposeConfig, load_section
 from digiq.env.backends import EnvFactory
 from digiq.env.state import Dynamics
 from digiq.pae.crawl import crawl, nothing_done
@@ -33,7 +33,7 @@ __all__ = ["run", "run_propose"]
 
 
 @one_run_at_a_time("propose")
-def run_propose(cfg: PAEConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
+def run_propose(cfg: ProposeConfig, env: EnvConfig, paths: Paths, devices: DeviceConfig | None = None,
                 judge: JudgeConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """Crawl the first device of ``devices`` (default: the in-process simulator), then propose; the metrics."""
     devices = devices or DeviceConfig()
@@ -66,6 +66,6 @@ def run_propose(cfg: PAEConfig, env: EnvConfig, paths: Paths, devices: DeviceCon
 
 def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 10 as ``params.yaml`` sets it."""
-    return run_propose(load_section(PAEConfig, "pae", params), load_section(EnvConfig, "env", params), paths,
+    return run_propose(load_section(ProposeConfig, "propose", params), load_section(EnvConfig, "env", params), paths,
                        devices=load_section(DeviceConfig, "devices", params),
                        judge=load_section(JudgeConfig, "judge", params))  # fmt: skip

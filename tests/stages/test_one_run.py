@@ -23,6 +23,7 @@ from digiq.config import (
     EnvConfig,
     EvalConfig,
     PAEConfig,
+    ProposeConfig,
     VLMFinetuneConfig,
     VLMPretrainConfig,
     load_params,
@@ -118,7 +119,7 @@ ENTRIES: dict[str, Callable[[Paths], object]] = {
         DiagnosticsConfig(), p, seeds=1, env=EnvConfig(), collect=CollectConfig(), policies=[], threshold=0.0
     ),  # fmt: skip
     "digirl_online": lambda p: run_digirl_online(DigiRLConfig(), ActorConfig(), EnvConfig(), p, seeds=1),
-    "propose": lambda p: run_propose(PAEConfig(), EnvConfig(), p),
+    "propose": lambda p: run_propose(ProposeConfig(), EnvConfig(), p),
     "pae": lambda p: run_pae(PAEConfig(), DigiRLConfig(), ActorConfig(), EnvConfig(), p, seeds=1),
     "eval": lambda p: run_eval(EvalConfig(), EnvConfig(), p, seeds=1, main=[], ablations=[]),
 }

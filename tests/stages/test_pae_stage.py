@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from digiq.config import ActorConfig, DigiRLConfig, EnvConfig, PAEConfig
+from digiq.config import ActorConfig, DigiRLConfig, EnvConfig, PAEConfig, ProposeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import TASK_SETS, parse_task
@@ -24,7 +24,8 @@ from digiq.stages.pae import THRESHOLD_EPISODES, proposal_pools, run_pae
 from digiq.stages.propose import run_propose
 
 WIDTH = 108
-CFG = PAEConfig(per_group=3, crawl_depth=3, evaluator_epochs=0.5, evaluator_batch=16, threshold_episodes=3)
+PROPOSE = ProposeConfig(per_group=3, crawl_depth=3)
+CFG = PAEConfig(evaluator_epochs=0.5, evaluator_batch=16, threshold_episodes=3)
 DIGIRL = DigiRLConfig(rounds=2, episodes_per_round=3, env_steps=None, n_envs=3, actor_updates=1)
 
 
@@ -42,7 +43,7 @@ def pae_root(tmp_path_factory) -> Paths:
     ScreenVLM.tiny(tok, VLMConfig(image_size=32, vision_hidden=32, hidden=32, layers=1)).save(paths.vlm_pretrained)
     tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 5, seed=4)]
     rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
-    run_propose(CFG, EnvConfig(width=WIDTH), paths)
+    run_propose(PROPOSE, EnvConfig(width=WIDTH), paths)
     return paths
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, PAEConfig
+from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, ProposeConfig
 from digiq.env.taskgen import generate_tasks
 from digiq.pae.context import DeviceContext
 from digiq.pae.proposals import read_proposals
@@ -14,7 +14,7 @@ from digiq.pae.propose_llm import ProposerError
 from digiq.paths import Paths
 from digiq.stages.propose import run_propose
 
-CFG = PAEConfig(per_group=4, crawl_depth=3)
+CFG = ProposeConfig(per_group=4, crawl_depth=3)
 
 
 def _outputs(paths: Paths) -> dict[str, bytes]:
@@ -46,7 +46,7 @@ def test_the_crawl_runs_over_adb_as_on_the_simulator_in_process(tmp_path):
 
 
 def test_the_llm_proposer_needs_its_endpoint(tmp_path):
-    cfg = PAEConfig(proposer="llm", crawl_depth=1)
+    cfg = ProposeConfig(proposer="llm", crawl_depth=1)
     with pytest.raises(ProposerError, match="proposing tasks for"):
         run_propose(cfg, EnvConfig(width=108), Paths(tmp_path), judge=JudgeConfig(base_url="http://127.0.0.1:9/v1",
                                                                                   api_key_env="", retries=0))  # fmt: skip
