@@ -1,7 +1,7 @@
 """Stage 11: PAE's practice on the proposed tasks, judged without ground truth, beside the same on human tasks.
 
-1. **the learned evaluator** (``pae.evaluator: learned``): the pretrained VLM fine-tuned on the offline
-   data's steps to answer "is this task finished?", with swapped-task negatives
+1. **the learned evaluator** (``pae.evaluator: learned``): the pretrained VLM fine-tuned on the steps of the
+   offline data and of stage 00's demonstrations to answer "is this task finished?", with swapped-task negatives
    (:mod:`digiq.pae.learned`); its threshold is the best F1 on the base policy's episodes of the validation
    lists, kept in ``data/pae/evaluator/threshold_episodes``;
 2. **practice**, each row per seed and task set, as DigiRL's online rows run (the same rounds, episodes per
@@ -51,7 +51,7 @@ from digiq.config import (
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task, unchecked_task
-from digiq.io import require
+from digiq.io import StageError, require
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import ScreenVLM
@@ -96,11 +96,18 @@ def proposal_pools(proposals: Sequence[Proposal]) -> dict[str, tuple[Task, ...]]
 
 
 def fit_learned_evaluator(cfg: PAEConfig, digirl: DigiRLConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
-    """Fine-tune the pretrained VLM on the offline data's steps, choose its threshold on validation episodes, save
+    """Fine-tune the pretrained VLM on the stored steps (the offline data's and the demonstrations'), choose its
+    threshold on validation episodes, save
     it to :attr:`Paths.pae_evaluator`; its metrics (the threshold's precision, recall and F1 there, and how often
     it calls a swapped task done)."""
     vlm = ScreenVLM.load(paths.vlm_pretrained)
-    examples = stored_examples(TrajectoryStore(paths.offline), vlm, cfg.seed)
+    # Every stored episode whose outcome is known: the offline data, and the demonstrations where stage 00 made them.
+    stores = [TrajectoryStore(p) for p in (paths.offline, paths.demos) if TrajectoryStore(p).stored_ids()]
+    examples = [e for store in stores for e in stored_examples(store, vlm, cfg.seed, need_success=False)]
+    if not any(e.label for e in examples):
+        raise StageError(f"stage pae: no stored step of {' or '.join(str(s.root) for s in stores)} finished its task, "
+                         "so the learned evaluator has no 'finished' to learn: set pae.evaluator to judge or oracle, "
+                         "or collect episodes that succeed")  # fmt: skip
     curve = fit_evaluator(vlm, examples, epochs=cfg.evaluator_epochs, batch_size=cfg.evaluator_batch,
                           lr=cfg.evaluator_lr, last_layers=cfg.evaluator_last_layers, seed=cfg.seed)  # fmt: skip
     tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "val", None, "pae")[: cfg.threshold_episodes]]
@@ -223,7 +230,7 @@ def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvCo
     require("pae", paths.pae_proposals, paths.base_policy / "config.json", paths.tasks)
     learned = "pae" in cfg.rows and cfg.evaluator == "learned"
     if learned:
-        require("pae", paths.offline, paths.vlm_pretrained / "config.json")
+        require("pae", paths.offline, paths.demos, paths.vlm_pretrained / "config.json")
     proposals = read_proposals(paths.pae_proposals)
     metrics: dict[str, Any] = {}
     with timed(metrics):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from digiq.config import ActorConfig, DigiRLConfig, EnvConfig, PAEConfig, Propos
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import TASK_SETS, parse_task
+from digiq.io import StageError
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
@@ -43,8 +47,22 @@ def pae_root(tmp_path_factory) -> Paths:
     ScreenVLM.tiny(tok, VLMConfig(image_size=32, vision_hidden=32, hidden=32, layers=1)).save(paths.vlm_pretrained)
     tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 5, seed=4)]
     rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
+    paths.demos.mkdir(parents=True)  # as a released base policy leaves it: no demonstrations
     run_propose(PROPOSE, EnvConfig(width=WIDTH), paths)
     return paths
+
+
+def test_the_learned_evaluator_needs_a_stored_success(pae_root, tmp_path):
+    failing = Paths(tmp_path)
+    shutil.copytree(pae_root.data, failing.data, ignore=shutil.ignore_patterns("pae"))
+    failing.pae.mkdir()
+    shutil.copy(pae_root.pae_proposals, failing.pae_proposals)
+    for part in failing.offline.glob("steps-*.parquet"):  # every stored step failed
+        table = pq.read_table(part)
+        pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward",
+                                        pa.array([0.0] * table.num_rows)), part)  # fmt: skip
+    with pytest.raises(StageError, match="no stored step of .* finished its task.*pae.evaluator to judge or oracle"):
+        run_pae(CFG, DIGIRL, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), failing, seeds=1)
 
 
 def test_the_stage_fits_the_evaluator_runs_every_row_and_measures_both(pae_root):
