@@ -227,7 +227,7 @@ def pae_markdown(paths: Paths) -> list[str]:
     """PAE's claims (docs/pae.md) judged by stage 12's intervals, on the whole test lists and on the test tasks no
     proposal matched; the proposals' validity and the learned evaluator's agreement with ground truth (stage 11)."""
     judged = _load(paths, "pae_eval")
-    if not judged:
+    if not judged or "all" not in judged:  # not run, or off (pae.rows is [])
         return []
     out = ["", "PAE's claims ([docs/pae.md](docs/pae.md)), each judged by its comparison's interval, on the whole test "
            "lists:", "", *claims_table(judged["all"], PAE_CLAIMS)[:-2]]  # fmt: skip

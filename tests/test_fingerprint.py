@@ -149,6 +149,7 @@ TINY = {
     "critic": {"steps": 4, "hidden": 32},
     "actor": {"updates": 3, "batch_size": 8, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
     "digirl": {"online": []},
+    "pae": {"rows": []},
     "diagnostics": {"oracle_states": 0},
     "eval": {"n_tasks": 4, "n_envs": 4, "train_tasks": 0, "expert_skills": []},
     "experiment": {"seeds": 1},

@@ -23,9 +23,10 @@ seeds, null with one seed; ``n_episodes`` and each family's tasks per seed):
   as ``{task_set: {"A-B": {"diff", "ci95", "n_tasks", "seeds"}}}`` in
   percentage points, for Digi-Q minus each other policy of ``eval.json`` and
   each variant or ablation minus Digi-Q;
-- ``metrics/pae_eval.json`` (with PAE's rows): :data:`PAE_PAIRS` the same
-  way, on the whole lists (``all``) and on the test tasks whose goal no
-  proposal has (``unmatched``, with ``unmatched_tasks`` per task set).
+- ``metrics/pae_eval.json``: :data:`PAE_PAIRS` the same way, on the whole
+  lists (``all``) and on the test tasks whose goal no proposal has
+  (``unmatched``, with ``unmatched_tasks`` per task set); ``{"off": why}``
+  without PAE's rows.
 
 With ``eval.train_tasks`` it also rolls the base, the paper's comparison
 (``main``) and the online rows out on train tasks, the tasks of the first trajectories per task set in the
@@ -236,6 +237,8 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
         require("eval", paths.metrics / "pae.json")
         unmatched = json.loads((paths.metrics / "pae.json").read_text())["proposer_panel"]["test_lines_unmatched"]
         write_metrics(paths, "pae_eval", pae_comparisons(arrays, unmatched))
+    else:
+        write_metrics(paths, "pae_eval", {"off": "pae.rows is []"})
     write_metrics(paths, "skills", skills)
     if held_in:
         train_summary: dict[str, Any] = {

@@ -237,6 +237,8 @@ def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvCo
         if learned:
             with written_whole(paths, "pae_evaluator") as writing, timed(metrics, "evaluator_wall_time_s"):
                 metrics["evaluator"] = fit_learned_evaluator(cfg, digirl, env, writing)
+        # The stage's outputs, empty when no row uses the learned evaluator, or pae.rows is [].
+        paths.pae_evaluator.mkdir(parents=True, exist_ok=True)
         paths.pae_runs.mkdir(parents=True, exist_ok=True)
         on_sim = devices.backend == "sim"
         jobs = _jobs(cfg, digirl, actor, env, paths, seeds, devices, judge, IN_PROCESS if on_sim else compute,

@@ -89,16 +89,21 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     # The fine-tune starts from stage 03's VLM, which no import holds; the critic on imported features does not.
     # dvc repro --downstream runs nothing above the start: the embed stage after augment_actions needs the VLM's
     # fine-tune, which reads the (imported) steps but is no stage after augment_actions.
+    # PAE's stages are no stage after any of these, yet evaluation reads their rows: they run first, PAE's learned
+    # evaluator on the pretrained VLM and the (imported) steps.
     assert upstream_stages("augment_actions") == [
         "fingerprints",
         "tasks",
         "base_policy",
         "vlm_pretrain",
         "vlm_finetune",
+        "propose",
+        "pae",
     ]
     # The critic's text features read the (imported) steps and candidates and the base policy, never a VLM.
-    assert upstream_stages("vlm_finetune") == ["fingerprints", "tasks", "base_policy", "vlm_pretrain", "critic_inputs"]
-    assert upstream_stages("critic") == ["fingerprints", "tasks", "base_policy", "critic_inputs"]
+    after_finetune = ["fingerprints", "tasks", "base_policy", "vlm_pretrain", "critic_inputs", "propose", "pae"]
+    assert upstream_stages("vlm_finetune") == after_finetune
+    assert upstream_stages("critic") == after_finetune
     with pytest.raises(DataError, match="cannot start at 'embed'"):
         upstream_stages("embed")
     placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02
@@ -119,6 +124,7 @@ def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
 TINY = {
     "tasks": {"n_train": 16, "n_test": 4},
     "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
+    "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
     "critic": {"steps": 4, "hidden": 32, "tap_targets": False, "list_entries": False, "typed_match": True},
     "actor": {
         "updates": 3,
@@ -128,6 +134,7 @@ TINY = {
     },  # fmt: skip
     "diagnostics": {"oracle_states": 0},
     "digirl": {"online": []},
+    "pae": {"rows": []},
     "eval": {"n_tasks": 4, "n_envs": 4},
     "experiment": {"seeds": 1},
     "ablations": {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [1], "perfect_critic": False},
@@ -164,11 +171,11 @@ def test_dvc_runs_the_pipeline_from_the_critic_on_imported_data(tmp_path):
     placed = json.loads(run(sys.executable, "-m", "digiq.data", "start-at", "critic", str(general)))
     # Each stage alone (--single-item): the critic's text inputs read the imported steps, which no stage here wrote.
     assert placed["next"] == [
-        "dvc repro --single-item fingerprints tasks base_policy critic_inputs",
+        "dvc repro --single-item fingerprints tasks base_policy vlm_pretrain critic_inputs propose pae",
         "dvc repro --downstream critic",
     ]
-    run(sys.executable, "-m", "dvc", "repro", "--single-item", "fingerprints", "tasks", "base_policy", "critic_inputs")
-    run(sys.executable, "-m", "dvc", "repro", "--downstream", "critic")
+    for command in placed["next"]:
+        run(sys.executable, "-m", *command.split())
     metrics = repo / "metrics"
     assert not (metrics / "collect.json").exists() and not (metrics / "embed.json").exists()  # skipped
     critic = json.loads((metrics / "critic.json").read_text())
