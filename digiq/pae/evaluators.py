@@ -34,9 +34,8 @@ from digiq.env.adb_env import VerdictError
 from digiq.env.gym_env import PhoneEnv
 from digiq.judge import VLMJudge, image_part
 
-__all__ = ["EVALUATORS", "SCREENS", "Evaluator", "JudgeEvaluator", "JudgedEnv"]
+__all__ = ["SCREENS", "Evaluator", "JudgeEvaluator", "JudgedEnv"]
 
-EVALUATORS = ("learned", "judge", "oracle")
 SCREENS = 3  # the last screenshots an evaluator sees, as PAE's does
 _ENDING = (ActionType.STATUS_TASK_COMPLETE, ActionType.STATUS_TASK_IMPOSSIBLE)
 
