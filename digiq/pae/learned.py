@@ -5,10 +5,14 @@ stored episodes whose outcome is known: each step of the offline data is a
 question (the task, the screen before and after the step side by side, the
 step's action in words) whose answer is Yes when the task was done by that
 step. A model could answer from the screens alone (a results page looks
-finished whatever was asked), so each Yes is also asked once more with the
-task of an episode of another family, answered No: the model must read the
-task. Its threshold on P(Yes) is chosen on episodes of the validation tasks
-(:func:`choose_threshold`), never on the tasks it will judge.
+finished whatever was asked), so each Yes is asked twice more, answered No:
+with the task of an episode of another family, and with another task of its
+own family where the store holds one (a search for something else, another
+app to open), so the model must read the task's object as well as its verb.
+Practice asks it after every step and ends the episode on its first "done",
+so its threshold on P(Yes) is chosen as practice uses it, over whole
+episodes of the validation tasks (:func:`choose_threshold`), never on the
+tasks it will judge.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from digiq.io import atomic_path
 from digiq.models.vlm import ScreenVLM, trainable
 from digiq.progress import progress
 
-__all__ = ["Example", "LearnedEvaluator", "action_words", "choose_threshold", "fit_evaluator", "question",
-           "side_by_side", "stored_examples"]  # fmt: skip
+__all__ = ["Example", "LearnedEvaluator", "OTHER_FAMILY", "SAME_FAMILY", "action_words", "choose_threshold",
+           "fit_evaluator", "question", "side_by_side", "stored_examples"]  # fmt: skip
+
+OTHER_FAMILY, SAME_FAMILY = "other family", "same family"  # the two swapped-task questions asked of each Yes
 
 
 def action_words(action: str) -> str:
@@ -58,17 +64,20 @@ def side_by_side(before: np.ndarray, after: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Example:
-    """One question: the image at the VLM's input size, the prompt, the answer (1 = Yes), and its episode."""
+    """One question: the image at the VLM's input size, the prompt, the answer (1 = Yes), its episode, and whose
+    task it asks about (None: the episode's own; :data:`OTHER_FAMILY` or :data:`SAME_FAMILY`: a swapped one)."""
 
     image: np.ndarray
     prompt: str
     label: int
     traj_id: int
-    swapped: bool = False
+    swap: str | None = None
 
 
 def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0, need_success: bool = True) -> list[Example]:
-    """One example per stored step, and a swapped-task No for each Yes (the task of an episode of another family).
+    """One example per stored step, in the store's order, and for each Yes two swapped-task Noes: the task of an
+    episode of another family (:data:`OTHER_FAMILY`) and, where the store holds one, another task of the same family
+    (:data:`SAME_FAMILY`).
 
     Raises:
         ValueError: the store holds no successful step (with ``need_success``: nothing to learn "finished" from),
@@ -96,7 +105,10 @@ def stored_examples(store: TrajectoryStore, vlm: ScreenVLM, seed: int = 0, need_
                 others = [task for fam, tasks in tasks_by_family.items() if fam != r["family"] for task in tasks]
                 if not others:
                     raise ValueError(f"{store.root}: every episode is of family {r['family']!r}: no task to swap in")
-                out.append(Example(image, question(rng.choice(others), r["action"]), 0, r["traj_id"], True))
+                out.append(Example(image, question(rng.choice(others), r["action"]), 0, r["traj_id"], OTHER_FAMILY))
+                kin = [task for task in tasks_by_family[r["family"]] if task != r["task"]]
+                if kin:
+                    out.append(Example(image, question(rng.choice(kin), r["action"]), 0, r["traj_id"], SAME_FAMILY))
     return out
 
 
@@ -130,24 +142,42 @@ def fit_evaluator(vlm: ScreenVLM, examples: Sequence[Example], *, epochs: float,
     return curve
 
 
-def choose_threshold(probabilities: np.ndarray, labels: np.ndarray) -> tuple[float, dict[str, float]]:
-    """The P(Yes) threshold with the best F1 of "finished" over the given steps, and its precision, recall and F1.
+def choose_threshold(probabilities: np.ndarray, labels: np.ndarray, episodes: np.ndarray
+                     ) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """The P(Yes) threshold with the best F1 of "finished" over whole episodes, judged as practice judges them, and
+    its precision, recall and F1 there.
 
-    Candidates are the midpoints between sorted distinct probabilities (and the ends); ties go to the higher
-    threshold, the more cautious evaluator.
+    The steps come in episode order (``episodes``: each step's episode; ``labels``: 1 at the step that finished
+    its task). Practice ends an episode at its first step whose P(Yes) reaches the threshold: the episode is
+    rightly said done when that step is its finishing step, wrongly when it comes before (or the episode never
+    finished), and each episode counts once, however many of its steps reach the threshold. Candidates are the
+    midpoints between sorted distinct probabilities (and the ends); ties go to the higher threshold, the more
+    cautious evaluator.
     """
-    p, y = np.asarray(probabilities, float), np.asarray(labels, bool)
+    p, y, ep = np.asarray(probabilities, float), np.asarray(labels, bool), np.asarray(episodes)
+    starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
+    if len(starts) != len(np.unique(ep)):
+        raise ValueError("choose_threshold: each episode's steps must come together, in order")
+    early, finish = [], []  # per episode: the highest P(Yes) before its finishing step, that step's P(Yes) (NaN: none)
+    for steps, done in zip(np.split(p, starts[1:]), np.split(y, starts[1:]), strict=True):
+        end = int(np.argmax(done)) if done.any() else len(steps)
+        early.append(steps[:end].max(initial=-np.inf))
+        finish.append(steps[end] if done.any() else np.nan)
+    early_a, finish_a = np.array(early), np.array(finish)
+    finished = ~np.isnan(finish_a)
     distinct = np.unique(p)
     candidates = np.concatenate([[0.0], (distinct[1:] + distinct[:-1]) / 2, [1.0]]) if len(distinct) else [0.5]
     best: tuple[float, float, dict[str, float]] = (-1.0, 0.0, {})
     for c in candidates:
-        said = p >= c
-        tp = float((said & y).sum())
-        precision = tp / said.sum() if said.any() else 0.0
-        recall = tp / y.sum() if y.any() else 0.0
+        wrong = early_a >= c
+        right = finished & ~wrong & (np.nan_to_num(finish_a, nan=-np.inf) >= c)
+        said = int(wrong.sum() + right.sum())
+        precision = right.sum() / said if said else 0.0
+        recall = right.sum() / finished.sum() if finished.any() else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         if f1 >= best[0]:
-            best = (f1, float(c), {"precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4)})
+            best = (f1, float(c), {"precision": round(float(precision), 4), "recall": round(float(recall), 4),
+                                   "f1": round(float(f1), 4)})  # fmt: skip
     return best[1], best[2]
 
 

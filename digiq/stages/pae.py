@@ -2,8 +2,8 @@
 
 1. **the learned evaluator** (``pae.evaluator: learned``): the pretrained VLM fine-tuned on the steps of the
    offline data and of stage 00's demonstrations to answer "is this task finished?", with swapped-task negatives
-   (:mod:`digiq.pae.learned`); its threshold is the best F1 on the base policy's episodes of the validation
-   lists, kept in ``data/pae/evaluator/threshold_episodes``;
+   (:mod:`digiq.pae.learned`); its threshold is the best F1 over the base policy's episodes of the validation
+   lists, each ended at its first "done" as practice ends them, kept in ``data/pae/evaluator/threshold_episodes``;
 2. **practice**, each row per seed and task set, as DigiRL's online rows run (the same rounds, episodes per
    round, environment-step budget and actor updates: ``digirl``), from the base policy, in rounds of: draw
    tasks uniformly with replacement from the row's pool, roll out, let the evaluator end each episode and
@@ -55,7 +55,14 @@ from digiq.io import StageError, require
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import ScreenVLM
-from digiq.pae.learned import LearnedEvaluator, choose_threshold, fit_evaluator, stored_examples
+from digiq.pae.learned import (
+    OTHER_FAMILY,
+    SAME_FAMILY,
+    LearnedEvaluator,
+    choose_threshold,
+    fit_evaluator,
+    stored_examples,
+)
 from digiq.pae.proposals import Proposal, read_proposals
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
@@ -97,9 +104,9 @@ def proposal_pools(proposals: Sequence[Proposal]) -> dict[str, tuple[Task, ...]]
 
 def fit_learned_evaluator(cfg: PAEConfig, digirl: DigiRLConfig, env: EnvConfig, paths: Paths) -> dict[str, Any]:
     """Fine-tune the pretrained VLM on the stored steps (the offline data's and the demonstrations'), choose its
-    threshold on validation episodes, save
-    it to :attr:`Paths.pae_evaluator`; its metrics (the threshold's precision, recall and F1 there, and how often
-    it calls a swapped task done)."""
+    threshold on validation episodes, save it to :attr:`Paths.pae_evaluator`; its metrics (the threshold's
+    precision, recall and F1 over those episodes, and how often it calls a finishing step done for the episode's
+    own task and for a swapped one)."""
     vlm = ScreenVLM.load(paths.vlm_pretrained)
     # Every stored episode whose outcome is known: the offline data, and the demonstrations where stage 00 made them.
     stores = [TrajectoryStore(p) for p in (paths.offline, paths.demos) if TrajectoryStore(p).stored_ids()]
@@ -119,9 +126,12 @@ def fit_learned_evaluator(cfg: PAEConfig, digirl: DigiRLConfig, env: EnvConfig, 
     held = stored_examples(store, vlm, cfg.seed, need_success=False)  # none done: the threshold says never (1.0)
     probabilities = np.concatenate([vlm.embed([e.image for e in held[i : i + 64]], [e.prompt for e in held[i : i + 64]])[1]
                                     for i in range(0, len(held), 64)])  # fmt: skip
-    plain = np.array([not e.swapped for e in held])
+    swap = np.array([e.swap or "" for e in held])
+    plain = swap == ""
     labels = np.array([e.label for e in held])
-    threshold, stats = choose_threshold(probabilities[plain], labels[plain])
+    episodes = np.array([e.traj_id for e in held])
+    threshold, stats = choose_threshold(probabilities[plain], labels[plain], episodes[plain])
+    said = probabilities >= threshold
     metrics = {
         "examples": len(examples),
         "examples_yes": sum(e.label for e in examples),
@@ -129,11 +139,15 @@ def fit_learned_evaluator(cfg: PAEConfig, digirl: DigiRLConfig, env: EnvConfig, 
         "loss_first": round(float(np.mean(curve[:20])), 4),
         "loss_last": round(float(np.mean(curve[-20:])), 4),
         "threshold": round(threshold, 6),
-        "threshold_steps": int(plain.sum()),
-        "threshold_steps_yes": int(labels[plain].sum()),
+        "threshold_episodes": len(np.unique(episodes)),
+        "threshold_episodes_done": len(np.unique(episodes[plain & (labels == 1)])),
         **{f"threshold_{k}": v for k, v in stats.items()},
-        "swapped_said_done": round(float((probabilities[~plain] >= threshold).mean()), 4) if (~plain).any() else None,
-    }
+        # Per finishing step of the validation episodes, how often the same screens and action are called done
+        # for the episode's own task and for a swapped one: a model that reads the task says done for its own only.
+        **{f"{name}_said_done": round(float(said[which].mean()), 4) if which.any() else None
+           for name, which in (("own_task", plain & (labels == 1)), ("other_family", swap == OTHER_FAMILY),
+                               ("same_family", swap == SAME_FAMILY))},
+    }  # fmt: skip
     LearnedEvaluator(vlm, threshold).save(paths.pae_evaluator, **metrics)
     return metrics
 

@@ -16,6 +16,8 @@ from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.pae.evaluators import SCREENS, JudgedEnv, JudgeEvaluator
 from digiq.pae.learned import (
+    OTHER_FAMILY,
+    SAME_FAMILY,
     LearnedEvaluator,
     action_words,
     choose_threshold,
@@ -94,18 +96,23 @@ def vlm() -> ScreenVLM:
     return ScreenVLM.tiny(tok, VLMConfig(image_size=32, vision_hidden=32, hidden=32, layers=1), seed=0)
 
 
-def test_examples_ask_each_step_and_each_success_again_with_another_familys_task(expert_store, vlm):
+def test_examples_ask_each_step_and_each_success_again_with_another_familys_task_and_a_kin_task(expert_store, vlm):
     steps = expert_store.read().to_pandas()
     examples = stored_examples(expert_store, vlm, seed=0)
-    plain = [e for e in examples if not e.swapped]
-    swapped = [e for e in examples if e.swapped]
+    plain = [e for e in examples if e.swap is None]
+    other = [e for e in examples if e.swap == OTHER_FAMILY]
+    kin = [e for e in examples if e.swap == SAME_FAMILY]
     assert len(plain) == len(steps) and sum(e.label for e in plain) == int((steps.reward > 0).sum())
-    assert len(swapped) == sum(e.label for e in plain) and not any(e.label for e in swapped)
+    assert len(other) == sum(e.label for e in plain) and not any(e.label for e in other + kin)
     family = dict(zip(steps.task, steps.family))
-    for e in swapped:
+    tasks_of = steps.groupby("family").task.nunique()
+    done_tasks = steps[steps.reward > 0].task
+    # a kin question for each success whose family holds another task, and none for the rest
+    assert len(kin) == sum(tasks_of[family[t]] > 1 for t in done_tasks) > 0
+    for e in other + kin:
         original = steps[steps.traj_id == e.traj_id].task.iat[0]
         shown = e.prompt.split("Task: ")[1].split("\n")[0]
-        assert family[shown] != family[original]
+        assert shown != original and (family[shown] == family[original]) == (e.swap == SAME_FAMILY)
     assert plain[0].image.shape == (32, 32, 3)
 
 
@@ -133,11 +140,19 @@ def test_fitting_lowers_the_loss_and_the_evaluator_round_trips(expert_store, vlm
         LearnedEvaluator.load(tmp_path)
 
 
-def test_the_threshold_is_the_best_f1_and_ties_go_to_the_cautious_one():
-    threshold, stats = choose_threshold(np.array([0.1, 0.4, 0.6, 0.9]), np.array([0, 0, 1, 1]))
-    assert threshold == pytest.approx(0.5) and stats == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
-    threshold, stats = choose_threshold(np.array([0.2, 0.7, 0.8]), np.array([1, 0, 1]))
-    assert stats["f1"] == pytest.approx(0.8) and threshold == 0.0  # all three: P 2/3, R 1, F1 0.8
+def test_the_threshold_is_the_best_f1_over_episodes_ended_at_their_first_done():
+    # Episode 0 finished at its second step (0.9), episode 1 never did. A threshold at or below 0.6 ends episode 0 at
+    # its first step, before it finished: wrong. Above 0.6 and up to 0.9 both episodes are judged right.
+    p = np.array([0.6, 0.9, 0.5])
+    threshold, stats = choose_threshold(p, np.array([0, 1, 0]), np.array([0, 0, 1]))
+    assert threshold == pytest.approx(0.75) and stats == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    # Episode 0's five wrong steps count once, as one episode wrongly said done; episodes 1 and 2 finished at 0.6
+    # and 0.4. Saying done to all three is the best F1 (0.8); counted per step, 0.55 (F1 0.67) would win.
+    p = np.array([0.5] * 5 + [0.6, 0.4])
+    threshold, stats = choose_threshold(p, np.array([0] * 5 + [1, 1]), np.array([0] * 5 + [1, 2]))
+    assert threshold == 0.0 and stats == {"precision": 0.6667, "recall": 1.0, "f1": 0.8}
+    with pytest.raises(ValueError, match="must come together"):
+        choose_threshold(p[:4], np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1]))
 
 
 # ---------------------------------------------------------------- the judge as evaluator

@@ -69,7 +69,7 @@ def test_the_stage_fits_the_evaluator_runs_every_row_and_measures_both(pae_root)
     metrics = run_pae(CFG, DIGIRL, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), pae_root, seeds=1)
     ev = metrics["evaluator"]
     assert ev["examples"] > ev["examples_yes"] > 0
-    assert ev["threshold_steps_yes"] == 0 and ev["threshold"] == 1.0  # the untrained base did no validation task
+    assert ev["threshold_episodes_done"] == 0 and ev["threshold"] == 1.0  # the untrained base did no validation task
     assert LearnedEvaluator.load(pae_root.pae_evaluator).threshold == pytest.approx(ev["threshold"], abs=1e-6)
     held = TrajectoryStore(pae_root.pae_evaluator / THRESHOLD_EPISODES).read().to_pandas()
     val = {t for ts in TASK_SETS for t in pae_root.task_list(ts, "val").read_text().splitlines()[:3]}
