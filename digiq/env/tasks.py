@@ -395,11 +395,28 @@ _SITE_RE = re.compile(
     r"(?:\s*,\s*search\s*for\s+(?P<q>.+?))?(?P<first>\s*,?\s*and\s+select\s+the\s+first\s+(?:entry|result|item))?\s*\.?$",
     re.IGNORECASE,
 )
+# The same three shopping families in the words people use besides AitW's ("Visit walmart.com", "Search ebay.com
+# for a drone", "On bestbuy.com, find a router and open the first result"). The site must carry its domain here:
+# "Visit the Louvre" or "Open the clock" is no site.
+_FIRST = r"(?P<first>\s*,?\s*and\s+(?:select|open|click|tap)\s+(?:on\s+)?the\s+first\s+(?:entry|result|item|one))?"
+_DOMAIN = r"(?:https?://)?(?:www\.)?(?P<site>[a-z0-9-]+)\.[a-z]{2,3}(?:\.[a-z]{2})?"
+_SITE_PHRASES = [
+    re.compile(rx, re.IGNORECASE)
+    for rx in (
+        r"^(?:visit|open|navigate\s*to|browse\s*to)\s+" + _DOMAIN + r"\s*[.!]?$",
+        r"^search\s+" + _DOMAIN + r"\s+for\s+(?P<q>.+?)" + _FIRST + r"\s*[.!]?$",
+        r"^(?:on|at)\s+"
+        + _DOMAIN
+        + r"\s*,?\s*(?:search\s*for|find|look\s*for|look\s*up)\s+(?P<q>.+?)"
+        + _FIRST
+        + r"\s*[.!]?$",
+    )
+]
 _APP = r"(?:the\s+)?(?P<app>.+?)(?:\s+app(?:lication)?)?"
 _G: list[tuple[str, re.Pattern[str]]] = [
     (name, re.compile(rx, re.IGNORECASE))
     for name, rx in [
-        ("alarm", r"^set\s*an?\s*alarm\s*(?:for|at)\s*(?P<time>.+?)[.!?]?$"),
+        ("alarm", r"^(?:set\s*an?\s*alarm\s*(?:for|at)|wake\s*me\s*(?:up\s*)?at)\s*(?P<time>.+?)[.!?]?$"),
         (
             "notifications",
             r"^(?P<verb>turn\s*on|turn\s*off|toggle|enable|disable|mute|unmute)\s*(?:the\s+)?"
@@ -407,6 +424,10 @@ _G: list[tuple[str, re.Pattern[str]]] = [
         ),
         ("app_settings", r"^(?:check|open|show\s*me)\s*the\s*settings\s*(?:for|of)\s+" + _APP + r"[.!?]?$"),
         ("install_app", r"^(?:install|download)\s+" + _APP + r"[.!?]?$"),
+        (
+            "install_app",
+            r"^(?:install|download|get)\s+" + _APP + r"\s+from\s+(?:the\s+)?(?:google\s+)?play\s*store[.!?]?$",
+        ),
         (
             "chrome_tab",
             r"^open\s+a\s+new\s+(?:chrome\s+)?(?:(?P<mode>incognito|private)\s+)?(?:tab|window)"
@@ -465,14 +486,15 @@ def parse_task(instruction: str, task_set: str | None = None) -> Task:
             f"an instruction of {len(instruction)} characters, longer than the {MAX_INSTRUCTION_CHARS} a task may have"
         )
     text = _clean(instruction)
-    m = _SITE_RE.match(text)
+    m = _SITE_RE.match(text) or next((m for rx in _SITE_PHRASES if (m := rx.match(text))), None)
     if m and m.group("site").lower() != "reddit":
         site = m.group("site").lower()
-        q = _strip_q(m.group("q") or "")
-        if m.group("first") and not q:
+        q = _strip_q(m.groupdict().get("q") or "")
+        if m.groupdict().get("first") and not q:
             raise UnsupportedInstruction(f"'select the first entry' needs a search in {instruction!r}")
-        fam = "select_first" if m.group("first") else "site_search" if q else "go_to_site"
-        goal = OnSite(site, _need_keywords(q, instruction) if q else (), bool(m.group("first")))
+        first = bool(m.groupdict().get("first"))
+        fam = "select_first" if first else "site_search" if q else "go_to_site"
+        goal = OnSite(site, _need_keywords(q, instruction) if q else (), first)
         return Task(instruction, task_set or "webshop", fam, goal, q)
     ts = task_set or "general"
     for name, rx in _G:

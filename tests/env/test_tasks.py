@@ -62,6 +62,17 @@ def test_parses_at_least_98_percent_of_real_aitw_lists(aitw_dir):
             "select_first",
             OnSite("bestbuy", ("acer", "nitro"), True),
         ),
+        # Phrasings besides AitW's, as a proposer or a person writes them.
+        ("Visit walmart.com", "go_to_site", OnSite("walmart")),
+        ("Search ebay.com for a label printer", "site_search", OnSite("ebay", ("label", "printer"))),
+        ("On newegg.com, search for a router.", "site_search", OnSite("newegg", ("router",))),
+        (
+            "On costco.com, find an air fryer and open the first result",
+            "select_first",
+            OnSite("costco", ("air", "fryer"), True),
+        ),
+        ("Wake me up at 6:45am", "alarm", Alarm(6, 45)),
+        ("Get Vimeo from the Play Store", "install_app", Install("vimeo")),
     ],
 )
 def test_parse_families(instruction, family, goal):
@@ -84,6 +95,8 @@ def test_shop_questions_accept_either_route():
     "instruction, needle",
     [
         ("Delete all my photos", "Delete all my photos"),
+        ("Visit the Louvre", "Visit the Louvre"),  # a site needs its domain
+        ("Get directions home", "Get directions home"),  # "get" installs only from the Play Store
         ("Set an alarm for 7:03am", "multiple of 5"),
         ("Set an alarm for quarter past", "quarter past"),
         ("What is it?", "names nothing"),
