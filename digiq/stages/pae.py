@@ -28,14 +28,17 @@ Writes ``data/pae`` (``evaluator/``, ``runs/``), ``metrics/pae.json`` and ``plot
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 
 from digiq.config import (
     ActorConfig,
@@ -68,7 +71,6 @@ from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import (
     one_run_at_a_time,
-    online_curves_figure,
     read_tasks,
     save_figure,
     timed,
@@ -76,10 +78,11 @@ from digiq.stages.common import (
     written_whole,
 )
 from digiq.stages.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, run_online_job, split_runs
+from digiq.tables import TASK_SET_NAMES
 from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
 __all__ = ["practice_task", "proposal_pools", "fit_learned_evaluator", "proposer_panel", "evaluator_panel",
-           "run_pae", "run"]  # fmt: skip
+           "practice_curves_figure", "run_pae", "run"]  # fmt: skip
 
 THRESHOLD_EPISODES = "threshold_episodes"  # in the evaluator's folder: the validation episodes its threshold is from
 
@@ -235,6 +238,41 @@ def evaluator_panel(runs: Path, row: str) -> dict[str, Any]:
             "by_round": {str(r): scores(p) for r, p in sorted(by_round.items())}}  # fmt: skip
 
 
+def practice_curves_figure(rows: dict[str, Any], judged: Collection[str]) -> Figure:
+    """Each row's practice, one panel per task set: success of each round's episodes against the environment steps
+    collected, by the device's own check (solid; mean over seeds, band: their range) and, for the rows in
+    ``judged``, by the evaluator's verdicts (dashed). The gap between a row's two curves is the evaluator's optimism;
+    a row judged by the device's own check has one curve, its verdicts being that check.
+
+    ``rows`` is ``metrics/pae.json``'s ``rows``; a row's seeds are drawn over the rounds every seed has.
+    """
+    task_sets = [ts for ts in TASK_SETS if any(ts in entry["by_task_set"] for entry in rows.values())]
+    fig = Figure(figsize=(11, 3.8))
+    axes = fig.subplots(1, max(len(task_sets), 1), sharey=True, squeeze=False)
+    colors = itertools.cycle(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
+    for row, color in zip(rows, colors, strict=False):
+        for ax, ts in zip(axes[0], task_sets, strict=False):
+            seeds = rows[row]["by_task_set"].get(ts, {"per_seed": []})["per_seed"]
+            n = min((len(rounds) for rounds in seeds), default=0)
+            if n == 0:
+                continue
+            steps = np.mean([np.cumsum([r["env_steps"] for r in rounds[:n]]) for rounds in seeds], 0)
+            truth = np.array([[r["ground_truth_success"] for r in rounds[:n]] for rounds in seeds])
+            ax.plot(steps, truth.mean(0), marker="o", ms=3, color=color, label=f"{row}: the device's check")
+            ax.fill_between(steps, truth.min(0), truth.max(0), color=color, alpha=0.15)
+            if row in judged:
+                verdicts = np.array([[r["success"] for r in rounds[:n]] for rounds in seeds]).mean(0)
+                ax.plot(steps, verdicts, linestyle="--", marker="o", ms=3, color=color,
+                        label=f"{row}: the evaluator's verdicts")  # fmt: skip
+    for ax, ts in zip(axes[0], task_sets, strict=False):
+        ax.set(title=TASK_SET_NAMES[ts], xlabel="environment steps collected in practice")
+        ax.grid(alpha=0.3)
+    axes[0][0].set(ylabel="success of the round's episodes")
+    if task_sets:
+        axes[0][-1].legend(fontsize=8, loc="best")
+    return fig
+
+
 @one_run_at_a_time("pae")
 def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvConfig, paths: Paths, *, seeds: int,
             devices: DeviceConfig | None = None, judge: JudgeConfig | None = None,
@@ -274,15 +312,8 @@ def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvCo
         "workers": job_slots(compute),
     })  # fmt: skip
     write_metrics(paths, "pae", metrics)
-    # Each run by its verdicts' count, and (dashed in the legend's words) by the device's own check: the gap is the
-    # evaluator's optimism.
-    curves = {}
-    for row, entry in rows.items():
-        for ts, part in entry["by_task_set"].items():
-            curves[f"{row} ({ts})"] = part
-            curves[f"{row} ({ts}), ground truth"] = {"per_seed": [[{**r, "success": r["ground_truth_success"]}
-                                                                   for r in rounds] for rounds in part["per_seed"]]}  # fmt: skip
-    fig = online_curves_figure(curves)
+    judged = {job.row for job in jobs if job.practice is not None and job.practice.evaluator != "oracle"}
+    fig = practice_curves_figure(rows, judged)
     fig.suptitle("Stage 11: PAE's practice" + ("" if rows else ": off (pae.rows is [])"))
     fig.tight_layout()
     save_figure(fig, paths.plots / "pae.png")

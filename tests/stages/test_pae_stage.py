@@ -24,7 +24,7 @@ from digiq.pae.proposals import read_proposals
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.eval import pae_comparisons
-from digiq.stages.pae import THRESHOLD_EPISODES, proposal_pools, run_pae
+from digiq.stages.pae import THRESHOLD_EPISODES, practice_curves_figure, proposal_pools, run_pae
 from digiq.stages.propose import run_propose
 
 WIDTH = 108
@@ -106,3 +106,23 @@ def test_pae_comparisons_run_on_all_tasks_and_on_those_no_proposal_matched():
     assert out["all"]["general"]["pae-base"]["diff"] == 50.0 and out["all"]["general"]["pae-pae_human"]["diff"] == 100.0
     assert out["unmatched"]["general"]["pae-base"]["diff"] == 100.0 and out["unmatched_tasks"] == {"general": 3}
     assert out["unmatched"]["general"]["pae_oracle-pae"]["n_tasks"] == 3
+
+
+def _rounds(truth: list[float], verdicts: list[float]) -> list[dict[str, float]]:
+    return [{"env_steps": 100, "ground_truth_success": t, "success": v} for t, v in zip(truth, verdicts, strict=True)]
+
+
+def test_the_practice_curves_draw_every_row_and_the_verdicts_of_the_judged_ones_only():
+    # Twelve rows: more than the colour cycle has colours.
+    rows = {f"row{i}": {"by_task_set": {ts: {"per_seed": [_rounds([0.1, 0.2], [0.3, 0.4]), _rounds([0.3, 0.4, 0.5], [0.5, 0.6, 0.7])]}
+                                        for ts in TASK_SETS}} for i in range(12)}  # fmt: skip
+    fig = practice_curves_figure(rows, judged={"row11"})
+    for ax in fig.axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {f"row{i}: the device's check" for i in range(12)} | {"row11: the evaluator's verdicts"}
+        truth, verdicts = lines["row11: the device's check"], lines["row11: the evaluator's verdicts"]
+        assert list(truth.get_xdata()) == [100, 200]  # the rounds both seeds have
+        assert list(truth.get_ydata()) == pytest.approx([0.2, 0.3])  # mean over the seeds
+        assert list(verdicts.get_ydata()) == pytest.approx([0.4, 0.5])
+        assert verdicts.get_linestyle() == "--" and truth.get_color() == verdicts.get_color()
+    assert [ax.get_title() for ax in fig.axes] == ["General", "Web Shopping"]
