@@ -234,6 +234,8 @@ def pae_markdown(paths: Paths) -> list[str]:
     sizes = ", ".join(f"{n} {TASK_SET_NAMES[ts]}" for ts, n in judged["unmatched_tasks"].items())
     out += ["", f"On the test tasks whose goal no proposal has ({sizes}):", "",
             *claims_table(judged["unmatched"], PAE_CLAIMS[:1])]  # fmt: skip
+    compared = {row for pairs in judged["unmatched"].values() for name in pairs for row in name.split("-")}
+    out += ["", "Every PAE comparison on those tasks:", "", *comparison_table(judged["unmatched"], compared)]
     practice = _load(paths, "pae") or {}
     panel, evaluated = practice.get("proposer_panel"), practice.get("evaluator_panel", {}).get("pae", {}).get("all")
     if panel and evaluated and evaluated.get("precision") is not None:

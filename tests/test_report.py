@@ -335,7 +335,7 @@ def test_results_judge_pae_s_claims_on_all_test_tasks_and_on_those_no_proposal_m
     every = {ts: {"pae-base": _pair(10.0, 4.0, 16.0), "pae-pae_human": _pair(-8.0, -12.0, -3.0),
                   "pae-filtered_bc_online": _pair(1.0, -3.0, 5.0), "pae_oracle-pae": _pair(6.0, 1.0, 11.0)}
              for ts in ("general", "webshop")}  # fmt: skip
-    unmatched = {"general": {"pae-base": _pair(2.0, -4.0, 8.0)}}
+    unmatched = {"general": {"pae-base": _pair(2.0, -4.0, 8.0), "pae-pae_human": _pair(-5.0, -9.0, -1.0)}}
     write_metrics(paths, "pae_eval", {"all": every, "unmatched": unmatched,
                                       "unmatched_tasks": {"general": 57, "webshop": 0}})  # fmt: skip
     write_metrics(paths, "pae", {"proposer_panel": {"proposals": 200, "valid": 0.8, "expert_success_on_valid": 0.9},
@@ -348,4 +348,6 @@ def test_results_judge_pae_s_claims_on_all_test_tasks_and_on_those_no_proposal_m
     assert "`pae - pae_human ≥ 0` on both task sets | -8.0 [-12.0, -3.0], reversed" in md  # reported whatever it says
     assert "On the test tasks whose goal no proposal has (57 General, 0 Web Shopping):" in md
     assert "| +2.0 [-4.0, +8.0], no detectable difference | not measured | **not measured** |" in md
+    assert "Every PAE comparison on those tasks:" in md  # the other comparisons there too, as numbers, not claims
+    assert "| pae - pae_human | -5.0 [-9.0, -1.0] |" in md
     assert "200 proposals: 80.0% map to a task the simulator can check" in md and "precision 70.0%" in md
