@@ -101,7 +101,7 @@ EDITS = [
     ("digiq/config.py", _reword_docstring, []),
     ("digiq/stages/critic.py", _reword_docstring, []),
     ("digiq/viz/viewers.py", _append, []),
-    ("digiq/report.py", _append, ["eval"]),  # the eval notebook shows its PAE tables
+    ("digiq/report.py", _append, []),
     ("digiq/tables.py", _append, ["critic", "diagnostics", "eval", "pae"]),
     ("digiq/stages/augment_actions.py", _append, ["augment_actions"]),
     ("digiq/config.py", lambda t: t.replace("ad_rate: float = _knob(0.3,", "ad_rate: float = _knob(0.31,"), COMPUTE),
