@@ -189,10 +189,10 @@ class JudgeConfig:
     api_key_env: str = _knob(
         "OPENAI_API_KEY", help="environment variable holding the key; empty: send none (a local server)"
     )
-    timeout_s: float = _knob(60.0, help="time-out of one request, seconds", above=0)
+    timeout_s: float = _knob(60.0, help="deadline of one try, seconds, the wait before it included", above=0)
     retries: int = _knob(
         5,
-        help="retries on rate limits (429), server errors and dropped connections (the openai client's backoff)",
+        help="retries on rate limits (429), server errors, time-outs and dropped connections (the openai client's backoff, or the server's Retry-After within timeout_s)",
         at_least=0,
         at_most=100,
     )

@@ -8,10 +8,16 @@ locally, or a remote API) with the same care:
   without keys gets vLLM's placeholder key, never ``$OPENAI_API_KEY``;
 - redirects are not followed, so the key never goes to another host;
 - rate limits, server errors, dropped connections and time-outs are retried
-  with the openai client's backoff, and every request has one deadline for
-  the whole exchange (a server that trickles its answer cannot hold a caller);
-- every message an error carries has the key and any echoed credential
-  replaced by ``[redacted]`` (:func:`redact`).
+  with the openai client's backoff (a server's ``Retry-After`` when it sends
+  one), and every try has one deadline for the whole exchange, the wait
+  before it included: a server that trickles its answer or asks to be
+  retried later cannot hold a caller past ``timeout_s`` a try, and a
+  ``Retry-After`` longer than that is not waited for;
+- the key is kept out of everything written: every message an error carries
+  has the key (and any run of 8 of its characters, in any case) and any
+  echoed credential replaced by ``[redacted]`` before it is cut or formatted
+  (:func:`redact`), and log records, the HTTP libraries' DEBUG lines
+  included, are cleaned as they are made (:func:`digiq.redaction.protect`).
 
 What goes wrong is told apart by what it means: :class:`EndpointAuthError`
 (no key, or a refused one) and a redirect (:class:`EndpointError`) stop the
@@ -21,8 +27,11 @@ it is, a reply that is no chat completion) is one request's failure.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import os
+import random
 import re
 import threading
 import time
@@ -33,11 +42,12 @@ import httpx
 import openai
 
 from digiq.config import JudgeConfig
+from digiq.redaction import REDACTED, protect, redact_secrets
 
 __all__ = ["NO_KEY", "REDACTED", "ChatEndpoint", "EndpointAuthError", "EndpointError", "NoAnswer", "redact"]
 
 NO_KEY = "EMPTY"
-REDACTED = "[redacted]"
+SHOWN_CHARS = 200  # the most of a server's reply an error message shows (after redaction)
 
 # Credentials as servers echo them: an Authorization-like header or field and its value (with or without a
 # scheme word), a bare "Bearer <token>", and a URL's user:password@.
@@ -51,10 +61,9 @@ _CREDENTIALS = re.compile(
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """``text`` with each of ``secrets`` and any credential an echoed request carries replaced by [redacted]."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
+    """``text`` with ``secrets`` (whole, or any run of 8 of their characters, in any case) and any credential an
+    echoed request carries replaced by [redacted]."""
+    text = redact_secrets(text, secrets)
 
     def hide(m: re.Match[str]) -> str:
         if m["field"]:
@@ -93,11 +102,13 @@ class ChatEndpoint:
             if not key:
                 raise EndpointAuthError(f"{who} endpoint key is read from ${cfg.api_key_env}, which is not set "
                                         "(set it, or api_key_env: '' for a local server without keys)")  # fmt: skip
+            protect(key)
         self.secrets = (key,) if key else ()
-        http = httpx.Client(transport=_DeadlineTransport(cfg.timeout_s), follow_redirects=False,
-                            timeout=cfg.timeout_s)  # fmt: skip
+        self.transport = _DeadlineTransport(cfg.timeout_s)
+        http = httpx.Client(transport=self.transport, follow_redirects=False, timeout=cfg.timeout_s)
+        # Retries are ours (:meth:`_complete`): the client's own would wait out a Retry-After past the deadline.
         self.client = openai.OpenAI(base_url=cfg.base_url, api_key=key or NO_KEY, timeout=cfg.timeout_s,
-                                    max_retries=cfg.retries, http_client=http)  # fmt: skip
+                                    max_retries=0, http_client=http)  # fmt: skip
 
     def complete(self, messages: list[dict[str, Any]], model: str | None = None) -> str:
         """The first choice's text for ``messages``, asked of ``model`` (by default ``cfg.model``) with the
@@ -110,9 +121,13 @@ class ChatEndpoint:
         """
         try:
             return self._complete(messages, model or self.cfg.model)
-        except EndpointError as e:  # the one place every message passes on its way to faults.jsonl and the log
+        except EndpointError as e:  # every message was built from redacted parts; the URL's user:password too now
             e.args = (redact(str(e), self.secrets),)
             raise
+
+    def shown(self, text: object) -> str:
+        """A server's text as an error message may show it: redacted first, then cut to :data:`SHOWN_CHARS`."""
+        return redact(str(text), self.secrets)[:SHOWN_CHARS]
 
     def _complete(self, messages: list[dict[str, Any]], model: str) -> str:
         limits: dict[str, Any] = {}
@@ -121,28 +136,49 @@ class ChatEndpoint:
         if self.cfg.temperature is not None:
             limits["temperature"] = self.cfg.temperature
         url = self.cfg.base_url.rstrip("/") + "/chat/completions"
-        try:
-            reply = self.client.chat.completions.create(model=model, messages=messages, **limits)
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
-            raise EndpointAuthError(f"{url} refused the key (HTTP {e.status_code}: {_detail(e)}); check "
-                                    f"${self.cfg.api_key_env or '(no key sent)'}") from None  # fmt: skip
-        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as e:
-            last = f"HTTP {e.status_code}: {_detail(e)}" if isinstance(e, openai.APIStatusError) else _cause(e)
-            raise NoAnswer(f"{url} gave no answer (up to {self.cfg.retries + 1} tries); last: {last}") from None
-        except openai.APIStatusError as e:
-            if 300 <= e.status_code < 400:
-                raise EndpointError(f"{url} redirects (HTTP {e.status_code}) to "
-                                    f"{e.response.headers.get('location')!r}; set judge.base_url to the endpoint "
-                                    "itself (redirects are not followed, so the key never goes to another host)"
-                                    ) from None  # fmt: skip
-            # The request was refused as it is: 400, 404, 422, ...
-            raise NoAnswer(f"{url} answered HTTP {e.status_code}: {_detail(e)}") from None
-        except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
-            raise NoAnswer(f"{url} sent no chat answer: {e}") from None
+        tries = self.cfg.retries + 1
+        for attempt in range(tries):
+            try:
+                reply = self.client.chat.completions.create(model=model, messages=messages, **limits)
+                break
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+                raise EndpointAuthError(f"{url} refused the key (HTTP {e.status_code}: {self._detail(e)}); check "
+                                        f"${self.cfg.api_key_env or '(no key sent)'}") from None  # fmt: skip
+            except openai.APIStatusError as e:
+                if 300 <= e.status_code < 400:
+                    raise EndpointError(f"{url} redirects (HTTP {e.status_code}) to "
+                                        f"{self.shown(e.response.headers.get('location'))!r}; set judge.base_url to "
+                                        "the endpoint itself (redirects are not followed, so the key never goes to "
+                                        "another host)") from None  # fmt: skip
+                last = f"HTTP {e.status_code}: {self._detail(e)}"
+                if not _retried(e.response):  # refused as it is: 400, 404, 422, ...
+                    raise NoAnswer(f"{url} answered {last}") from None
+                wait = _retry_after(e.response.headers)
+            except openai.APIConnectionError as e:  # time-outs included
+                last, wait = self._cause(e), None
+            except (openai.APIResponseValidationError, json.JSONDecodeError) as e:
+                raise NoAnswer(f"{url} sent no chat answer: {self.shown(e)}") from None
+            if attempt == tries - 1:
+                raise NoAnswer(f"{url} gave no answer (up to {tries} tries); last: {last}")
+            if wait is None:  # our own backoff leaves the try at least half its deadline
+                wait = min(_backoff(attempt), self.cfg.timeout_s / 2)
+            elif wait > self.cfg.timeout_s:
+                raise NoAnswer(f"{url} gave no answer: asked to retry in {wait:g} s, past the request's deadline of "
+                               f"{self.cfg.timeout_s:g} s; last: {last}")  # fmt: skip
+            self.transport.deadline.start_wait()
+            time.sleep(wait)
         text = _answer(reply)
         if text is None:  # a 200 with an HTML page or other JSON: the client hands it over unchecked
-            raise NoAnswer(f"{url} sent no chat completion: {str(reply)[:200]!r}")
+            raise NoAnswer(f"{url} sent no chat completion: {self.shown(reply)!r}")
         return text
+
+    def _detail(self, e: openai.APIStatusError) -> str:
+        return self.shown(e.body if e.body is not None else e.message)
+
+    def _cause(self, e: openai.APIConnectionError) -> str:
+        """What went wrong under a connection error: the transport's own exception, named."""
+        cause = e.__cause__ or e
+        return self.shown(f"{type(cause).__name__}: {cause}")
 
 
 def _answer(reply: object) -> str | None:
@@ -154,14 +190,38 @@ def _answer(reply: object) -> str | None:
     return content if isinstance(content, str) else None
 
 
-def _detail(e: openai.APIStatusError) -> str:
-    return str(e.body if e.body is not None else e.message)[:200]
+def _retried(response: httpx.Response) -> bool:
+    """Whether an error answer is worth another try, as the openai client decides: a server's ``x-should-retry``
+    first, then time-outs (408), conflicts (409), rate limits (429) and server errors (5xx)."""
+    said = response.headers.get("x-should-retry")
+    if said in ("true", "false"):
+        return said == "true"
+    return response.status_code in (408, 409, 429) or response.status_code >= 500
 
 
-def _cause(e: openai.APIConnectionError) -> str:
-    """What went wrong under a connection error: the transport's own exception, named."""
-    cause = e.__cause__ or e
-    return f"{type(cause).__name__}: {cause}"[:200]
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """The wait a server asks for: ``retry-after-ms``, or ``Retry-After`` in seconds or as an HTTP date."""
+    for name, unit in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / unit
+        except ValueError:
+            if name == "retry-after-ms":
+                continue
+            when = email.utils.parsedate_tz(value)
+            if when is None:
+                return None
+            seconds = email.utils.mktime_tz(when) - time.time()
+        return max(seconds, 0.0) if math.isfinite(seconds) else math.inf
+    return None
+
+
+def _backoff(attempt: int) -> float:
+    """The openai client's wait before retry ``attempt + 1`` when the server names none: 0.5 s doubling up to 8 s,
+    less up to a quarter at random (so many callers do not retry in step)."""
+    return min(0.5 * 2.0**attempt, 8.0) * (1 - 0.25 * random.random())
 
 
 class _RequestDeadline(httpcore.NetworkBackend):
@@ -179,7 +239,14 @@ class _RequestDeadline(httpcore.NetworkBackend):
         self.seconds, self.inner, self.local = seconds, httpcore.SyncBackend(), threading.local()
 
     def start(self) -> None:
-        self.local.end = time.monotonic() + self.seconds
+        """Start this thread's deadline for the request being sent, unless :meth:`start_wait` started it already."""
+        if not getattr(self.local, "waited", False):
+            self.local.end = time.monotonic() + self.seconds
+        self.local.waited = False
+
+    def start_wait(self) -> None:
+        """Start the next request's deadline now, before the wait for its try: the wait counts inside it."""
+        self.local.end, self.local.waited = time.monotonic() + self.seconds, True
 
     def left(self, timeout: float | None) -> float:
         """The wait allowed now: ``timeout``, cut to the time left before the deadline."""

@@ -31,17 +31,20 @@ What goes wrong is told apart by what it means for the run:
   ``judge.max_bad_in_a_row`` of them in a row, which say the endpoint or its
   settings are wrong, stop the stage.
 
-Every request has a deadline of ``judge.timeout_s`` as a whole, from the
-connection to the body's last byte: a server that trickles its headers or
-its answer cannot hold a device forever. The client's waits are capped: a
-``Retry-After`` above a minute is not waited for, and that step gets no
-verdict at once.
+Every try has a deadline of ``judge.timeout_s`` as a whole, from the wait
+before it (a server's ``Retry-After``, or the backoff) to the body's last
+byte: a server that trickles its headers or its answer, or asks to be asked
+again later, cannot hold a device for more than that a try. A
+``Retry-After`` longer than the deadline is not waited for: that step gets
+no verdict at once.
 
 No secret is ever written: every message the judge raises, which the
-rollout copies into ``faults.jsonl`` and the log, has the key's value, any
-``Authorization``/``Bearer`` material and a URL's user and password
-replaced by ``[redacted]`` (:func:`redact`), since many proxies echo the
-request's headers in their error bodies.
+rollout copies into ``faults.jsonl`` and the log, has the key (whole, or any
+run of 8 of its characters, in any case), any ``Authorization``/``Bearer``
+material and a URL's user and password replaced by ``[redacted]``
+(:func:`redact`) before any of it is cut to length, since many proxies echo
+the request's headers in their error bodies; log records are cleaned as they
+are made, the HTTP libraries' own DEBUG lines included.
 
 A :class:`VLMJudge` is an :class:`~digiq.env.adb_env.Evaluator`: pass it to
 :class:`~digiq.env.backends.EnvFactory` for the ``emulator`` backend.
@@ -87,7 +90,8 @@ REPLY_FORMAT = (
 _VERDICT_WORDS = {"success": True, "successful": True, "failure": False, "failed": False, "fail": False}
 # A Status line: "Status: failure", "**Status:** success", "- status = Failure." (markdown and a final stop allowed).
 _STATUS_LINE = re.compile(r"^[\s*_#>`-]*status[\s*_`]*[:=-](?P<value>.*)$", re.IGNORECASE | re.MULTILINE)
-_DECORATION = " \t*_`'\".!"
+# Around a verdict word: markdown, quotes, a final stop, and any white space (a "\r" of a CRLF reply, say).
+_DECORATION = re.compile(r"^[\s*_`'\".!]+|[\s*_`'\".!]+$")
 
 
 class JudgeError(RuntimeError):
@@ -151,14 +155,14 @@ def verdict(reply: str) -> bool | None:
 
     Its last ``Status:`` line decides when it has one: the line must hold a
     verdict word alone (``success``/``successful``, ``failure``/``failed``/
-    ``fail``, any case, markdown and a final stop allowed). Without a Status
+    ``fail``, any case, markdown, white space and a final stop allowed). Without a Status
     line, the whole reply must be such a word. Anything else (a negation
     such as ``not success`` or ``unsuccessful``, the format echoed, a
     sentence) is no verdict: reading one into it would store a failed
     episode with reward 1.
     """
     statuses = _STATUS_LINE.findall(reply)
-    return _VERDICT_WORDS.get((statuses[-1] if statuses else reply).strip(_DECORATION).lower())
+    return _VERDICT_WORDS.get(_DECORATION.sub("", statuses[-1] if statuses else reply).lower())
 
 
 class VLMJudge:
@@ -232,7 +236,7 @@ class VLMJudge:
             raise JudgeError(str(e)) from None
         found = verdict(text)
         if found is None:
-            raise NoVerdict(f"the judge's answer gives no Status: success or failure: {text[:200]!r}",
+            raise NoVerdict(f"the judge's answer gives no Status: success or failure: {self.endpoint.shown(text)!r}",
                             count_failed=count_failed)  # fmt: skip
         return found
 

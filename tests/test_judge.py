@@ -4,6 +4,7 @@ import base64
 import io
 import json
 import time
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -84,6 +85,10 @@ VERDICTS = [
     ("**Status:** Success.", True),
     ("- status = successful", True),
     ("Success", True),
+    ("Status: success\r\n", True),  # a CRLF reply
+    ("Expected: results\r\nSeen: results\r\nStatus: failure \r\n\r\n", False),
+    ("\n  Success \t\n", True),
+    ("Status:\u00a0success\u00a0", True),
 ]
 
 
@@ -204,9 +209,28 @@ def test_a_redirect_is_not_followed_and_the_key_stays_home(serve, monkeypatch):
 def test_a_long_retry_after_is_not_waited_for(serve):
     server = serve((429, "slow down", {"Retry-After": "3600"}), (200, "Status: success", {}))
     judge, start = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="")), time.monotonic()
-    with pytest.raises(NoVerdict, match="HTTP 429"):  # this step's fault, at once
-        judge.judge("Open the settings", SCREEN)
+    with pytest.raises(NoVerdict, match="asked to retry in 3600 s, past the request's deadline.*HTTP 429"):
+        judge.judge("Open the settings", SCREEN)  # this step's fault, at once
     assert time.monotonic() - start < 5 and judge.judge("Open the settings", SCREEN) is True
+
+
+@pytest.mark.parametrize("retry_after", [{"Retry-After": "2"}, {"retry-after-ms": "2000"}])
+def test_a_retry_after_wait_counts_inside_the_deadline(serve, retry_after):
+    """Each try has ``timeout_s`` from the wait before it to its last byte: waits of 2 s and a 3 s deadline leave
+    a try 1 s, so a server that then trickles its answer is cut there, not after 3 s more."""
+    server = serve(*[(503, "busy", retry_after)] * 2, ("trickle", "Status: success", {}))
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", timeout_s=3, retries=2))
+    start = time.monotonic()
+    with pytest.raises(NoVerdict, match=r"up to 3 tries\); last: ReadTimeout"):
+        judge.judge("Open the settings", SCREEN)
+    took = time.monotonic() - start
+    assert len(server.requests) == 3 and 4.5 < took < 6.5  # two waits of 2 s, then 1 s of trickling
+    server = serve(*[(503, "busy", {"Retry-After": "4"})] * 2)
+    judge = VLMJudge(JudgeConfig(base_url=server.url, api_key_env="", timeout_s=3, retries=5))
+    start = time.monotonic()
+    with pytest.raises(NoVerdict, match="asked to retry in 4 s, past the request's deadline of 3 s"):
+        judge.judge("Open the settings", SCREEN)
+    assert time.monotonic() - start < 1 and len(server.requests) == 1
 
 
 @pytest.mark.parametrize(
@@ -382,10 +406,13 @@ def test_redact_hides_credentials_as_servers_echo_them(text, shown):
 
 
 def test_a_run_against_an_echoing_endpoint_writes_no_key(serve, collect_root, monkeypatch, caplog, capfd):
-    """Stage 01 with every reply echoing the request's headers: faults are logged and stored, the key nowhere."""
+    """Stage 01 with every reply echoing the key, whole, upper-cased, split, or straddling the cut of a message:
+    faults are logged and stored, and no 8 of the key's characters are in any file, the log or stderr."""
     monkeypatch.setenv("DIGIQ_TEST_KEY", KEY)
     paths = collect_root
-    server = serve((400, _echo, {}), (200, _echo, {}), *[(200, lambda h: _echo(h) + "\nStatus: success", {})] * 6)
+    faulty = [(400, _echo_at(200 - len(KEY) // 2, ECHOES["upper-cased"]), {}),
+              (200, _echo_at(150, ECHOES["split over two fields"]), {})]  # fmt: skip
+    server = serve(*faulty, *[(200, lambda h: _echo(h) + "\nStatus: success", {})] * 6)
     devices = DeviceConfig(backend="adb-sim", adb_port=0, sim_devices=1)
     judge = JudgeConfig(base_url=server.url, api_key_env="DIGIQ_TEST_KEY", on_adb_sim=True)
     with caplog.at_level("DEBUG"):
@@ -395,6 +422,69 @@ def test_a_run_against_an_echoing_endpoint_writes_no_key(serve, collect_root, mo
     faults = (paths.offline / FAULTS_FILE).read_text()
     assert len(faults.splitlines()) == 2 and faults.count("[redacted]") >= 2 and metrics["trajectories"] == 4
     written = [p for p in paths.root.rglob("*") if p.is_file()]
-    assert not [p for p in written if KEY.encode() in p.read_bytes()]
+    assert [p for p in written if _runs_of(KEY, p.read_bytes().decode("latin-1"))] == []
     out, err = capfd.readouterr()
-    assert KEY not in caplog.text + out + err + json.dumps(metrics)
+    assert _runs_of(KEY, caplog.text + out + err + json.dumps(metrics)) == []
+
+
+def _runs_of(key: str, text: str) -> list[str]:
+    """The runs of 8 of ``key``'s characters that ``text`` holds, in any case."""
+    low = text.lower()
+    return [key[i : i + 8] for i in range(len(key) - 7) if key[i : i + 8].lower() in low]
+
+
+def _echo_at(offset: int, spell=lambda key: key):
+    """A reply that holds the key (as ``spell`` writes it) ``offset`` characters in: where a cut to 200 falls."""
+    return lambda headers: "x" * offset + spell(headers["authorization"].removeprefix("Bearer ")) + " trailing words"
+
+
+ECHOES = {
+    "whole": lambda key: key,
+    "upper-cased": str.upper,
+    "split over two fields": lambda key: f'{{"key_a": "{key[:12]}", "key_b": "{key[12:]}"}}',
+    "url-quoted in a link": lambda key: f"see https://proxy/err?key={quote(key, safe='')}",
+}
+
+
+@pytest.mark.parametrize("spell", ECHOES.values(), ids=ECHOES.keys())
+def test_no_run_of_the_key_at_any_cut_offset(serve, monkeypatch, caplog, capfd, spell):
+    """A reply is cut to 200 characters for a message: wherever the key falls against the cut, and however it
+    is echoed, no 8 of its characters reach a message, the log or stderr."""
+    monkeypatch.setenv("DIGIQ_TEST_KEY", KEY)
+    offsets = range(200 - len(KEY) - 10, 201)
+    script = [(status, _echo_at(k, spell), {}) for k in offsets for status in (400, 200, "html")]
+    script += [(401, _echo_at(k, spell), {}) for k in offsets]
+    server = serve(*script)
+    judge = _judge(server, retries=0, max_bad_in_a_row=10_000)
+    messages = []
+    with caplog.at_level("DEBUG"):
+        for _ in range(3 * len(offsets)):
+            with pytest.raises(NoVerdict) as caught:
+                judge.judge("Open the settings", SCREEN)
+            messages.append(str(caught.value))
+        for _ in offsets:
+            with pytest.raises(JudgeAuthError) as caught:
+                judge.judge("Open the settings", SCREEN)
+            messages.append(str(caught.value))
+    out, err = capfd.readouterr()
+    assert [m for m in messages if _runs_of(KEY, m)] == []
+    assert _runs_of(KEY, caplog.text + out + err) == []
+
+
+def test_a_redirect_carrying_the_key_is_not_logged_even_at_debug(serve, monkeypatch, caplog, capfd):
+    """The HTTP libraries log response headers at DEBUG: a Location with the key in it stays out of the log."""
+    monkeypatch.setenv("DIGIQ_TEST_KEY", KEY)
+    server = serve((302, "moved", {"Location": f"https://elsewhere/v1?api_key={KEY}&k2={KEY.upper()}"}))
+    with caplog.at_level("DEBUG"), pytest.raises(JudgeError, match="redirects") as caught:
+        _judge(server).judge("Open the settings", SCREEN)
+    out, err = capfd.readouterr()
+    assert "location" in caplog.text.lower()  # the header was logged, and cleaned
+    assert _runs_of(KEY, caplog.text + out + err + str(caught.value)) == []
+
+
+def test_redact_removes_every_run_of_eight_in_any_case():
+    key = "sk-live-0123456789abcdef"
+    assert redact(f"a {key[5:13]} b {key[:7]} c", (key,)) == f"a [redacted] b {key[:7]} c"  # 7: not a run
+    assert redact(key.upper() + "!", (key,)) == "[redacted]!"
+    assert redact(f"{key[:12]}|{key[12:]}", (key,)) == "[redacted]|[redacted]"
+    assert redact("no key here", (key,)) == "no key here" and redact("ab", ("ab",)) == "[redacted]"

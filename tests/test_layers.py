@@ -21,6 +21,7 @@ LAYERS = (
         "fingerprint",
         "stats",
         "endpoint",
+        "redaction",
     },
     {"env"},  # the simulated and real devices, tasks, actions
     {"data", "judge"},  # stored trajectories, candidates, features; the VLM judge of a real episode

@@ -40,11 +40,13 @@ from digiq.env.device import SimDevice
 from digiq.env.gym_env import PhoneEnv
 from digiq.env.hierarchy import strip_dump_trailer
 from digiq.env.tasks import Task
+from digiq.redaction import redact_secrets
 
 __all__ = [
     "AdbEnv",
     "AdbLink",
     "AdbUnavailable",
+    "ConsoleRefused",
     "DeviceFault",
     "EpisodeStart",
     "Evaluator",
@@ -352,6 +354,8 @@ class SnapshotStart:
             console_command(link.host, int(port), f"avd snapshot load {self.name}", self.token_file, self.timeout_s)
         except OSError as e:
             raise DeviceFault(f"{link.where}: emulator console unreachable ({e})", link.serial, gone=True) from None
+        except ConsoleRefused as e:  # a refused token or an unknown snapshot: retrying this device cannot help
+            raise DeviceFault(f"{link.where}: {e}", link.serial, gone=True) from None
         deadline = time.monotonic() + self.timeout_s
         while link.shell(["getprop", "sys.boot_completed"]).strip() != b"1":
             if time.monotonic() > deadline:
@@ -362,48 +366,59 @@ class SnapshotStart:
         return None
 
 
+class ConsoleRefused(RuntimeError):
+    """The emulator console answered ``KO``: a refused token, an unknown snapshot, an unknown command."""
+
+
 def console_command(host: str, port: int, command: str, token_file: str, timeout: float = 30.0) -> str:
     """Run one emulator console command (what ``adb emu COMMAND`` does); return its answer.
 
     The console is a line protocol on the emulator's own port (the number in
     ``emulator-5554``): a banner, ``auth TOKEN`` when it asks for
     authentication (the token is in ``token_file``), then the command; each
-    answer ends with ``OK`` or ``KO: reason``.
+    answer ends with ``OK`` or ``KO: reason``. The token is in no message
+    this raises, whatever the console echoes (:func:`~digiq.redaction.redact_secrets`).
 
     Raises:
         AdbUnavailable: the console wants a token and ``token_file`` cannot be read.
-        RuntimeError: the console answered ``KO``.
+        ConsoleRefused: the console answered ``KO``.
         OSError: the console is unreachable or silent.
     """
-    with socket.create_connection((host, port), timeout=timeout) as sock, sock.makefile("rwb") as f:
+    token = ""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock, sock.makefile("rwb") as f:
 
-        def ask(line: str | None) -> str:
-            if line is not None:
-                f.write(line.encode() + b"\r\n")
-                f.flush()
-            lines = []
-            while True:
-                raw = f.readline()
-                if not raw:
-                    raise ConnectionError(f"emulator console {host}:{port} closed the connection")
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if text == "OK":
-                    return "\n".join(lines)
-                if text.startswith("KO"):
-                    raise RuntimeError(f"emulator console {host}:{port}: `{line}` failed: {text}")
-                lines.append(text)
+            def ask(line: str | None) -> str:
+                if line is not None:
+                    f.write(line.encode() + b"\r\n")
+                    f.flush()
+                lines = []
+                while True:
+                    raw = f.readline()
+                    if not raw:
+                        raise ConnectionError(f"emulator console {host}:{port} closed the connection")
+                    text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if text == "OK":
+                        return "\n".join(lines)
+                    if text.startswith("KO"):
+                        raise ConsoleRefused(f"emulator console {host}:{port}: `{line}` failed: {text}")
+                    lines.append(text)
 
-        if "Authentication required" in ask(None):
-            path = Path(token_file).expanduser()
-            try:
-                token = path.read_text(encoding="utf-8").strip()
-            except OSError as e:
-                raise AdbUnavailable(
-                    f"emulator console {host}:{port} wants its auth token, but {path} cannot be read "
-                    f"({e.strerror}); the emulator writes it on first start"
-                ) from None
-            ask(f"auth {token}")
-        return ask(command)
+            if "Authentication required" in ask(None):
+                path = Path(token_file).expanduser()
+                try:
+                    token = path.read_text(encoding="utf-8").strip()
+                except OSError as e:
+                    raise AdbUnavailable(
+                        f"emulator console {host}:{port} wants its auth token, but {path} cannot be read "
+                        f"({e.strerror}); the emulator writes it on first start"
+                    ) from None
+                ask(f"auth {token}")
+            return ask(command)
+    except (ConsoleRefused, OSError) as e:  # the token is in the `auth` line and in whatever the console echoes
+        if token:
+            e.args = tuple(redact_secrets(a, (token,)) if isinstance(a, str) else a for a in e.args)
+        raise
 
 
 # ---------------------------------------------------------------- success
