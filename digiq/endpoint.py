@@ -112,7 +112,7 @@ class ChatEndpoint:
 
     def complete(self, messages: list[dict[str, Any]], model: str | None = None) -> str:
         """The first choice's text for ``messages``, asked of ``model`` (by default ``cfg.model``) with the
-        configured reply length and temperature.
+        configured reply length and temperature; the key, were it echoed in it, redacted.
 
         Raises:
             NoAnswer: no chat answer to this request.
@@ -170,7 +170,7 @@ class ChatEndpoint:
         text = _answer(reply)
         if text is None:  # a 200 with an HTML page or other JSON: the client hands it over unchecked
             raise NoAnswer(f"{url} sent no chat completion: {self.shown(reply)!r}")
-        return text
+        return redact_secrets(text, self.secrets)  # an echoing proxy's answer goes on into faults, proposals, logs
 
     def _detail(self, e: openai.APIStatusError) -> str:
         return self.shown(e.body if e.body is not None else e.message)

@@ -63,3 +63,13 @@ def test_a_missing_key_is_named_before_any_request(monkeypatch):
     monkeypatch.delenv("DIGIQ_TEST_KEY", raising=False)
     with pytest.raises(ProposerError, match=r"the task proposer's endpoint key is read from \$DIGIQ_TEST"):
         propose_with_llm(CONTEXT, JudgeConfig(base_url="http://127.0.0.1:9/v1", api_key_env="DIGIQ_TEST_KEY"))
+
+
+def test_a_proxy_echoing_the_key_into_the_answer_leaves_it_in_no_proposal(serve, monkeypatch):
+    key = "sk-live-0123456789abcdef"
+    monkeypatch.setenv("DIGIQ_TEST_KEY", key)
+    echo = _reply(f"Search for {key}", f"Search for {key.upper()[:12]} and {key[12:]}")
+    server = serve((200, echo, {}), (200, _reply("Set an alarm for 6:40am"), {}))
+    proposals = propose_with_llm(CONTEXT, _cfg(server), per_app=5)
+    written = json.dumps([p.instruction for p in proposals])
+    assert "[redacted]" in written and not any(key[i : i + 8].lower() in written.lower() for i in range(17))
