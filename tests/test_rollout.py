@@ -94,12 +94,16 @@ def test_corrupt_or_missing_data_is_named(tmp_path):
     store = TrajectoryStore(tmp_path)
     rollout(ExpertPolicy(), TASKS[:2], n_envs=2, width=108, store=store)
     part = store.parts()[0]
-    table = pq.read_table(part).drop_columns(["reward"])
-    pq.write_table(table, part)
-    with pytest.raises(DataError, match=r"lacks field\(s\) \['reward'\]"):
-        store.read()
+    original = part.read_bytes()
     part.write_bytes(b"not parquet")
+    with pytest.raises(DataError, match=rf"corrupt trajectory part {part}: its SHA-256 digest"):
+        store.read()
+    store.manifest.unlink()  # as a store written before manifests: its parts are checked only as they are read
     with pytest.raises(DataError, match="corrupt trajectory part"):
+        store.read()
+    part.write_bytes(original)
+    pq.write_table(pq.read_table(part).drop_columns(["reward"]), part)
+    with pytest.raises(DataError, match=r"lacks field\(s\) \['reward'\]"):
         store.read()
 
 
@@ -135,6 +139,9 @@ def test_a_duplicated_part_is_named_not_read_twice(tmp_path):
     store = TrajectoryStore(tmp_path)
     rollout(ExpertPolicy(), TASKS[:3], n_envs=3, width=108, store=store)
     shutil.copy(store.parts()[0], tmp_path / "steps-00001.parquet")
+    with pytest.raises(DataError, match=r"steps-00001.parquet is not in .*manifest.json"):
+        store.read()
+    store.manifest.unlink()  # as a store written before manifests
     with pytest.raises(DataError, match=r"trajectory 0 step 0 is stored twice .*steps-00000.parquet.*steps-00001"):
         store.read()
 

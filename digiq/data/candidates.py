@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from digiq.data.trajectories import read_table
+from digiq.data.trajectories import read_table, write_parquet
 from digiq.env.actions import parse_action
 from digiq.io import atomic_path
 from digiq.paths import Paths
@@ -34,7 +33,7 @@ def write_candidates(path: Path, traj_ids: Sequence[int], step_ids: Sequence[int
         "valid_list": valid,
     })  # fmt: skip
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+        write_parquet(table, tmp)
     return valid
 
 

@@ -23,6 +23,7 @@ Unpickling runs whatever code the file names, so loading needs an explicit
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -90,6 +91,8 @@ def _vector(v: Any) -> bool:
 def _resolve(image_path: str, images: Path, where: str) -> Path:
     """The local file of a released image path: the ``<path_to_images>`` prefix (or any leading folders) replaced."""
     rel = image_path[len(IMAGE_PREFIX) :].lstrip("/") if image_path.startswith(IMAGE_PREFIX) else Path(image_path).name
+    if os.path.normpath(rel).split(os.sep)[0] == "..":  # the file's text must not reach past the folder given
+        raise DataError(f"{where}: image {image_path!r} leads outside the images folder {images}")
     local = images / rel
     if not local.is_file():
         raise DataError(f"{where}: image {image_path!r} not found as {local}")
@@ -200,7 +203,7 @@ def _write(store: TrajectoryStore, steps: Sequence[Step], copies: Iterable[tuple
            candidates: Sequence[list[str]], arrays: dict[str, list[np.ndarray]]) -> None:  # fmt: skip
     """Images first, then the side files, the step table last: a run cut short leaves no table to trust."""
     for local, rel in copies:
-        with atomic_path(store.root / rel) as tmp:
+        with atomic_path(store.path(rel)) as tmp:
             shutil.copyfile(local, tmp)
     if candidates:
         write_candidates(store.root / "candidates.parquet", [s.traj_id for s in steps], [s.step_id for s in steps],

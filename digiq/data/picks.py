@@ -19,9 +19,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from digiq.data.trajectories import read_table
+from digiq.data.trajectories import read_table, write_parquet
 from digiq.io import atomic_path
 from digiq.paths import Paths
 
@@ -59,7 +58,7 @@ def write_picks(paths: Paths, picks: Mapping[tuple[str, int], Picks]) -> None:
         "weight": np.concatenate([picks[k].row_weights() for k in keys]),
     })  # fmt: skip
     with atomic_path(paths.picks) as tmp:
-        pq.write_table(table, tmp)
+        write_parquet(table, tmp)
 
 
 def read_picks(paths: Paths) -> pd.DataFrame:

@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from digiq import pipeline
 from digiq.config import CriticConfig, load_section, load_variants
 from digiq.data.candidates import CANDIDATE_FIELDS
-from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
+from digiq.data.trajectories import DataError, TrajectoryStore, read_parquet, step_ids, write_parquet
 from digiq.io import atomic_folder
 from digiq.paths import Paths
 
@@ -102,18 +101,15 @@ def _read(folder: Path, stage: str) -> tuple[pa.Table, pa.Table | None, dict[str
         if not (folder / name).exists():
             raise DataError(f"{folder} lacks {name}, which starting at {stage} needs (a DigiRL file has no "
                             f"candidates or features: start it at augment_actions)")  # fmt: skip
-    steps = TrajectoryStore(folder).read()
+    store = TrajectoryStore(folder)
+    steps = store.read()
     # The importer wrote the side files in the released file's order; the step table reads back sorted.
-    written = pa.concat_tables(
-        [pq.read_table(p, columns=["traj_id", "step_id"]) for p in TrajectoryStore(folder).parts()]
-    )
+    written = pa.concat_tables([t for _, t in store.part_tables(["traj_id", "step_id"])])
     order = np.lexsort((written.column("step_id").to_numpy(), written.column("traj_id").to_numpy()))
     cands = None
     if "candidates.parquet" in START_STAGES[stage]:
-        cands = pq.read_table(folder / "candidates.parquet")
-        missing = set(CANDIDATE_FIELDS) - set(cands.column_names)
-        if missing:
-            raise DataError(f"{folder / 'candidates.parquet'} lacks field(s) {sorted(missing)}")
+        cands = read_parquet(folder / "candidates.parquet", f"candidates file {folder / 'candidates.parquet'}",
+                             CANDIDATE_FIELDS)  # fmt: skip
         cands = cands.sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
         if any(
             not np.array_equal(cands.column(c).to_numpy(), steps.column(c).to_numpy()) for c in ("traj_id", "step_id")
@@ -170,13 +166,14 @@ def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: 
     with atomic_folder(paths.offline) as tmp:
         for k, (folder, *_rest) in enumerate(read):
             shutil.copytree(folder / "images", tmp / f"part{k}" / "images")
-        for k, steps in enumerate(steps_out):
-            pq.write_table(steps, tmp / f"steps-{k:05d}.parquet")
+        merged = TrajectoryStore(tmp)
+        for steps in steps_out:
+            merged.write_table(steps)
     placed = {"stage": stage, "folders": [str(f) for f, *_ in read], "steps": sum(len(s) for s in steps_out),
               "offline": str(paths.offline)}  # fmt: skip
     if cands_out:
         with atomic_folder(paths.candidates.parent) as tmp:
-            pq.write_table(pa.concat_tables(cands_out), tmp / paths.candidates.name)
+            write_parquet(pa.concat_tables(cands_out), tmp / paths.candidates.name)
         placed["candidates"] = str(paths.candidates)
     if features:
         with atomic_folder(paths.features()) as tmp:

@@ -5,15 +5,28 @@ A dataset is a folder::
     steps-00000.parquet, steps-00001.parquet, ...   one row per step, Digi-Q field names
     images/000123_04.png                            screenshot of trajectory 123, step 4
     images/000123_04.hierarchy.json                 its view hierarchy (optional: collect.view_hierarchy)
+    manifest.json                                   each part's SHA-256 digest and row count
 
 Parts are written whole and atomically (temp name, then rename), and
 screenshots before the part that references them, so a run killed half way
 keeps every finished part and can resume after it. Field names follow
 Digi-Q's release so its users feel at home (see :data:`STEP_SCHEMA`).
+
+Nothing read from a store is trusted unchecked: a byte flipped on disk must
+be an error naming its file, never other data. Every Parquet file of the
+package is written with page checksums and read with them verified
+(:func:`write_parquet`, :func:`read_parquet`); a store's parts are also checked
+against the digests its manifest recorded when they were written, which
+covers what page checksums leave out (page headers, the footer, the schema).
+A store without a manifest (written before manifests, or assembled by hand)
+is read under its page checksums alone, and gets one on its next write.
+Every path a store holds (``image_path``, ``next_image_path``) is relative to
+its folder and must resolve inside it (:meth:`TrajectoryStore.path`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -21,7 +34,7 @@ import typing
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +55,9 @@ __all__ = [
     "heldout_rows",
     "data_task_sets",
     "step_ids",
+    "write_parquet",
+    "read_parquet",
+    "read_table",
 ]
 
 
@@ -74,6 +90,45 @@ _ARROW = {int: pa.int64(), str: pa.string(), bool: pa.bool_(), float: pa.float64
 _HINTS = typing.get_type_hints(Step)
 STEP_SCHEMA = pa.schema([(f.name, _ARROW[_HINTS[f.name]]) for f in fields(Step)])
 _PART = re.compile(r"^steps-(\d{5})\.parquet$")
+MANIFEST = "manifest.json"  # in a store's folder: what its parts held when they were written
+
+
+def write_parquet(table: pa.Table, where: Path | pa.NativeFile) -> None:
+    """Write ``table`` (to a file or a stream) with a CRC-32 on every page, which :func:`read_parquet` verifies."""
+    pq.write_table(table, where, write_page_checksum=True)
+
+
+def read_parquet(source: Path | pa.Buffer, what: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """A Parquet file (``columns`` of it, or all), page checksums verified and every value checked.
+
+    ``source`` is the file or its bytes; ``what`` names the file in errors
+    ("candidates file PATH"). A file that cannot be read, a page whose
+    checksum fails, a missing column, or a column whose values are not what
+    its type says (text that is not UTF-8, which would otherwise stop whoever
+    converts it, far from here, with a bare UnicodeDecodeError) is a
+    :class:`DataError` naming the file and the column.
+    """
+    try:
+        with pq.ParquetFile(pa.BufferReader(source) if isinstance(source, pa.Buffer) else source,
+                            page_checksum_verification=True) as file:  # fmt: skip
+            names = file.schema_arrow.names
+            missing = [c for c in columns or () if c not in names]
+            table = None if missing else file.read(columns=columns)
+    # A changed byte in the footer can make a huge length (MemoryError) or a column name that is not UTF-8.
+    except (pa.ArrowException, OSError, MemoryError, UnicodeDecodeError) as e:
+        raise DataError(f"corrupt {what}: {type(e).__name__}: {e}") from None
+    if table is None:
+        raise DataError(f"{what} lacks field(s) {missing}")
+    for name in table.column_names:
+        try:
+            table.column(name).validate(full=True)
+        except pa.ArrowException as e:
+            raise DataError(f"corrupt {what}: column {name!r} does not decode: {e}") from None
+    return table
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def mc_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -98,17 +153,32 @@ def observation_text(previous_actions: Sequence[str], task: str, history: int = 
 
 
 class TrajectoryStore:
-    """A dataset folder of step-table parts and screenshots."""
+    """A dataset folder of step-table parts, screenshots, and the manifest of the parts."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
         self.images = self.root / "images"
+        self.manifest = self.root / MANIFEST
 
     def image_name(self, traj_id: int, step_id: int) -> str:
         return f"images/{traj_id:06d}_{step_id:02d}.png"
 
+    def path(self, rel: str) -> Path:
+        """The file of ``rel``, a path this store holds (relative to its folder), refused by name unless it lies
+        inside the folder once ``..`` and symbolic links are followed: a step's path must not reach a file elsewhere.
+        """
+        try:
+            root = self.root.resolve()
+            inside = not PurePath(rel).is_absolute() and (root / rel).resolve().is_relative_to(root)
+        except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a loop of links
+            raise DataError(f"path {rel!r} in the store {self.root} does not resolve: {e}") from None
+        if not inside:
+            raise DataError(f"path {rel!r} in the store {self.root} leads outside its folder: "
+                            "a store's paths are relative to its folder and stay inside it")  # fmt: skip
+        return self.root / rel
+
     def save_image(self, rel: str, pixels: np.ndarray) -> None:
-        with atomic_path(self.root / rel) as tmp:
+        with atomic_path(self.path(rel)) as tmp:
             Image.fromarray(pixels).save(tmp, format="PNG", compress_level=1)
 
     @staticmethod
@@ -119,16 +189,16 @@ class TrajectoryStore:
     def save_hierarchy(self, image: str, xml: str, size: tuple[int, int]) -> None:
         """Store the screen ``image``'s view hierarchy with the screen's (width, height) that its bounds are in."""
         atomic_write_text(
-            self.root / self.hierarchy_name(image), json.dumps({"width": size[0], "height": size[1], "xml": xml})
+            self.path(self.hierarchy_name(image)), json.dumps({"width": size[0], "height": size[1], "xml": xml})
         )
 
     def has_hierarchy(self, image: str) -> bool:
         """Whether the screen ``image``'s view hierarchy was stored (``collect.view_hierarchy``)."""
-        return (self.root / self.hierarchy_name(image)).exists()
+        return self.path(self.hierarchy_name(image)).exists()
 
     def load_hierarchy(self, image: str) -> tuple[str, tuple[int, int]]:
         """The stored (XML, (width, height)) of the screen ``image``; a missing or broken file is named."""
-        path = self.root / self.hierarchy_name(image)
+        path = self.path(self.hierarchy_name(image))
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
             return str(record["xml"]), (int(record["width"]), int(record["height"]))
@@ -140,36 +210,119 @@ class TrajectoryStore:
     def parts(self) -> list[Path]:
         return sorted(p for p in self.root.glob("steps-*.parquet") if _PART.match(p.name))
 
+    def _manifest(self) -> tuple[dict[str, dict], dict[str, dict]] | None:
+        """The manifest's ``parts`` (name -> ``{"sha256", "rows"}`` of each part written) and ``pending`` (the part
+        being put in place, if any); ``None`` for a store without one."""
+        try:
+            record = json.loads(self.manifest.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read the manifest {self.manifest}: {e!r}") from None
+        try:
+            parts, pending = dict(record["parts"]), dict(record["pending"])
+            for name, entry in (*parts.items(), *pending.items()):
+                # A name is joined to the folder: only a part's own name may stand there.
+                if not _PART.match(name) or not isinstance(entry["sha256"], str) or not isinstance(entry["rows"], int):
+                    raise ValueError(f"entry {name!r}: {entry!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"the manifest {self.manifest} is not a store's manifest: {e!r}") from None
+        return parts, pending
+
+    def _recorded(self) -> dict[str, dict] | None:
+        """What the manifest says each part holds (``None`` for a store without one).
+
+        A pending part whose file is in place counts as written: the run was
+        killed after the rename, before the manifest moved it to ``parts``,
+        and its digest was recorded before the rename. A pending part with no
+        file never got there (killed before the rename) and is no part.
+        """
+        manifest = self._manifest()
+        if manifest is None:
+            return None
+        parts, pending = manifest
+        return {**parts, **{name: e for name, e in pending.items() if (self.root / name).exists()}}
+
+    def _write_manifest(self, parts: dict[str, dict], pending: dict[str, dict]) -> None:
+        text = json.dumps({"parts": dict(sorted(parts.items())), "pending": pending}, indent=1)
+        atomic_write_text(self.manifest, text + "\n")
+
+    def _read_part(self, path: Path, entry: dict | None, columns: Sequence[str] | None) -> tuple[str, pa.Table]:
+        """One part's SHA-256 digest and table, checked against its manifest ``entry`` (when the store has a
+        manifest) and its page checksums."""
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise DataError(f"cannot read trajectory part {path}: {e}") from None
+        digest = _digest(data)
+        if entry is not None and digest != entry["sha256"]:
+            raise DataError(f"corrupt trajectory part {path}: its SHA-256 digest {digest} differs from the "
+                            f"{entry['sha256']} that {self.manifest} recorded when it was written")  # fmt: skip
+        return digest, read_parquet(pa.py_buffer(data), f"trajectory part {path}", columns)
+
+    def part_tables(self, columns: Sequence[str] | None = None) -> list[tuple[Path, pa.Table]]:
+        """Every part with its table (``columns`` of it, or all), in part order; a part that is not what its
+        manifest recorded (changed, gone, or never written by this store) or whose page checksums fail is a
+        :class:`DataError` naming the file and what failed."""
+        parts, recorded = self.parts(), self._recorded()
+        if recorded is None:
+            return [(p, self._read_part(p, None, columns)[1]) for p in parts]
+        gone = sorted(set(recorded) - {p.name for p in parts})
+        if gone:
+            raise DataError(f"trajectory part(s) {gone} of {self.root} are gone, though {self.manifest} records them "
+                            "as written: restore them (dvc checkout), or collect into a new folder")  # fmt: skip
+        stray = [p for p in parts if p.name not in recorded]
+        if stray:
+            raise DataError(f"trajectory part {stray[0]} is not in {self.manifest}: this store did not write it "
+                            "(copied in by hand?); move it out of the folder")  # fmt: skip
+        return [(p, self._read_part(p, recorded[p.name], columns)[1]) for p in parts]
+
     def write_part(self, steps: Iterable[Step]) -> Path:
         """Append one part holding ``steps`` (whole trajectories; their images already saved)."""
-        rows = [asdict(s) for s in steps]
-        if not rows:
+        return self.write_table(pa.Table.from_pylist([asdict(s) for s in steps], schema=STEP_SCHEMA))
+
+    def write_table(self, table: pa.Table) -> Path:
+        """Append one part holding ``table`` (rows of :data:`STEP_SCHEMA`: whole trajectories, their images already
+        saved); returns its path.
+
+        The part's digest enters the manifest as ``pending`` before the part
+        is renamed into place, and moves to ``parts`` after, so a run killed
+        at any point leaves a store that reads whole (:meth:`_recorded`). A
+        store without a manifest gets one here, recording the parts it holds
+        once each reads under its page checksums.
+        """
+        if table.num_rows == 0:
             raise DataError(f"refusing to write an empty part to {self.root}")
-        parts = self.parts()
-        index = int(_PART.match(parts[-1].name).group(1)) + 1 if parts else 0
+        recorded = self._recorded()
+        if recorded is None:
+            recorded = {}
+            for p in self.parts():
+                digest, held = self._read_part(p, None, ["traj_id"])
+                recorded[p.name] = {"sha256": digest, "rows": held.num_rows}
+        names = set(recorded) | {p.name for p in self.parts()}  # a stray part keeps its name: it is not overwritten
+        index = max(int(_PART.match(n).group(1)) for n in names) + 1 if names else 0
         path = self.root / f"steps-{index:05d}.parquet"
+        sink = pa.BufferOutputStream()
+        write_parquet(table, sink)
+        data = sink.getvalue().to_pybytes()
+        entry = {"sha256": _digest(data), "rows": table.num_rows}
+        self._write_manifest(recorded, {path.name: entry})
         with atomic_path(path) as tmp:
-            pq.write_table(pa.Table.from_pylist(rows, schema=STEP_SCHEMA), tmp)
+            tmp.write_bytes(data)
+        self._write_manifest({**recorded, path.name: entry}, {})
         return path
 
     def read(self) -> pa.Table:
         """All parts as one table, ordered by trajectory and step; a missing dataset or a corrupt part names the file."""
-        parts = self.parts()
+        parts = self.part_tables(STEP_SCHEMA.names)
         if not parts:
             raise DataError(
                 f"no trajectory data in {self.root} (expected steps-*.parquet); run the stage that writes it"
             )
         tables = []
-        for p in parts:
+        for p, t in parts:
             try:
-                t = pq.read_table(p)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise DataError(f"corrupt trajectory part {p}: {e}") from None
-            missing = [n for n in STEP_SCHEMA.names if n not in t.column_names]
-            if missing:
-                raise DataError(f"trajectory part {p} lacks field(s) {missing}")
-            try:
-                tables.append(t.select(STEP_SCHEMA.names).cast(STEP_SCHEMA))
+                tables.append(t.cast(STEP_SCHEMA))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise DataError(f"trajectory part {p} has a field of the wrong type: {e}") from None
         table = pa.concat_tables(tables).sort_by([("traj_id", "ascending"), ("step_id", "ascending")])
@@ -178,7 +331,7 @@ class TrajectoryStore:
         if twice.any():  # a part copied or written twice would silently double its rows
             t, s = int(traj[1:][twice][0]), int(step[1:][twice][0])
             holding = [
-                p.name for p, tb in zip(parts, tables, strict=True) if t in set(tb.column("traj_id").to_pylist())
+                p.name for (p, _), tb in zip(parts, tables, strict=True) if t in set(tb.column("traj_id").to_pylist())
             ]
             raise DataError(f"trajectory {t} step {s} is stored twice in {self.root} (parts {holding})")
         return table
@@ -189,16 +342,10 @@ class TrajectoryStore:
         Parts hold trajectories in the order they finished, not in id order,
         so this is read from every part, never inferred from the highest id.
         """
-        ids: set[int] = set()
-        for p in self.parts():
-            try:
-                ids.update(pq.read_table(p, columns=["traj_id"]).column("traj_id").to_pylist())
-            except (pa.ArrowInvalid, OSError, KeyError) as e:
-                raise DataError(f"corrupt trajectory part {p}: {e}") from None
-        return ids
+        return {i for _, t in self.part_tables(["traj_id"]) for i in t.column("traj_id").to_pylist()}
 
     def load_image(self, rel: str) -> np.ndarray:
-        path = self.root / rel
+        path = self.path(rel)
         try:
             with Image.open(path) as im:
                 return np.array(im.convert("RGB"))  # writable: torch warns on a read-only array
@@ -259,10 +406,7 @@ def data_task_sets(task_sets: Iterable[str]) -> list[str]:
 def read_table(path: Path, fields: Sequence[str], what: str, stage: str) -> pa.Table:
     """A Parquet table one stage wrote for another: a missing file names ``stage``, a corrupt or incomplete one ``what``."""
     require(stage, path)
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"corrupt {what} file {path}: {e}") from None
+    table = read_parquet(path, f"{what} file {path}")
     missing = set(fields) - set(table.column_names)
     if missing:
         raise DataError(f"{what} file {path} lacks field(s) {sorted(missing)}")

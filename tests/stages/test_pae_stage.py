@@ -61,6 +61,7 @@ def test_the_learned_evaluator_needs_a_stored_success(pae_root, tmp_path):
         table = pq.read_table(part)
         pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward",
                                         pa.array([0.0] * table.num_rows)), part)  # fmt: skip
+    (failing.offline / "manifest.json").unlink()  # parts changed by hand: read as a store without a manifest
     with pytest.raises(StageError, match="no stored step of .* finished its task.*pae.evaluator to judge or oracle"):
         run_pae(CFG, DIGIRL, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), failing, seeds=1)
 
