@@ -6,6 +6,14 @@ spread is sampling noise), which pairs seed ``s`` of one policy with seed
 ``s`` of another for the paired bootstrap. Stage 12 (:mod:`digiq.stages.eval`) and ``python -m
 digiq.evaluate`` (:func:`main`: any checkpoint on any task file) run the
 same code.
+
+``python -m digiq.evaluate`` loads every checkpoint it is given before the
+first episode, and plays the seeds of those that load: a folder that does
+not (missing or truncated weights, tensors of the wrong shape) is named on
+stderr, its seeds are left out, and the run ends with status 2 once the
+others are done. ``--out`` is written as the seeds finish, marked
+``partial`` until all of them have, so a run stopped later keeps every seed
+already measured.
 """
 
 from __future__ import annotations
@@ -171,15 +179,27 @@ def evaluate_job(job: EvalJob, env_factory: Callable[[], PhoneEnv] | None = None
                            screen_text=job.screen_text, name=job.name)  # fmt: skip
 
 
-def run_jobs(jobs: Sequence[EvalJob], devices: DeviceConfig, judge: JudgeConfig,
-             compute: ComputeConfig) -> list[dict[str, list[EpisodeResult]]]:  # fmt: skip
+def _shared(devices: DeviceConfig, compute: ComputeConfig) -> bool:
+    """Whether jobs are shared among processes (the simulator's, as ``compute`` says) rather than run here."""
+    return devices.backend == "sim" and (compute.workers > 1 or compute.backend == "ray")
+
+
+def run_jobs(jobs: Sequence[EvalJob], devices: DeviceConfig, judge: JudgeConfig, compute: ComputeConfig,
+             on_done: Callable[[int, dict[str, list[EpisodeResult]]], None] | None = None,
+             ) -> list[dict[str, list[EpisodeResult]]]:  # fmt: skip
     """Every job's episodes: on the simulator jobs shared as ``compute`` says (local processes or a Ray cluster's
-    tasks, :mod:`digiq.workers`), on other devices one after the other from this process, on ``compute``'s devices."""
-    if devices.backend == "sim" and (compute.workers > 1 or compute.backend == "ray"):
-        return map_jobs(evaluate_job, jobs, compute)
+    tasks, :mod:`digiq.workers`), on other devices one after the other from this process, on ``compute``'s devices.
+    ``on_done(i, episodes)`` is called as job ``i`` finishes."""
+    if _shared(devices, compute):
+        return map_jobs(evaluate_job, jobs, compute, on_done=on_done)
     longest = max(len(listed) for job in jobs for listed in job.tasks.values())
+    results = []
     with device_pool(devices, jobs[0].env, judge, min(jobs[0].cfg.n_envs, longest), compute) as pool:
-        return [evaluate_job(job, pool) for job in jobs]
+        for i, job in enumerate(jobs):
+            results.append(evaluate_job(job, pool))
+            if on_done is not None:
+                on_done(i, results[-1])
+    return results
 
 
 def read_task_file(path: Path, task_set: str | None = None) -> tuple[dict[str, list[Task]], list[dict[str, Any]]]:
@@ -238,6 +258,59 @@ def policy_for(folder: Path, task_set: str) -> Path:
     return folder / task_set if _held_task_sets(folder) else folder
 
 
+def _unloadable(folder: Path, task_sets: Sequence[str]) -> str | None:
+    """Why ``folder`` cannot play ``task_sets``' tasks, or ``None``: each checkpoint it plays them with is loaded whole.
+
+    Loading is the check that leaves nothing out: config, tokenizer, and
+    every tensor of the weights there, at the shape the config asks.
+    """
+    for checkpoint in dict.fromkeys(policy_for(folder, ts) for ts in task_sets):
+        try:
+            AutoUIPolicy.load(checkpoint)
+        except (OSError, ValueError) as e:  # they name the file: a missing one, truncated weights, wrong shapes
+            return str(e)
+        except Exception as e:  # a tokenizer's own errors name no file
+            return f"cannot load the checkpoint {checkpoint}: {type(e).__name__}: {e}"
+    return None
+
+
+def _report(done: Mapping[int, Mapping[str, list[EpisodeResult]]], missing: Mapping[int, tuple[Path, str]],
+            unparsed: list[dict[str, Any]], policy: Sequence[Path], tasks_file: Path) -> dict[str, Any]:  # fmt: skip
+    """The JSON of the seeds ``done``, in seed order; ``missing`` (seed: its folder and why) makes it partial.
+
+    A partial report has every field of a whole one, over the seeds it
+    holds (``seeds`` counts them), plus ``partial``: which seeds those are,
+    and which are not there and why.
+    """
+    seeds = sorted(done)
+    runs = _runs(done)
+    report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
+    report.update({
+        "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},
+        "unparsed": unparsed,
+        "policy": [str(folder) for folder in policy],
+        "tasks_file": str(tasks_file),
+        "seeds": len(seeds),
+    })  # fmt: skip
+    if missing:
+        report["partial"] = {
+            "seeds_done": seeds,
+            "seeds_missing": [{"seed": s, "policy": str(folder), "why": why}
+                              for s, (folder, why) in sorted(missing.items())],
+        }  # fmt: skip
+    return report
+
+
+def _runs(done: Mapping[int, Mapping[str, list[EpisodeResult]]]) -> dict[str, list[list[EpisodeResult]]]:
+    """Each task set's episodes of the seeds ``done``, in seed order."""
+    seeds = sorted(done)
+    return {ts: [done[s][ts] for s in seeds] for ts in done[seeds[0]]}
+
+
+def _write_report(path: Path, report: Mapping[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate a policy checkpoint on a file of instructions; print a table, optionally write JSON.
 
@@ -254,6 +327,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     Bad input (a missing checkpoint or task file, a file with no parseable
     line, an ``--out`` that cannot be written, checked before the run) exits
     with status 2 and a message naming it.
+
+    Every checkpoint is loaded before the first episode. A ``--policy``
+    folder that does not load is named on stderr, with why, and its seeds
+    are not played; the other folders' seeds are, and their report is
+    written, marked partial, before the run exits with status 2 (when no
+    folder loads, nothing runs). ``--out`` is written as each seed finishes
+    (all its task sets), with the seeds done so far: a failure later on
+    leaves those on disk. Until every
+    seed is in, the JSON has ``partial`` (``seeds_done``, and
+    ``seeds_missing``: each seed's folder and why it is not there), and its
+    figures and ``seeds`` are those of the seeds done; a complete one has
+    no ``partial`` key.
     """
     ap = argparse.ArgumentParser(
         prog="python -m digiq.evaluate",
@@ -261,13 +346,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--policy", required=True, type=Path, nargs="+",
                     help="policy checkpoint folder (config.json + weights), or a folder of one per task set (a stage-07 "
-                         "row's seed folder); several: one per seed, in seed order")  # fmt: skip
+                         "row's seed folder); several: one per seed, in seed order. Each is loaded before the run: "
+                         "one that does not load is named, its seeds skipped, and the exit status is 2")  # fmt: skip
     ap.add_argument("--tasks", required=True, type=Path, help="text file, one instruction per line")
     ap.add_argument("--task-set", choices=TASK_SETS, default=None,
                     help="put every line in this task set (its step limit); default: each line's own by its shape")  # fmt: skip
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds 0..N-1 (devices and sampling, as stage 12's); default: the params' experiment.seeds")  # fmt: skip
-    ap.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the results here as JSON, as each seed ends (with a 'partial' key until "
+                         "every seed is in)")  # fmt: skip
     ap.add_argument("--params", type=Path, default=PARAMS, help="params file (eval, env, devices, judge groups)")
     ap.add_argument("--workers", type=int, default=None,
                     help="local backend: processes sharing the seeds on the simulator; default: the params' "
@@ -321,30 +409,69 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         missing = sorted(set(tasks) - set(_held_task_sets(folder))) if _held_task_sets(folder) else []
         if missing:
             ap.error(f"--policy {folder}: no checkpoint for task set(s) {missing}")
-    jobs = []
-    for s in range(seeds):  # one job per task set, as stage 12 runs them
-        folder, config = args.policy[s % len(args.policy)], configs[s % len(args.policy)]
-        jobs += [EvalJob(policy_for(folder, ts), folder.name, s, {ts: listed}, cfg, env, config.screen_text)
-                 for ts, listed in tasks.items()]  # fmt: skip
-    results = run_jobs(jobs, devices, judge, compute)
-    runs = {ts: [r[ts] for job, r in zip(jobs, results, strict=True) if ts in job.tasks] for ts in tasks}
-    report: dict[str, Any] = {ts: summarize(r) for ts, r in runs.items()}
-    report.update({
-        "outcomes": {ts: outcome_strings(r) for ts, r in runs.items()},
-        "unparsed": unparsed,
-        "policy": [str(folder) for folder in args.policy],
-        "tasks_file": str(args.tasks),
-        "seeds": seeds,
-    })  # fmt: skip
-    print(_table(runs))
+
+    def folder_of(seed: int) -> Path:
+        return args.policy[seed % len(args.policy)]
+
+    refused = {folder: why for folder in dict.fromkeys(args.policy) if (why := _unloadable(folder, list(tasks)))}
+    playing = [s for s in range(seeds) if folder_of(s) not in refused]
+    if not playing:
+        ap.error("\n".join(f"--policy {folder}: {why}" for folder, why in refused.items()))
+    for folder, why in refused.items():
+        skipped = [s for s in range(seeds) if folder_of(s) == folder]
+        print(f"{ap.prog}: error: --policy {folder}: {why}; seed(s) {skipped} skipped", file=sys.stderr)
+    not_run = {s: (folder_of(s), f"--policy {folder_of(s)}: {refused[folder_of(s)]}")
+               for s in range(seeds) if folder_of(s) in refused}  # fmt: skip
+
+    jobs = [EvalJob(policy_for(folder_of(s), ts), folder_of(s).name, s, {ts: listed}, cfg, env,
+                    configs[s % len(args.policy)].screen_text)
+            for s in playing for ts, listed in tasks.items()]  # one job per task set, as stage 12 runs them  # fmt: skip
+    parts: dict[int, dict[str, list[EpisodeResult]]] = {}
+    done: dict[int, dict[str, list[EpisodeResult]]] = {}
+
+    def so_far(why: str) -> dict[str, Any]:
+        """The report of the seeds done, the others to play missing for ``why``."""
+        missing = {s: (folder_of(s), why) for s in playing if s not in done} | not_run
+        return _report(done, missing, unparsed, args.policy, args.tasks)
+
+    def finished(i: int, episodes: dict[str, list[EpisodeResult]]) -> None:
+        """A job is done: once all of its seed's task sets are, that seed goes to ``--out`` with the others done."""
+        seed = jobs[i].seed
+        parts.setdefault(seed, {}).update(episodes)
+        if len(parts[seed]) < len(tasks):
+            return
+        done[seed] = parts.pop(seed)
+        if args.out is not None and len(done) < len(playing):
+            try:
+                _write_report(args.out, so_far("not evaluated yet (the run was still going when this was written)"))
+            except OSError as e:
+                print(_table(_runs(done)))
+                ap.error(f"--out: {e.strerror}")
+
+    try:
+        run_jobs(jobs, devices, judge, compute, on_done=finished)
+    except Exception as e:  # a job failed: what is done stays on disk, saying why the rest is not there
+        if args.out is not None and done:
+            try:
+                _write_report(args.out, so_far(f"the run stopped: {type(e).__name__}: {e}"))
+                print(f"{ap.prog}: seed(s) {sorted(done)} done, written to {args.out} (partial)", file=sys.stderr)
+            except OSError:
+                pass  # the error to show is the run's
+        raise
+    report = _report(done, not_run, unparsed, args.policy, args.tasks)
+    print(_table(_runs(done)))
     if unparsed:
         print(f"{len(unparsed)} line(s) of {args.tasks} not parsed (listed on stderr)")
     if args.out is not None:
         try:
-            atomic_write_text(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+            _write_report(args.out, report)
         except OSError as e:
             ap.error(f"--out: {e.strerror}")
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}" + (" (partial)" if refused else ""))
+    if refused:
+        print(f"{ap.prog}: error: seed(s) {sorted(not_run)} not evaluated: --policy {', '.join(map(str, refused))} "
+              "cannot be loaded (above)", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     return report
 
 

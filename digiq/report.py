@@ -296,8 +296,10 @@ def validation_markdown(paths: Paths) -> str:
         "|---" * (len(sets) + 1) + "|",
     ]
     for name, r in runs.items():
+        if "partial" in r:  # a run stopped or refused a seed's checkpoint: its figures cover the seeds done only
+            name += f" (partial: {r['seeds']} of {r['seeds'] + len(r['partial']['seeds_missing'])} seeds)"
         out.append(f"| {name} | " + " | ".join(rate(r[ts]) if ts in r else "-" for ts in sets) + " |")
-    r = next(iter(runs.values()))
+    r = next((r for r in runs.values() if "partial" not in r), next(iter(runs.values())))
     n = "/".join(str(r[ts]["n_episodes"]) for ts in sets)
     return "\n".join(
         out

@@ -98,14 +98,18 @@ def _start_worker(threads: int) -> None:
 
 
 def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
-             after: Sequence[int | None] | None = None) -> list[R]:  # fmt: skip
+             after: Sequence[int | None] | None = None,
+             on_done: Callable[[int, R], None] | None = None) -> list[R]:  # fmt: skip
     """``[fn(job) for job in jobs]``: on ``compute``'s Ray cluster, or over its ``workers`` processes when there is
     more than one job and worker.
 
     Jobs start in list order as workers come free. ``after[i]``, where
     given, is an earlier job that must have finished before job ``i`` starts
     (the second part of a run that the first leaves resumable); meanwhile
-    the next job that is free to start takes its turn.
+    the next job that is free to start takes its turn. ``on_done(i,
+    result)``, where given, is called in this process as each job finishes,
+    in the order they finish: a caller writes what is done before a later
+    job can fail.
 
     Processes are spawned, not forked: a fork copies torch's thread pools in
     whatever state they are, and a notebook kernel's too.
@@ -113,12 +117,17 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
     before = [None] * len(jobs) if after is None else list(after)
     if len(before) != len(jobs) or any(a is not None and not 0 <= a < i for i, a in enumerate(before)):
         raise ValueError(f"after must give each of the {len(jobs)} jobs an earlier job's index or None, got {after}")
+    done = on_done or (lambda i, result: None)
     if compute.backend == "ray" and jobs:
-        return map_on_cluster(fn, jobs, compute, before)
+        return map_on_cluster(fn, jobs, compute, before, done)
     workers = compute.workers
     if workers == 1 or len(jobs) <= 1:
         try:
-            return [fn(job) for job in jobs]  # in list order, so each job's ``after`` has finished
+            results_in_order = []
+            for i, job in enumerate(jobs):  # in list order, so each job's ``after`` has finished
+                results_in_order.append(fn(job))
+                done(i, results_in_order[-1])
+            return results_in_order
         finally:
             _CACHE.clear()
             _SLOTS.clear()
@@ -136,7 +145,9 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
                 running[pool.submit(fn, jobs[i])] = i
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                results[running.pop(future)] = future.result()  # a failure leaves the pool once the others end
+                i = running.pop(future)
+                results[i] = future.result()  # a failure leaves the pool once the others end
+                done(i, results[i])
     return [results[i] for i in range(len(jobs))]
 
 
@@ -173,9 +184,10 @@ def _run_job(fn: Callable[[J], R], job: J, threads: int, call: str) -> R:
     return fn(job)
 
 
-def map_on_cluster(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
-                   before: Sequence[int | None]) -> list[R]:  # fmt: skip
-    """:func:`map_jobs` on a Ray cluster: ``fn(job)`` for each job as a Ray task, results in job order.
+def map_on_cluster(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig, before: Sequence[int | None],
+                   on_done: Callable[[int, R], None] = lambda i, result: None) -> list[R]:  # fmt: skip
+    """:func:`map_jobs` on a Ray cluster: ``fn(job)`` for each job as a Ray task, results in job order, ``on_done``
+    called as each finishes.
 
     A job waits for ``before[i]`` (an earlier job) to finish. Ray starts a
     task lost with its node (or its worker process) again, up to
@@ -207,6 +219,7 @@ def map_on_cluster(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConf
                 i = running.pop(ref)
                 try:
                     results[i] = ray.get(ref)
+                    on_done(i, results[i])
                 except RayTaskError as e:
                     raise own_error(e) from e
                 except ray.exceptions.RayError as e:

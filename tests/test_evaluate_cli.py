@@ -283,3 +283,78 @@ def test_cli_runs_one_checkpoint_per_seed(stage, params_file, tmp_path, monkeypa
     assert used == folders and report["seeds"] == 2
     assert report["policy"] == [str(f) for f in folders]
     assert report["general"]["per_seed"] == _metrics(stage, "eval")["digiq"]["general"]["per_seed"]
+
+
+def _bad_copy(source: Path, folder: Path, how: str) -> Path:
+    """A copy of checkpoint ``source`` whose weights are missing, truncated, or of other shapes than its config's."""
+    shutil.copytree(source, folder)
+    weights = folder / "model.safetensors"
+    if how == "missing":
+        weights.unlink()
+    elif how == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        config["policy"]["d_ff"] *= 2
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_cli_with_a_good_and_a_bad_policy_writes_the_good_one_and_names_the_bad(stage, params_file, tmp_path):
+    """Seed 1's folder has truncated weights: found before any episode, named, its seed left out; seed 0 played,
+    written, marked partial; status 2 and no traceback."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    good = shutil.copytree(stage.base_policy, tmp_path / "good")
+    bad = _bad_copy(stage.base_policy, tmp_path / "bad", "truncated")
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", "digiq.evaluate", "--policy", str(good), str(bad), "--tasks",
+                           str(tasks), "--out", str(out), "--params", str(params_file)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr) < 2000
+    assert f"--policy {bad}: " in proc.stderr and str(bad / "model.safetensors") in proc.stderr
+    assert "seed(s) [1] skipped" in proc.stderr and "seed(s) [1] not evaluated" in proc.stderr
+    assert "success %" in proc.stdout and f"wrote {out} (partial)" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["seeds"] == 1 and len(report["general"]["per_seed"]) == 1 and len(report["outcomes"]["general"]) == 1
+    assert report["policy"] == [str(good), str(bad)]
+    assert report["partial"]["seeds_done"] == [0]
+    [missing] = report["partial"]["seeds_missing"]
+    assert missing["seed"] == 1 and missing["policy"] == str(bad) and str(bad / "model.safetensors") in missing["why"]
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "shapes"])
+def test_cli_names_bad_weights_before_any_episode(stage, params_file, tmp_path, capsys, how):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("What time is it in Copenhagen?\n")
+    bad = _bad_copy(stage.base_policy, tmp_path / "bad", how)
+    out = tmp_path / "out.json"
+    err = _fails(["--policy", str(bad), "--tasks", str(tasks), "--params", str(params_file), "--out", str(out)], capsys)
+    assert f"--policy {bad}: " in err and str(bad / "model.safetensors") in err and "Traceback" not in err
+    assert not out.exists() and "success %" not in capsys.readouterr().out  # nothing ran
+
+
+def test_cli_keeps_the_seeds_done_when_a_later_one_fails(stage, params_file, tmp_path, capsys, monkeypatch):
+    """Seed 1's job fails mid-run: seed 0's results, finished first, are on disk, saying why seed 1 is not."""
+    second = stage.actor("digiq", 1, "general")
+
+    def fail_second(checkpoint: Path, cfg: EvalConfig):
+        if checkpoint == second:
+            raise RuntimeError("the device caught fire")
+        return _expert(checkpoint, cfg)
+
+    monkeypatch.setattr(evaluate, "load_agent", fail_second)
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("\n".join(stage.task_list("general", "test").read_text().splitlines()[:N_TASKS]) + "\n")
+    out = tmp_path / "out.json"
+    with pytest.raises(RuntimeError, match="caught fire"):
+        main(["--policy", str(stage.actor("digiq", 0, "general")), str(second), "--tasks", str(tasks), "--params",
+              str(params_file), "--out", str(out)])  # fmt: skip
+    assert f"seed(s) [0] done, written to {out} (partial)" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["general"]["per_seed"] == _metrics(stage, "eval")["digiq"]["general"]["per_seed"][:1]
+    assert report["seeds"] == 1 and report["partial"]["seeds_done"] == [0]
+    assert report["partial"]["seeds_missing"] == [
+        {"seed": 1, "policy": str(second), "why": "the run stopped: RuntimeError: the device caught fire"}
+    ]

@@ -157,6 +157,10 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
         run = {ts: {"success_rate": rate, "success_rate_std": 0.01, "n_episodes": 320} for ts in ("general", "webshop")}
         write_metrics(paths, f"val/{row}", {**run, "seeds": 3})
     assert "| digiq | 35.0 ± 1.0 | 35.0 ± 1.0 |" in validation_markdown(paths)
+    stopped = {"partial": {"seeds_done": [0, 1], "seeds_missing": [{"seed": 2, "policy": "x", "why": "truncated"}]}}
+    write_metrics(paths, "val/digiq", {**run, "seeds": 2, **stopped})  # a run that lost a seed says so in its row
+    shown = validation_markdown(paths)
+    assert "| digiq (partial: 2 of 3 seeds) | 35.0 ± 1.0 |" in shown and "over 3 seeds" in shown
 
 
 def test_results_chart_is_a_png_with_one_bar_per_policy_and_task_set(tmp_path):

@@ -53,9 +53,10 @@ from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task, unchecked_task
 from digiq.env.ui import SCREEN_H, SCREEN_W
 
-__all__ = ["SERVER_VERSION", "AdbSimServer", "Fault", "SimPhone", "BOOT_SNAPSHOTS"]
+__all__ = ["SERVER_VERSION", "IDLE_TIMEOUT_S", "AdbSimServer", "Fault", "SimPhone", "BOOT_SNAPSHOTS"]
 
 SERVER_VERSION = 41  # adb 1.0.41: clients select transports with host:tport
+IDLE_TIMEOUT_S = 60.0  # AdbSimServer's default: far beyond any pause of a client mid-request
 # Snapshots every simulated phone has from the start: the emulator's quick-boot one, and the one
 # env_setup/make_snapshot.sh saves (DeviceConfig.snapshot's default).
 BOOT_SNAPSHOTS = ("default_boot", "digiq_aitw")
@@ -157,22 +158,74 @@ class SimPhone:
 
 
 class _Server(socketserver.ThreadingTCPServer):
+    """A thread per connection while one of ``slots`` is free; past them, ``refusal`` and the connection closed.
+
+    The slots are shared by an :class:`AdbSimServer`'s adb port and every
+    console port: each served connection holds a thread until it ends, so
+    they bound the server's threads however many clients connect.
+    """
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # a rollout's envs connect at once; the default 5 drops SYNs, each a 1 s retry
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[socketserver.BaseRequestHandler],
+        slots: threading.BoundedSemaphore,
+        refusal: bytes,
+    ) -> None:
+        self.slots, self.refusal = slots, refusal
+        super().__init__(address, handler)
+
+    def process_request(self, request: socket.socket, client_address: tuple[str, int]) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: tuple[str, int]) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """Answer and close from the accepting thread itself, never waiting on the client (a few bytes into an
+        empty send buffer)."""
+        request.setblocking(False)
+        try:
+            request.send(self.refusal)
+        except OSError:
+            pass  # the client is gone already
+        self.shutdown_request(request)
 
 
-def _serve(host: str, port: int, handle: Callable[[socket.socket], None]) -> _Server:
+def _serve(
+    host: str,
+    port: int,
+    handle: Callable[[socket.socket], None],
+    slots: threading.BoundedSemaphore,
+    idle_timeout_s: float,
+    refusal: bytes,
+) -> _Server:
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             # Answers go out in pieces (OKAY, then output): without this, Nagle's algorithm holds
             # the second piece until the client's delayed ACK, some 40 ms per request.
             self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.request.settimeout(idle_timeout_s)  # a client silent this long gives its thread back
             try:
                 handle(self.request)
             except (ConnectionError, TimeoutError, OSError):
-                pass  # the client went away: nothing to answer
+                pass  # the client went away or fell silent: nothing to answer
 
-    srv = _Server((host, port), Handler)
+    srv = _Server((host, port), Handler, slots, refusal)
     threading.Thread(target=srv.serve_forever, name=f"adbsim-{srv.server_address[1]}", daemon=True).start()
     return srv
 
@@ -207,6 +260,18 @@ class AdbSimServer:
             screenshots anyway.
         console_token: the emulator console's auth token (``None``: no auth, as
             an emulator with an empty token file).
+        idle_timeout_s: a connection whose client sends nothing (or reads
+            nothing) for this long is closed, and its thread freed. The
+            package's clients never pause mid-request (each adb command and
+            console command is one connection, written at once), so only a
+            stalled or abandoned client meets it; an injected ``hang`` or
+            ``slow_*`` fault waits on the server's side and is not cut short.
+        max_connections: connections served at once, over the adb port and
+            every console port together (default ``16 + 4 * n_devices``: per
+            phone a command, its console and the connections of retries still
+            held by a hung request; the rest for device lists and tools). Each
+            holds a thread; one more is answered at once and closed, on the
+            adb port with ``FAIL`` naming the cap, on a console with ``KO:``.
 
     Use as a context manager, or :meth:`close` it.
     """
@@ -220,10 +285,21 @@ class AdbSimServer:
         host: str = "127.0.0.1",
         port: int = 0,
         console_token: str | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int | None = None,
     ) -> None:
         if n_devices < 1:
             raise ValueError(f"AdbSimServer needs at least one device, got {n_devices}")
+        if not idle_timeout_s > 0:
+            raise ValueError(f"AdbSimServer needs idle_timeout_s > 0, got {idle_timeout_s}")
+        if max_connections is None:
+            max_connections = 16 + 4 * n_devices
+        if max_connections < 1:
+            raise ValueError(f"AdbSimServer needs max_connections >= 1, got {max_connections}")
         self.host, self.console_token = host, console_token
+        self.idle_timeout_s, self.max_connections = idle_timeout_s, max_connections
+        slots = threading.BoundedSemaphore(max_connections)
+        busy = f"all {max_connections} connections of the digiq adb simulator are in use (max_connections); try again"
         self._stopped = threading.Event()  # releases hung requests
         self._closed = threading.Event()
         self._phones: dict[str, SimPhone] = {}
@@ -232,10 +308,11 @@ class AdbSimServer:
             phone.device.reset(0)
             for name in BOOT_SNAPSHOTS:
                 phone.save(name)
-            phone.console = _serve(host, 0, lambda sock, p=phone: self._console(sock, p))
+            phone.console = _serve(host, 0, lambda sock, p=phone: self._console(sock, p), slots, idle_timeout_s,
+                                   f"KO: {busy}\r\n".encode())  # fmt: skip
             phone.serial = f"emulator-{phone.console.server_address[1]}"
             self._phones[phone.serial] = phone
-        self._adb = _serve(host, port, self._handle)
+        self._adb = _serve(host, port, self._handle, slots, idle_timeout_s, b"FAIL" + _block(busy))
         self.port: int = self._adb.server_address[1]
 
     # ------------------------------------------------------------ public API

@@ -1,6 +1,8 @@
 """The adb-protocol simulator, driven by the real adbutils client over loopback TCP."""
 
 import socket
+import threading
+import time
 
 import adbutils
 import numpy as np
@@ -177,3 +179,67 @@ def test_host_kill_stops_the_server():
     srv.wait_closed()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", srv.port), timeout=1).close()
+
+
+def _threads_settle(at_most: int, within_s: float) -> int:
+    """The live thread count once it is ``at_most`` or ``within_s`` has passed."""
+    deadline = time.monotonic() + within_s
+    while threading.active_count() > at_most and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threading.active_count()
+
+
+def test_idle_connections_hold_bounded_threads_freed_after_the_timeout():
+    """200 clients connect and say nothing: at most the cap's threads, each freed after the idle timeout."""
+    cap, timeout = 32, 0.5
+    with AdbSimServer(2, idle_timeout_s=timeout, max_connections=cap) as srv:
+        baseline = threading.active_count()
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(200)]
+        try:
+            time.sleep(0.2)  # the server has taken every connection in
+            assert threading.active_count() <= baseline + cap + 2
+            assert _threads_settle(baseline, within_s=timeout + 5) <= baseline
+            # Each connection was served until its time-out (then closed: no bytes) or refused at once, in adb's words.
+            replies = [sock.recv(1024) for sock in idle]
+        finally:
+            for sock in idle:
+                sock.close()
+        refusal = f"all {cap} connections of the digiq adb simulator are in use (max_connections); try again"
+        refused = [r for r in replies if r]
+        assert refused and set(refused) == {b"FAIL" + f"{len(refusal):04x}{refusal}".encode()}
+        assert len(replies) - len(refused) >= cap
+        client = adbutils.AdbClient("127.0.0.1", srv.port, socket_timeout=5)
+        assert client.server_version() == SERVER_VERSION  # the freed slots serve again
+        assert client.device(srv.serials[0]).shell("echo hi") == "hi"
+
+
+def test_the_cap_is_shared_by_the_consoles_and_answered_in_their_words(tmp_path):
+    with AdbSimServer(1, idle_timeout_s=5, max_connections=1) as srv:
+        console = int(srv.serials[0].split("-")[1])
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5):  # the one slot, held
+            time.sleep(0.1)
+            with pytest.raises(RuntimeError, match="KO: all 1 connections .* in use"):
+                console_command("127.0.0.1", console, "avd snapshot list", str(tmp_path / "no_token"))
+            with pytest.raises(AdbError, match="all 1 connections .* in use"):
+                adbutils.AdbClient("127.0.0.1", srv.port, socket_timeout=5).server_version()
+        time.sleep(0.1)
+        assert "default_boot" in console_command("127.0.0.1", console, "avd snapshot list", "")
+
+
+def test_a_hang_outlasts_the_idle_timeout():
+    """An injected hang waits on the server's side: the idle timeout does not answer for it."""
+    with AdbSimServer(1, idle_timeout_s=0.3) as srv:
+        serial = srv.serials[0]
+        srv.inject(serial, Fault("hang", seconds=1.0))
+        d = adbutils.AdbClient("127.0.0.1", srv.port, socket_timeout=5).device(serial)
+        start = time.monotonic()
+        with pytest.raises(AdbError):
+            d.shell("echo hi")
+        assert time.monotonic() - start >= 1.0
+        assert d.shell("echo hi") == "hi"
+
+
+@pytest.mark.parametrize("kwargs", [{"idle_timeout_s": 0}, {"max_connections": 0}])
+def test_bad_limits_are_named(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        AdbSimServer(1, **kwargs)
