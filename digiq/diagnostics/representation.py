@@ -217,7 +217,7 @@ class _Taps(NamedTuple):
 def _tap_rows(store: TrajectoryStore, images: Sequence[str], goals: Sequence[str],
               action_lists: Sequence[Sequence[str]], seed: int) -> _Taps | str:  # fmt: skip
     """Up to :data:`TAP_CAP` tap candidates of the states with a stored view hierarchy, labelled; or why there are none."""
-    stored = [(store.root / store.hierarchy_name(image)).exists() for image in images]
+    stored = [store.has_hierarchy(image) for image in images]
     if not any(stored):
         return f"no view hierarchy stored in {store.root} (collect.view_hierarchy: false)"
     rows = [(s, c, a) for s, row in enumerate(action_lists) if stored[s]
