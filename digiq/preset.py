@@ -74,7 +74,9 @@ def apply_preset(path: Path | str, params: Path | str = PARAMS) -> list[str]:
     """Write the preset into the params files; returns one line per knob that changed.
 
     Every file is written only after the merged result has passed the
-    stages' checks; a preset that breaks one changes nothing.
+    stages' checks; a preset that breaks one changes nothing. Each file is
+    replaced whole; a run killed between two files leaves the preset partly
+    applied, which applying it again completes (a value already set is left).
     """
     params = Path(params)
     targets = read_preset(path, params)

@@ -45,6 +45,7 @@ from torch import nn
 from digiq.config import DigiRLConfig
 from digiq.data.picks import Picks
 from digiq.env.tasks import MAX_STEPS
+from digiq.io import atomic_path
 from digiq.models.critic import mlp
 from digiq.models.policy import AutoUIPolicy
 
@@ -224,8 +225,8 @@ class DigiRLValues:
 
     def save(self, folder: Path) -> None:
         """Both classifiers' weights, as ``folder/values.pt`` (the online stage's checkpoint of a round)."""
-        torch.save({"instruction": self.instruction.state_dict(), "step": self.step.state_dict()},
-                   folder / "values.pt")  # fmt: skip
+        with atomic_path(folder / "values.pt") as tmp:
+            torch.save({"instruction": self.instruction.state_dict(), "step": self.step.state_dict()}, tmp)
 
     def load_state(self, folder: Path) -> None:
         state = torch.load(folder / "values.pt", weights_only=True)

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from digiq.config import ConfigError, TasksConfig, load_section
-from digiq.env.adb_server import AdbSimServer
+from digiq.env.adb_server import IDLE_TIMEOUT_S, AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
 from digiq.env.state import Dynamics
 from digiq.env.taskgen import FAMILY_WEIGHTS, PROTOCOL_TASKS, SPLITS, generate_tasks
 from digiq.env.tasks import UnsupportedInstruction, parse_task
-from digiq.io import StageError, atomic_write_text
+from digiq.io import StageError, atomic_folder, atomic_write_text, clear_leftovers, write_error
 from digiq.lock import stage_lock
 from digiq.paths import Paths
 
@@ -88,30 +88,42 @@ def generate_task_lists(root: Path) -> None:
     shell command: a value that is not a number in its range stops the stage, naming the file and the key,
     before anything runs. Writes ``data/tasks/{general,webshop}_{train,val,test}.txt`` and, from
     :func:`check_tasks`, ``metrics/tasks.json``, holding the stage's lock (:mod:`digiq.lock`) meanwhile.
+    The lists are written together into a temporary folder swapped in for ``data/tasks`` whole
+    (:func:`digiq.io.atomic_folder`): a run cut short leaves the previous lists, never new train lists
+    beside old test lists.
     """
     paths = Paths(root)
     try:
         cfg = load_section(TasksConfig, "tasks", path=paths.root / "params.yaml")
         with stage_lock(paths.lock("tasks"), "tasks"):
+            clear_leftovers(paths.tasks)  # what runs cut short left beside the lists: the lock says they are dead
             lists = []
-            for split in SPLITS:
-                for task_set in FAMILY_WEIGHTS:
-                    test = cfg.n_test if task_set == "general" else cfg.n_test_webshop
-                    n = {"train": cfg.n_train, "val": cfg.n_val, "test": test}[split]
-                    out = paths.task_list(task_set, split)
-                    lines = generate_tasks(task_set, split, n, cfg.seed, cfg.split_seed)
-                    atomic_write_text(out, "\n".join(lines) + "\n")
-                    print(f"wrote {len(lines)} {task_set} {split} tasks to {out}")
-                    lists.append(str(out))
+            with atomic_folder(paths.tasks) as tmp:
+                for split in SPLITS:
+                    for task_set in FAMILY_WEIGHTS:
+                        test = cfg.n_test if task_set == "general" else cfg.n_test_webshop
+                        n = {"train": cfg.n_train, "val": cfg.n_val, "test": test}[split]
+                        out = paths.task_list(task_set, split)
+                        lines = generate_tasks(task_set, split, n, cfg.seed, cfg.split_seed)
+                        try:  # plainly: the folder is swapped in whole
+                            (tmp / out.name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+                        except OSError as e:
+                            raise write_error(out, e) from None
+                        print(f"wrote {len(lines)} {task_set} {split} tasks to {out}")
+                        lists.append(str(out))
             check_tasks(lists, None, 0, str(paths.metrics / "tasks.json"))
     except (ConfigError, StageError) as e:
         raise SystemExit(f"generate-task-lists: {e}") from None
 
 
-def adb_server(host: str, port: int, devices: int, width: int, calm: bool) -> None:
+def adb_server(host: str, port: int, devices: int, width: int, calm: bool, idle_timeout_s: float,
+               max_connections: int | None) -> None:  # fmt: skip
     """Serve simulated phones over adb's protocol until interrupted or sent ``adb kill-server``."""
     try:
-        server = AdbSimServer(devices, dynamics=Dynamics.calm() if calm else None, width=width, host=host, port=port)
+        server = AdbSimServer(devices, dynamics=Dynamics.calm() if calm else None, width=width, host=host, port=port,
+                              idle_timeout_s=idle_timeout_s, max_connections=max_connections)  # fmt: skip
+    except ValueError as e:  # a count or time-out out of range
+        raise SystemExit(f"adb-server: {e}") from None
     except OSError as e:
         raise SystemExit(
             f"adb-server: cannot listen on {host}:{port}: {e.strerror} (is an adb server running?)"
@@ -169,13 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--devices", type=int, default=2, help="how many simulated phones")
     s.add_argument("--width", type=int, default=216, help="width of `screencap -p` PNGs (`wm size` says 1080x2280)")
     s.add_argument("--calm", action="store_true", help="no dialogs, late loads, jitter or ads")
+    s.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S,
+                   help="seconds a connection may stay silent before it is closed and its thread freed")  # fmt: skip
+    s.add_argument("--max-connections", type=int, default=None,
+                   help="connections served at once, adb and console ports together; one more is refused "
+                        "(default: 16 + 4 per phone)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.cmd == "check-tasks":
         check_tasks(args.files, args.task_set, args.seed, args.metrics)
     elif args.cmd == "generate-task-lists":
         generate_task_lists(Path(args.root))
     elif args.cmd == "adb-server":
-        adb_server(args.host, args.port, args.devices, args.width, args.calm)
+        adb_server(args.host, args.port, args.devices, args.width, args.calm, args.idle_timeout, args.max_connections)
     else:
         lines = generate_tasks(args.task_set, args.split, args.n, args.seed, args.split_seed)
         atomic_write_text(Path(args.out), "\n".join(lines) + "\n")

@@ -1,12 +1,20 @@
 """Self-describing checkpoints: weights (safetensors) + config + metadata in one folder.
 
 A viewer or a later stage rebuilds any model from its folder alone (nanoGPT's
-habit). Every file is written atomically, the config last, so a folder with a
-``config.json`` always holds complete weights.
+habit). The folder is written whole in a temporary sibling and swapped in
+(:func:`digiq.io.atomic_folder`), so a save cut short leaves the previous
+checkpoint whole, never its tokenizer beside new weights. ``config.json``
+records the SHA-256 of the weights and of the tokenizer's files
+(:data:`DIGESTS`); a load recomputes them and refuses, by name, a folder
+whose parts come from different saves (a tokenizer or weights copied in
+from another checkpoint). A checkpoint saved before digests were kept has
+none and is loaded unchecked: the outputs DVC tracks from earlier runs
+stay loadable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import typing
 from collections.abc import Callable
@@ -18,26 +26,93 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from digiq.config import fits_type, type_name  # the params file's type rule: a checkpoint's config is held to it too
-from digiq.io import atomic_path
+from digiq.io import atomic_folder, interrupted_swap_note, write_error
 
-__all__ = ["save_checkpoint", "read_config", "read_typed_config", "read_tokenizer", "read_meta", "load_weights",
-           "read_released_weights"]  # fmt: skip
+__all__ = ["save_checkpoint", "write_config", "part_digest", "check_part", "read_config", "read_typed_config",
+           "read_tokenizer", "read_meta", "load_weights", "read_released_weights", "DIGESTS", "WEIGHTS"]  # fmt: skip
 
 C = TypeVar("C")
 
+DIGESTS = "digests"  # config.json's key: {part of the folder: its SHA-256 at save (part_digest)}
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer"
+# Left out of a folder's digest: a released model's weights are gigabytes, which hashing at every load would
+# read once more; they are swapped in whole with the rest.
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
 
-def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any, **meta: object) -> Path:
-    """Write ``model``'s weights, then ``{kind: config, "meta": meta}`` as config.json."""
+
+def save_checkpoint(folder: Path | str, model: nn.Module, kind: str, config: Any, *,
+                    tokenizer: PreTrainedTokenizerBase | None = None, **meta: object) -> Path:  # fmt: skip
+    """Write ``model``'s weights, ``tokenizer`` (if any) into ``tokenizer/`` and ``{kind: config, "meta": meta}``
+    with their digests as config.json, all into a temporary folder swapped in for ``folder`` whole.
+
+    Whatever ``folder`` held before is replaced.
+    """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file(_untied_state(model), str(tmp), metadata={"format": "pt"})
-    with atomic_path(folder / "config.json") as tmp:
-        tmp.write_text(json.dumps({kind: asdict(config), "meta": meta}, indent=2))
+    try:
+        with atomic_folder(folder) as tmp:
+            digests = {}
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / TOKENIZER)
+                digests[TOKENIZER] = part_digest(tmp / TOKENIZER)
+            save_file(_untied_state(model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+            digests[WEIGHTS] = part_digest(tmp / WEIGHTS)
+            write_config(tmp, kind, config, meta, digests)
+    except OSError as e:
+        raise write_error(folder, e) from None
     return folder
+
+
+def write_config(folder: Path, kind: str, config: Any, meta: dict[str, object], digests: dict[str, str]) -> None:
+    """``{kind: config, "meta": meta, "digests": digests}`` as config.json of ``folder``, a checkpoint being built
+    in a temporary folder (:func:`digiq.io.atomic_folder`): swapped in whole, it needs no atomic write of its own."""
+    text = json.dumps({kind: asdict(config), "meta": meta, DIGESTS: digests}, indent=2)
+    (folder / "config.json").write_text(text, encoding="utf-8")
+
+
+def part_digest(path: Path) -> str:
+    """SHA-256 of a file, or of a folder's files (their relative names and digests, in sorted order) but weights."""
+    h = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.endswith(_WEIGHT_FILES)):
+        h.update(f"{file.relative_to(path).as_posix()}\0{part_digest(file)}\n".encode())
+    return h.hexdigest()
+
+
+def check_part(folder: Path | str, part: str, what: str) -> None:
+    """Refuse ``folder/part`` unless its digest is the one config.json recorded at save (none recorded: accepted).
+
+    Raises:
+        ValueError: ``what`` (the part, named), both digests and what to do.
+    """
+    folder = Path(folder)
+    want = _digests(folder).get(part)
+    if want is None:
+        return
+    got = part_digest(folder / part)
+    if got != want:
+        raise ValueError(f"{what}: {folder / 'config.json'} records SHA-256 {want[:16]}..., {folder / part} has "
+                         f"{got[:16]}...; copy the checkpoint whole, or rerun the stage that saved it")  # fmt: skip
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """The digests config.json recorded at save; none for a checkpoint saved before they were kept."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}  # read_config names a missing or corrupt config.json
+    digests = raw.get(DIGESTS, {}) if isinstance(raw, dict) else {}
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError(f"corrupt checkpoint config {folder / 'config.json'}: {DIGESTS} is {digests!r}, not a "
+                         "mapping of parts to SHA-256 digests")  # fmt: skip
+    return digests
 
 
 def _untied_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -65,15 +140,14 @@ def read_config(folder: Path | str, kind: str) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text())
     except OSError:
-        raise FileNotFoundError(
-            f"no {kind} checkpoint in {path.parent} (config.json missing); run its stage first"
-        ) from None
+        raise FileNotFoundError(f"no {kind} checkpoint in {path.parent} (config.json missing); run its stage first"
+                                f"{interrupted_swap_note(path)}") from None  # fmt: skip
     except json.JSONDecodeError as e:
         raise ValueError(f"corrupt checkpoint config {path}: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"corrupt checkpoint config {path}: a {type(raw).__name__}, not a mapping of sections")
     if kind not in raw:
-        raise ValueError(f"{path} is not a {kind} checkpoint (it holds {sorted(k for k in raw if k != 'meta')})")
+        raise ValueError(f"{path} is not a {kind} checkpoint (it holds {sorted(set(raw) - {'meta', DIGESTS})})")
     if not isinstance(raw[kind], dict):
         raise ValueError(f"corrupt checkpoint config {path}: {kind} is {raw[kind]!r}, not a mapping of keys")
     return raw[kind]
@@ -106,14 +180,16 @@ def read_typed_config(folder: Path | str, kind: str, cls: type[C]) -> C:
 
 
 def read_tokenizer(folder: Path | str) -> PreTrainedTokenizerFast:
-    """The tokenizer saved in a checkpoint's ``tokenizer/`` folder; a missing folder is named as such.
+    """The tokenizer saved in a checkpoint's ``tokenizer/`` folder; a missing folder is named as such, and so is one
+    that is not the tokenizer the checkpoint's weights were saved with (:func:`check_part`).
 
     Given a path that is not a folder, ``from_pretrained`` takes it for a Hub
     repository id and complains about its form instead.
     """
-    path = Path(folder) / "tokenizer"
+    path = Path(folder) / TOKENIZER
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {Path(folder)} has no tokenizer folder {path}; copy the checkpoint whole")
+    check_part(folder, TOKENIZER, f"checkpoint {folder}: its tokenizer is not the one its weights were saved with")
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 
@@ -123,8 +199,11 @@ def read_meta(folder: Path | str) -> dict[str, Any]:
 
 
 def load_weights(folder: Path | str, model: nn.Module) -> None:
-    """Load a checkpoint's weights into ``model``; a missing, truncated or mismatched file is named."""
-    path = Path(folder) / "model.safetensors"
+    """Load a checkpoint's weights into ``model``; a missing, truncated or mismatched file is named, and so is one
+    that is not the file the checkpoint's config was saved with (:func:`check_part`)."""
+    path = Path(folder) / WEIGHTS
+    if path.is_file():
+        check_part(folder, WEIGHTS, f"cannot load the weights {path}: they are not the ones saved with its config")
     try:
         load_model(model, str(path))
     except (SafetensorError, OSError, RuntimeError) as e:  # RuntimeError: names or shapes that do not match

@@ -556,9 +556,12 @@ class AutoUIPolicy(nn.Module):
     # ------------------------------------------------------------ checkpoints
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        """Weights, config, tokenizer and ``meta`` (e.g. step, stage): enough to rebuild the model anywhere."""
-        self.tokenizer.save_pretrained(Path(folder) / "tokenizer")
-        save_checkpoint(folder, self, "policy", self.cfg, **meta)
+        """Weights, config, tokenizer and ``meta`` (e.g. step, stage): enough to rebuild the model anywhere.
+
+        ``folder`` is replaced whole (:func:`~digiq.models.checkpoint.save_checkpoint`): a save cut short
+        leaves the previous checkpoint, never this tokenizer beside its weights.
+        """
+        save_checkpoint(folder, self, "policy", self.cfg, tokenizer=self.tokenizer, **meta)
 
     @classmethod
     def load(cls, folder: Path | str, device: str = "cpu", image_encoder_path: str | None = None) -> "AutoUIPolicy":

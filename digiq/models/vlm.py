@@ -13,8 +13,7 @@ VLM's recipe (:mod:`digiq.models.vlm_recipes`): ``tiny`` for the CPU model,
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,16 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from digiq.io import atomic_path
-from digiq.models.checkpoint import load_weights, read_tokenizer, read_typed_config, save_checkpoint
+from digiq.io import atomic_folder, write_error
+from digiq.models.checkpoint import (
+    check_part,
+    load_weights,
+    part_digest,
+    read_tokenizer,
+    read_typed_config,
+    save_checkpoint,
+    write_config,
+)
 from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, TINY_RECIPES, Recipe, TinyRecipe, recipe
 
 __all__ = [
@@ -47,6 +54,7 @@ __all__ = [
 ]
 
 ANSWERS = ("No", "Yes")
+HF = "hf"  # a released VLM's checkpoint: its llava-hf folder, beside our config.json
 
 
 @dataclass(frozen=True)
@@ -281,23 +289,32 @@ class ScreenVLM:
         return rep.float().cpu().numpy(), torch.softmax(logits.float(), -1)[:, 1].cpu().numpy()
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        """Our config.json beside the weights: the tiny VLM's own files, a released one's llava-hf folder ``hf/``."""
+        """Our config.json beside the weights: the tiny VLM's own files, a released one's llava-hf folder ``hf/``.
+
+        ``folder`` is replaced whole, as every checkpoint is
+        (:func:`~digiq.models.checkpoint.save_checkpoint`). ``hf/``'s digest
+        covers its tokenizer, processor and config, not its weights.
+        """
         folder = Path(folder)
         if not self.cfg.source:
-            self.processor.tokenizer.save_pretrained(folder / "tokenizer")
-            save_checkpoint(folder, self.model, "vlm", self.cfg, **meta)
+            save_checkpoint(folder, self.model, "vlm", self.cfg, tokenizer=self.processor.tokenizer, **meta)
             return
-        self.model.save_pretrained(folder / "hf")
-        self.processor.save_pretrained(folder / "hf")
-        with atomic_path(folder / "config.json") as tmp:  # last: a folder without it is no checkpoint
-            tmp.write_text(json.dumps({"vlm": asdict(self.cfg), "meta": meta}, indent=2))
+        try:
+            with atomic_folder(folder) as tmp:
+                self.model.save_pretrained(tmp / HF)
+                self.processor.save_pretrained(tmp / HF)
+                write_config(tmp, "vlm", self.cfg, meta, {HF: part_digest(tmp / HF)})
+        except OSError as e:
+            raise write_error(folder, e) from None
 
     @classmethod
     def load(cls, folder: Path | str) -> "ScreenVLM":
+        """A VLM :meth:`save` wrote; one whose parts were not saved together is refused, naming the part."""
         folder = Path(folder)
         cfg = read_typed_config(folder, "vlm", VLMConfig)
         if cfg.source:
-            released = cls.from_pretrained(folder / "hf", dtype="auto", recipe=cfg.recipe)  # as fine-tuned
+            check_part(folder, HF, f"checkpoint {folder}: its {HF}/ folder is not the one its config was saved with")
+            released = cls.from_pretrained(folder / HF, dtype="auto", recipe=cfg.recipe)  # as fine-tuned
             return cls(released.model, released.processor, cfg)
         vlm = cls.tiny(read_tokenizer(folder), cfg)
         load_weights(folder, vlm.model)
@@ -316,7 +333,7 @@ def recipe_for(name: str, checkpoint: str = "", image_size: int = VLMConfig.imag
 def saved_recipe(folder: Path | str) -> Recipe:
     """The recipe of the VLM saved in ``folder`` (by :meth:`ScreenVLM.save`), read without loading its weights."""
     cfg = read_typed_config(folder, "vlm", VLMConfig)
-    return recipe_for(cfg.recipe, str(Path(folder) / "hf") if cfg.source else "", cfg.image_size)
+    return recipe_for(cfg.recipe, str(Path(folder) / HF) if cfg.source else "", cfg.image_size)
 
 
 def _tower_size(ip: CLIPImageProcessorPil) -> int:

@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from digiq.io import atomic_write_text
+
 __all__ = ["HOME", "DeviceContext", "ScreenRecord"]
 
 HOME = "home"  # the app name of the home screen itself
@@ -50,7 +52,7 @@ class DeviceContext:
     def save(self, path: Path) -> None:
         doc = {"depth": self.depth, "taps": self.taps,
                "apps": {app: [asdict(s) for s in screens] for app, screens in self.apps.items()}}  # fmt: skip
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> DeviceContext:

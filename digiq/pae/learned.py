@@ -28,7 +28,8 @@ import torch
 
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import ActionType, parse_action
-from digiq.io import atomic_path
+from digiq.io import atomic_write_text
+from digiq.models.checkpoint import part_digest
 from digiq.models.vlm import ScreenVLM, trainable
 from digiq.progress import progress
 
@@ -36,6 +37,7 @@ __all__ = ["Example", "LearnedEvaluator", "OTHER_FAMILY", "SAME_FAMILY", "action
            "fit_evaluator", "question", "side_by_side", "stored_examples"]  # fmt: skip
 
 OTHER_FAMILY, SAME_FAMILY = "other family", "same family"  # the two swapped-task questions asked of each Yes
+VLM_DIGEST = "vlm_config_sha256"  # evaluator.json's key: the VLM its threshold was chosen for
 
 
 def action_words(action: str) -> str:
@@ -199,15 +201,27 @@ class LearnedEvaluator:
         return bool(self.probabilities([task], [screens], [action])[0] >= self.threshold)
 
     def save(self, folder: Path, **meta: object) -> None:
-        """The VLM in ``vlm/`` and the threshold (with ``meta``) in ``evaluator.json``, written last."""
+        """The VLM in ``vlm/`` and the threshold (with ``meta``) in ``evaluator.json``, written last.
+
+        The folder holds more (the stage's threshold episodes), so it is not
+        replaced whole; ``evaluator.json`` records the digest of the VLM's
+        config.json (which records the VLM's own digests), and a load refuses
+        a threshold beside a VLM it was not chosen for (a save cut between the two).
+        """
         self.vlm.save(folder / "vlm", stage="pae_evaluator")
-        with atomic_path(folder / "evaluator.json") as tmp:
-            tmp.write_text(json.dumps({"threshold": self.threshold, **meta}, indent=1))
+        doc = {"threshold": self.threshold, VLM_DIGEST: part_digest(folder / "vlm" / "config.json"), **meta}
+        atomic_write_text(folder / "evaluator.json", json.dumps(doc, indent=1))
 
     @classmethod
     def load(cls, folder: Path) -> LearnedEvaluator:
-        """Raises: ValueError naming the folder when it holds no saved evaluator."""
+        """Raises: ValueError naming the folder when it holds no saved evaluator, or a VLM its threshold is not for."""
         meta = folder / "evaluator.json"
         if not meta.is_file():
             raise ValueError(f"{folder} holds no learned evaluator (no evaluator.json): run the pae stage first")
-        return cls(ScreenVLM.load(folder / "vlm"), float(json.loads(meta.read_text())["threshold"]))
+        doc = json.loads(meta.read_text())
+        vlm = ScreenVLM.load(folder / "vlm")
+        want = doc.get(VLM_DIGEST)  # none in an evaluator saved before it was recorded
+        if want is not None and want != part_digest(folder / "vlm" / "config.json"):
+            raise ValueError(f"{meta}: its threshold was chosen for another VLM than {folder / 'vlm'} (the digest "
+                             "of its config.json differs); rerun the pae stage")  # fmt: skip
+        return cls(vlm, float(doc["threshold"]))

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from digiq.io import atomic_write_text
+
 __all__ = ["SOURCES", "TASK_SETS", "Proposal", "Slot", "read_proposals", "write_proposals"]
 
 SOURCES = ("screen", "lexicon", "llm")
@@ -56,9 +58,7 @@ class Proposal:
 
 def write_proposals(path: Path, proposals: Sequence[Proposal]) -> None:
     """One JSON object per line, in order; written whole or not at all."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in proposals), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in proposals))
 
 
 def read_proposals(path: Path) -> list[Proposal]:

@@ -7,8 +7,10 @@ only a limited number of tasks is demonstrated.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import shutil
 import string
 from collections import Counter
 from dataclasses import replace
@@ -24,6 +26,7 @@ from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS
+from digiq.io import clear_leftovers
 from digiq.models.blip2 import Blip2ImageFeatures
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
@@ -89,21 +92,26 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
     ``split_seed`` is the task lists' (``tasks.split_seed``): the tokenizer's
     corpus is drawn from the same train entities.
     """
+    if parallel.is_main():  # under the stage's lock: what runs cut short left beside the checkpoint is theirs
+        clear_leftovers(paths.base_policy)
     if cfg.checkpoint:
         return _load_released(cfg, paths)
     metrics: dict[str, Any] = {}
     with timed(metrics):
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
         store = TrajectoryStore(paths.demos)
-        tokenizer_dir = paths.base_policy / "tokenizer"
+        # The new tokenizer waits beside the checkpoint, where every process reads it, until the checkpoint is
+        # saved whole with it (AutoUIPolicy.save): a run cut short leaves the previous checkpoint as it was.
+        pid = parallel.broadcast(os.getpid())  # the main process's: one run's processes share the folder
+        staged = paths.base_policy.with_name(f".{paths.base_policy.name}.tmp-tokenizer-{pid}")
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
             rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=Dynamics.of(env),
                     width=env.width, store=store, desc="demonstrations", screen_text=cfg.screen_text)  # fmt: skip
             # The tokenizer learns from train-split text only: test entities stay unseen.
             corpus = default_corpus(seed=cfg.seed, split_seed=split_seed) + [t.instruction for t in tasks]
-            train_tokenizer(corpus, cfg.vocab_size).save_pretrained(tokenizer_dir)
+            train_tokenizer(corpus, cfg.vocab_size).save_pretrained(staged)
         parallel.barrier()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(staged)
         torch.manual_seed(cfg.seed)  # every process starts from the same weights
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {
             "image_encoder": "blip2", "image_encoder_path": cfg.blip2,
@@ -120,6 +128,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
                            seed=cfg.seed, desc="SFT base policy")  # fmt: skip
         if parallel.is_main():
             model.save(paths.base_policy, stage="base_policy", steps=len(curve), demo_tasks=cfg.demo_tasks)
+            shutil.rmtree(staged)
     demos = (
         store.read().group_by("traj_id").aggregate([("trajectory_reward", "max")])["trajectory_reward_max"].to_pylist()
     )

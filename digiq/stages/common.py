@@ -23,7 +23,16 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
-from digiq.io import StageError, atomic_path, atomic_write_text, require, swap_in, text_lines  # noqa: E402
+from digiq.io import (  # noqa: E402
+    StageError,
+    atomic_folder,
+    atomic_path,
+    atomic_write_text,
+    clear_leftovers,
+    require,
+    swap_in,
+    text_lines,
+)
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
@@ -107,8 +116,8 @@ def written_whole(paths: Paths, folder: str) -> Iterator[Paths]:
     final = getattr(paths, folder)
     partial = final.with_name(f".{final.name}.partial-{parallel.broadcast(os.getpid())}")
     if parallel.is_main():
-        # A dead run's folder, and the old output swap_in had moved aside when its run died.
-        for left in [*final.parent.glob(f".{final.name}.partial*"), *final.parent.glob(f".{final.name}.old-*")]:
+        clear_leftovers(final)  # the output a swap cut short had moved aside, put back; temporary folders removed
+        for left in final.parent.glob(f".{final.name}.partial*"):  # a dead run's folder
             shutil.rmtree(left, ignore_errors=True)
         partial.mkdir(parents=True)
     parallel.barrier()
@@ -137,24 +146,26 @@ def log_curves(folder: Path, curves: dict[str, list[float]]) -> None:
     """Each curve step by step, as dvclive logs a training run: ``folder/plots/metrics/<name>.tsv``.
 
     ``dvc plots diff`` then draws two commits' or experiments' curves over
-    each other. The folder is replaced whole, so no curve of an earlier run
-    with other rows is left in it.
+    each other. The folder is written into a temporary one swapped in whole
+    (:func:`digiq.io.atomic_folder`), so no curve of an earlier run with
+    other rows is left in it, and a run cut short leaves the earlier curves.
     """
     from dvclive import Live  # imported here: dvclive loads DVC's machinery, which only the stages need
     from scmrepo.exceptions import SCMError
 
-    shutil.rmtree(folder, ignore_errors=True)
-    try:
-        live = Live(dir=str(folder), save_dvc_exp=False, dvcyaml=False, report=None)
-    except SCMError as e:  # dvclive reads the commit it logs against
-        raise StageError(f"cannot log curves to {folder}: {e}; commit once (git commit) before running a stage") from e
-    with live:
-        for step in range(max(map(len, curves.values()), default=0)):
-            live.step = step
-            for name, ys in curves.items():
-                if step < len(ys):
-                    live.log_metric(re.sub(r"\W+", "_", name).strip("_"), float(ys[step]))
-    (folder / "metrics.json").unlink(missing_ok=True)  # the last values only; stage metrics live in metrics/
+    with atomic_folder(folder) as tmp:
+        try:
+            live = Live(dir=str(tmp), save_dvc_exp=False, dvcyaml=False, report=None)
+        except SCMError as e:  # dvclive reads the commit it logs against
+            raise StageError(f"cannot log curves to {folder}: {e}; commit once (git commit) before running a "
+                             "stage") from e  # fmt: skip
+        with live:
+            for step in range(max(map(len, curves.values()), default=0)):
+                live.step = step
+                for name, ys in curves.items():
+                    if step < len(ys):
+                        live.log_metric(re.sub(r"\W+", "_", name).strip("_"), float(ys[step]))
+        (tmp / "metrics.json").unlink(missing_ok=True)  # the last values only; stage metrics live in metrics/
 
 
 SHARED_PANEL = 4  # the most curves one panel holds; more are drawn as small multiples, one curve a panel

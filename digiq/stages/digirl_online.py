@@ -62,7 +62,7 @@ from digiq.config import (
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
-from digiq.io import require, swap_in
+from digiq.io import atomic_write_text, require, swap_in
 from digiq.models.agents import ModelPolicy
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
@@ -254,7 +254,7 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
         truth: dict[str, Any] = {}
         if practice is not None:  # what the device's own check says, beside the verdicts: for reports only
             truth = ground_truth_counts(ran, tasks)
-            (store.root / GROUND_TRUTH_FILE).write_text(json.dumps(truth["episodes"]) + "\n")
+            atomic_write_text(store.root / GROUND_TRUTH_FILE, json.dumps(truth["episodes"]) + "\n")
             kept = pae_picks(steps, round_seed).states
             stats: dict[str, Any] = {"kept_steps": len(kept), "buffer_episodes": int(steps.episode.nunique())}
         elif job.row == "filtered_bc_online":
@@ -325,7 +325,7 @@ def _save_round(run: Path, policy: AutoUIPolicy, values: DigiRLValues | None, st
                 rounds=round_ + 1)  # fmt: skip
     if values is not None:
         values.save(partial)
-    (partial / "state.json").write_text(json.dumps(state, indent=1))
+    atomic_write_text(partial / "state.json", json.dumps(state, indent=1))
     swap_in(partial, run / "latest")
     for left in run.glob(".latest.old-*"):  # a state a kill left mid-swap, now superseded
         shutil.rmtree(left, ignore_errors=True)

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
 from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_section
@@ -36,6 +35,7 @@ from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, atomic_write_text, require
+from digiq.models.checkpoint import read_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
@@ -106,7 +106,7 @@ def run_vlm_pretrain(cfg: VLMPretrainConfig, finetune: VLMFinetuneConfig, env: E
     require("vlm_pretrain", paths.base_policy / "tokenizer")
     with timed(metrics):
         # From the initialisation ScreenVLM.fresh() rebuilds, which the blind ablation fine-tunes instead.
-        vlm = ScreenVLM.tiny(PreTrainedTokenizerFast.from_pretrained(paths.base_policy / "tokenizer"),
+        vlm = ScreenVLM.tiny(read_tokenizer(paths.base_policy),
                              VLMConfig(image_size=cfg.image_size, hidden=cfg.hidden, recipe=finetune.recipe),
                              seed=0)  # fmt: skip
         vlm.model.to(parallel.device())  # a GPU when there is one
