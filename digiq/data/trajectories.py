@@ -22,17 +22,26 @@ A store without a manifest (written before manifests, or assembled by hand)
 is read under its page checksums alone, and gets one on its next write.
 Every path a store holds (``image_path``, ``next_image_path``) is relative to
 its folder and must resolve inside it (:meth:`TrajectoryStore.path`).
+
+A stage that collects a store as its output fills it beside its place and
+swaps it in whole at the end (:func:`store_made_whole`): a kill leaves the
+previous output as it was, and the next run with the same settings resumes
+the unfinished store, one with other settings starts it anew. The settings
+are kept with the store (``made_with.json``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
+import shutil
 import typing
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path, PurePath
 
@@ -42,13 +51,14 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from digiq.env.tasks import TASK_SETS
-from digiq.io import atomic_path, atomic_write_text, require
+from digiq.io import atomic_path, atomic_write_text, require, swap_in
 
 __all__ = [
     "Step",
     "STEP_SCHEMA",
     "DataError",
     "TrajectoryStore",
+    "store_made_whole",
     "mc_returns",
     "observation_text",
     "split_trajectories",
@@ -91,6 +101,8 @@ _HINTS = typing.get_type_hints(Step)
 STEP_SCHEMA = pa.schema([(f.name, _ARROW[_HINTS[f.name]]) for f in fields(Step)])
 _PART = re.compile(r"^steps-(\d{5})\.parquet$")
 MANIFEST = "manifest.json"  # in a store's folder: what its parts held when they were written
+MADE_WITH = "made_with.json"  # in a store a stage collects: the settings it was collected with
+FAULTS = "faults.jsonl"  # a store's fault log: appended to, so never shared between two folders
 
 
 def write_parquet(table: pa.Table, where: Path | pa.NativeFile) -> None:
@@ -368,6 +380,60 @@ class TrajectoryStore:
                             f"pixels, but {self.root / rels[like]} and {count - 1} other(s) read with it are "
                             f"{usual[1]}x{usual[0]}")  # fmt: skip
         return np.stack(images)
+
+
+def _settings(made_with: Mapping[str, typing.Any]) -> dict[str, typing.Any]:
+    """``made_with`` as it reads back from JSON, so a record on disk and settings in hand compare equal."""
+    return json.loads(json.dumps(made_with, sort_keys=True, default=str))
+
+
+def _made_with(folder: Path) -> dict[str, typing.Any] | None:
+    """The settings recorded in ``folder`` (``None``: no record, or one that does not read)."""
+    try:
+        return json.loads((folder / MADE_WITH).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def store_made_whole(root: Path, made_with: Mapping[str, typing.Any]) -> Iterator[TrajectoryStore]:
+    """A store for a stage to collect at ``root``, filled beside it and swapped in whole when the block ends.
+
+    The store is built in ``.<name>.partial`` beside ``root`` with
+    ``made_with`` (the settings that decide what is collected: params
+    groups, the task lists, the collecting policy's digests) recorded in it.
+    A run killed half way leaves ``root`` as it was, never a mix of two
+    runs; the next run with the same settings resumes the partial store
+    after its last finished part, and one with other settings starts it
+    anew. A finished output made with the same settings is taken up again
+    (hard links; the fault log copied), so a rerun has nothing left to do.
+    """
+    record = _settings(made_with)
+    partial = root.with_name(f".{root.name}.partial")
+    if partial.exists() and _made_with(partial) != record:
+        shutil.rmtree(partial)  # another run's settings: nothing of it may enter this output
+    if not partial.exists() and root.is_dir() and _made_with(root) == record:
+        _link_tree(root, partial)
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(partial / MADE_WITH, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    yield TrajectoryStore(partial)
+    swap_in(partial, root)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``src`` copied to ``dst`` as hard links (files are replaced, never written in place), the fault log, which
+    is appended to, as a copy; through a temporary name, so a kill leaves no half copy."""
+    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    def link(a: str, b: str) -> None:
+        if Path(a).name == FAULTS:
+            shutil.copy2(a, b)
+        else:
+            os.link(a, b)
+
+    shutil.copytree(src, tmp, copy_function=link)
+    os.replace(tmp, dst)
 
 
 def step_ids(table: pa.Table) -> np.ndarray:

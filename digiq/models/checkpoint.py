@@ -31,8 +31,8 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from digiq.config import fits_type, type_name  # the params file's type rule: a checkpoint's config is held to it too
 from digiq.io import atomic_folder, interrupted_swap_note, write_error
 
-__all__ = ["save_checkpoint", "write_config", "part_digest", "check_part", "read_config", "read_typed_config",
-           "read_tokenizer", "read_meta", "load_weights", "read_released_weights", "DIGESTS", "WEIGHTS"]  # fmt: skip
+__all__ = ["save_checkpoint", "write_config", "part_digest", "checkpoint_digest", "check_part", "read_config",
+           "read_typed_config", "read_tokenizer", "read_meta", "load_weights", "read_released_weights", "DIGESTS", "WEIGHTS"]  # fmt: skip
 
 C = TypeVar("C")
 
@@ -84,6 +84,14 @@ def part_digest(path: Path) -> str:
     for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.endswith(_WEIGHT_FILES)):
         h.update(f"{file.relative_to(path).as_posix()}\0{part_digest(file)}\n".encode())
     return h.hexdigest()
+
+
+def checkpoint_digest(folder: Path | str) -> str:
+    """One SHA-256 for a whole checkpoint: its config.json, which records its parts' digests, and its weights too
+    when it records none (a checkpoint saved before digests were kept). What a store made by it records."""
+    folder = Path(folder)
+    parts = [folder / "config.json"] + ([] if _digests(folder) else [folder / WEIGHTS])
+    return hashlib.sha256("".join(part_digest(p) for p in parts if p.exists()).encode()).hexdigest()
 
 
 def check_part(folder: Path | str, part: str, what: str) -> None:

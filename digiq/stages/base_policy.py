@@ -13,7 +13,7 @@ import re
 import shutil
 import string
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
 from digiq.config import BasePolicyConfig, EnvConfig, TasksConfig, load_section
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS
@@ -33,7 +33,7 @@ from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, tasks_digest, timed, write_metrics
 
 __all__ = ["run", "run_base_policy", "randomize_copied_words"]
 
@@ -99,18 +99,22 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
     metrics: dict[str, Any] = {}
     with timed(metrics):
         tasks = [t for ts in TASK_SETS for t in read_tasks(paths, ts, "train", cfg.demo_tasks, "base_policy")]
-        store = TrajectoryStore(paths.demos)
         # The new tokenizer waits beside the checkpoint, where every process reads it, until the checkpoint is
         # saved whole with it (AutoUIPolicy.save): a run cut short leaves the previous checkpoint as it was.
         pid = parallel.broadcast(os.getpid())  # the main process's: one run's processes share the folder
         staged = paths.base_policy.with_name(f".{paths.base_policy.name}.tmp-tokenizer-{pid}")
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
-            rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed, dynamics=Dynamics.of(env),
-                    width=env.width, store=store, desc="demonstrations", screen_text=cfg.screen_text)  # fmt: skip
+            made_with = {"stage": "base_policy", "base_policy": asdict(cfg), "env": asdict(env),
+                         "tasks": tasks_digest(tasks)}  # fmt: skip
+            with store_made_whole(paths.demos, made_with) as filling:
+                rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed,
+                        dynamics=Dynamics.of(env), width=env.width, store=filling, desc="demonstrations",
+                        screen_text=cfg.screen_text)  # fmt: skip
             # The tokenizer learns from train-split text only: test entities stay unseen.
             corpus = default_corpus(seed=cfg.seed, split_seed=split_seed) + [t.instruction for t in tasks]
             train_tokenizer(corpus, cfg.vocab_size).save_pretrained(staged)
         parallel.barrier()
+        store = TrajectoryStore(paths.demos)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(staged)
         torch.manual_seed(cfg.seed)  # every process starts from the same weights
         image = {"image_dim": cfg.d_model} if not cfg.blip2 else {

@@ -7,22 +7,23 @@ devices' seeds.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
 from digiq.config import CollectConfig, ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, require
 from digiq.models.agents import ModelPolicy
-from digiq.models.checkpoint import read_meta
+from digiq.models.checkpoint import checkpoint_digest, read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import device_pool, rollout, success_by
-from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, read_tasks, tasks_digest, timed, write_metrics
 
 __all__ = ["run", "run_collect", "episode_tasks"]
 
@@ -72,13 +73,19 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         model = AutoUIPolicy.load(paths.base_policy)
         first = _first_tasks(cfg, paths)
         tasks = [t for ts in TASK_SETS for t in episode_tasks(cfg, ts, _rollout_tasks(cfg, paths, ts, first[ts]))]
-        store = TrajectoryStore(paths.offline)
-        with device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, len(tasks)), compute) as make_env:
+        # What decides the episodes: a run with other settings, or another base policy, starts the store anew.
+        made_with = {"stage": "collect", "collect": asdict(cfg), "env": asdict(env), "tasks": tasks_digest(tasks),
+                     "devices": devices.backend, "judge": asdict(judge or JudgeConfig()),
+                     "policy": checkpoint_digest(paths.base_policy)}  # fmt: skip
+        with (
+            store_made_whole(paths.offline, made_with) as store,
+            device_pool(devices, env, judge or JudgeConfig(), min(cfg.n_envs, len(tasks)), compute) as make_env,
+        ):
             ran = rollout(ModelPolicy(model, cfg.temperature), tasks, n_envs=cfg.n_envs, seed=cfg.seed,
-                    dynamics=Dynamics.of(env), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
-                    env_factory=make_env, screen_text=model.cfg.screen_text,
-                    hierarchies=cfg.view_hierarchy)  # fmt: skip
-    table = store.read()
+                          dynamics=Dynamics.of(env), width=env.width, gamma=cfg.gamma, store=store, desc="collect",
+                          env_factory=make_env, screen_text=model.cfg.screen_text,
+                          hierarchies=cfg.view_hierarchy)  # fmt: skip
+    table = TrajectoryStore(paths.offline).read()
     # From the stored data, not this run's results: a resumed collection counts every trajectory. An episode
     # given up after device faults is not stored (a rerun tries it again) and counts as a failure here.
     episodes = table.to_pandas().groupby("traj_id").first()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import inspect
 import json
 import os
@@ -37,7 +38,7 @@ from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
 __all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
-           "one_run_at_a_time", "online_curves_figure", "save_figure"]  # fmt: skip
+           "one_run_at_a_time", "online_curves_figure", "save_figure", "tasks_digest"]  # fmt: skip
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -66,6 +67,11 @@ def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, st
 
 
 Entry = TypeVar("Entry", bound=Callable[..., Any])  # a stage's entry function
+
+
+def tasks_digest(tasks: list[Task]) -> str:
+    """One SHA-256 for a list of tasks in order (task set and instruction): what a store collected on them records."""
+    return hashlib.sha256("".join(f"{t.task_set}\t{t.instruction}\n" for t in tasks).encode()).hexdigest()
 
 
 def one_run_at_a_time(stage: str) -> Callable[[Entry], Entry]:
