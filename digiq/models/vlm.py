@@ -199,10 +199,15 @@ class ScreenVLM:
         the answer slot of a tiny VLM to little more than that answer (most
         of all one that was never pretrained, the blind ablation's); the
         pooled states keep what the model read of the screen and the task.
+
+        Only the answer slot's logits are read, so only they are computed
+        (``logits_to_keep=1``): the whole vocabulary at every other position
+        of a row would be work nobody reads. The hidden states come from the
+        same forward pass either way, so the representation keeps its bits.
         """
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
         if self.recipe.name == "original":
-            out = self.model(**inputs, use_cache=True)
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
             slot = out.logits[:, -1, self.answer_ids]
             answer = torch.tensor(self.answer_ids, device=slot.device)[slot.argmax(-1)]
             mask = torch.cat([inputs["attention_mask"], torch.ones_like(answer)[:, None]], 1)
@@ -210,7 +215,7 @@ class ScreenVLM:
                 input_ids=answer[:, None], attention_mask=mask, cache=out.cache, output_hidden_states=True
             )
             return slot, step.hidden_states[-1][:, -1]
-        out = self.model(**inputs, output_hidden_states=True)
+        out = self.model(**inputs, output_hidden_states=True, logits_to_keep=1)
         mask = inputs["attention_mask"][:, :, None].to(out.hidden_states[-1].dtype)
         pooled = torch.stack([(h * mask).sum(1) / mask.sum(1) for h in out.hidden_states]).mean(0)
         return out.logits[:, -1, self.answer_ids], torch.cat([out.hidden_states[-1][:, -1], pooled], -1)
@@ -222,15 +227,18 @@ class ScreenVLM:
         ``original``: LLaVA's training loss on the reply "Yes</s>" or "No</s>":
         next-token cross-entropy over the whole vocabulary, for the answer
         token and for the end token after it, averaged over those tokens.
+
+        Logits are computed at the positions the loss reads only, and the
+        tiny recipe's loss skips the representation, which it does not read.
         """
-        if isinstance(self.recipe, TinyRecipe):
-            logits, _ = self.answer_logits(images, prompts)
-            return F.cross_entropy(logits, labels.to(logits.device))
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
+        if isinstance(self.recipe, TinyRecipe):
+            logits = self.model(**inputs, logits_to_keep=1).logits[:, -1, self.answer_ids]
+            return F.cross_entropy(logits, labels.to(logits.device))
         answer = torch.tensor(self.answer_ids, device=self.model.device)[labels.to(self.model.device)]
         inputs["input_ids"] = torch.cat([inputs["input_ids"], answer[:, None]], 1)
         inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(answer)[:, None]], 1)
-        logits = self.model(**inputs).logits[:, -2:]  # predicting the answer, then the end token
+        logits = self.model(**inputs, logits_to_keep=2).logits  # predicting the answer, then the end token
         targets = torch.stack([answer, torch.full_like(answer, self.processor.tokenizer.eos_token_id)], 1)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
@@ -258,8 +266,9 @@ class ScreenVLM:
         instruction tuning train it: used by the pretraining stage.
         """
         inputs, answer, mask = self._with_answers(images, prompts, answers)
-        start = inputs["input_ids"].shape[1] - answer.shape[1] - 1  # the position that predicts the first answer token
-        logits = self.model(**inputs).logits[:, start : start + answer.shape[1]].float()
+        # Logits only where an answer token is predicted: from the prompt's last position to the answer's
+        # second last token (its last, the end token, predicts nothing).
+        logits = self.model(**inputs, logits_to_keep=answer.shape[1] + 1).logits[:, :-1].float()
         per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answer.reshape(-1), reduction="none")
         return (per_token * mask.reshape(-1)).sum() / mask.sum()
 
@@ -273,7 +282,8 @@ class ScreenVLM:
         for _ in range(max_tokens):
             ids = torch.cat([inputs["input_ids"], written], 1)
             mask = torch.cat([inputs["attention_mask"], torch.ones_like(written)], 1)
-            logits = self.model(input_ids=ids, attention_mask=mask, pixel_values=inputs["pixel_values"]).logits
+            logits = self.model(input_ids=ids, attention_mask=mask, pixel_values=inputs["pixel_values"],
+                                logits_to_keep=1).logits  # fmt: skip
             nxt = logits[:, -1].argmax(-1).masked_fill(done, tok.eos_token_id)
             written = torch.cat([written, nxt[:, None]], 1)
             done |= nxt == tok.eos_token_id
