@@ -16,12 +16,15 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
+# The tests run pinned as every stage does (digiq.kernels): what they compute in-process has a stage's bits.
+PINNED := $(BIN)/python -m digiq.kernels --params params.yaml
+
 test: venv
-	$(BIN)/python -m pytest -q
+	$(PINNED) $(BIN)/python -m pytest -q
 
 # While developing: every test but those marked slow (whole notebooks, DVC runs, several processes, a browser).
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PINNED) $(BIN)/python -m pytest -q -m "not slow"
 
 # dvc runs stage commands through the shell: put .venv first on PATH so `python` is ours.
 repro: venv

@@ -41,6 +41,7 @@ from typing import Any
 from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.env.adb_env import DeviceFault
 from digiq.env.gym_env import PhoneEnv
+from digiq.kernels import pinned_environ
 
 __all__ = [
     "DEVICES", "ClusterError", "connect", "live_nodes", "own_error", "device_nodes", "DeviceHost", "RemoteEnv",
@@ -79,7 +80,9 @@ def connect(compute: ComputeConfig) -> None:
                                f"{HINT}") from None  # fmt: skip
     try:
         # Workers' output stays in the cluster's logs: a notebook shows the stage's own output only.
-        ray.init(address=compute.address, log_to_driver=False, logging_level=logging.WARNING)
+        # Jobs start pinned (digiq.kernels) with job_cpus threads, as the cluster's nodes are set up or not.
+        env = {"env_vars": pinned_environ(compute.job_cpus)} if compute.pinned_kernels else None
+        ray.init(address=compute.address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=env)
     except ConnectionError as e:
         raise ClusterError(
             f"compute.backend ray: no Ray cluster at address {compute.address!r} ({e}); {HINT}"

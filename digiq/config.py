@@ -667,6 +667,18 @@ class ComputeConfig:
     retries: int = _knob(
         3, help="ray backend: times a job lost with its node or worker process starts again", at_least=0, at_most=100
     )
+    pinned_kernels: bool = _knob(
+        True,
+        help="every stage process runs torch's, MKL's and oneDNN's AVX2 kernels with a fixed number of threads, so a "
+        "run gives the same bits on any x86-64 machine with AVX2 (digiq.kernels; false: each machine's own)",
+    )
+    threads: int = _knob(
+        2,
+        help="pinned kernels: torch threads of a stage's own process (the notebook's kernel); workers run one each, "
+        "Ray jobs job_cpus",
+        at_least=1,
+        at_most=1024,
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in COMPUTE_BACKENDS:

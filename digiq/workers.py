@@ -35,6 +35,7 @@ import torch
 
 from digiq.cluster import ClusterError, connect, live_nodes, own_error
 from digiq.config import ComputeConfig
+from digiq.kernels import pinned_children
 
 __all__ = [
     "IN_PROCESS", "map_jobs", "job_slots", "process_cached", "forget_earlier_calls", "threads_per_worker",
@@ -111,6 +112,7 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
     in the order they finish: a caller writes what is done before a later
     job can fail.
 
+    With ``compute.pinned_kernels`` each worker starts pinned (:mod:`digiq.kernels`) with one torch thread.
     Processes are spawned, not forked: a fork copies torch's thread pools in
     whatever state they are, and a notebook kernel's too.
     """
@@ -136,8 +138,9 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], compute: ComputeConfig,
     results: dict[int, R] = {}
     waiting = list(range(len(jobs)))
     running: dict[Future[R], int] = {}
-    with ProcessPoolExecutor(n, mp_context=context, initializer=_start_worker,
-                             initargs=(threads_per_worker(n),)) as pool:  # fmt: skip
+    threads = 1 if compute.pinned_kernels else threads_per_worker(n)  # pinned: the same on every machine
+    with pinned_children(compute, threads), ProcessPoolExecutor(n, mp_context=context, initializer=_start_worker,
+                                                                initargs=(threads,)) as pool:  # fmt: skip
         while waiting or running:
             ready = [i for i in waiting if before[i] is None or before[i] in results]
             for i in ready[: n - len(running)]:

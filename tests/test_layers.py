@@ -22,6 +22,7 @@ LAYERS = (
         "stats",
         "endpoint",
         "redaction",
+        "kernels",
     },
     {"env"},  # the simulated and real devices, tasks, actions
     {"data", "judge"},  # stored trajectories, candidates, features; the VLM judge of a real episode

@@ -173,7 +173,7 @@ def test_a_stage_is_added_in_dvc_yaml_its_module_and_its_knobs(tmp_path):
 
     run(sys.executable, "-m", "dvc", "repro", "task_words")
     words = json.loads((repo / "metrics" / "task_words.json").read_text())
-    assert set(words) == {"general", "webshop", "wall_time_s"} and 0 < words["general"] <= 5
+    assert set(words) == {"general", "webshop", "wall_time_s", "cpu_kernels"} and 0 < words["general"] <= 5
     assert "task_words.py" in (repo / "fingerprints" / "task_words.json").read_text()
     derived = json.loads(run(sys.executable, "-c", (
         "import json; from digiq import pipeline, report; from digiq.paths import Paths; "

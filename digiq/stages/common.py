@@ -34,6 +34,7 @@ from digiq.io import (  # noqa: E402
     swap_in,
     text_lines,
 )
+from digiq.kernels import in_use  # noqa: E402
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 
@@ -142,10 +143,13 @@ def write_metrics(paths: Paths, stage: str, metrics: dict[str, Any]) -> Path:
 
 @contextmanager
 def timed(metrics: dict[str, Any], key: str = "wall_time_s") -> Iterator[None]:
-    """Record the block's wall time as ``metrics[key]``."""
+    """Record the block's wall time as ``metrics[key]``; a stage's own (``wall_time_s``) with the CPU kernels it ran
+    (:func:`digiq.kernels.in_use`), which decide its bits."""
     t0 = time.perf_counter()
     yield
     metrics[key] = round(time.perf_counter() - t0, 2)
+    if key == "wall_time_s":
+        metrics["cpu_kernels"] = in_use()
 
 
 def log_curves(folder: Path, curves: dict[str, list[float]]) -> None:

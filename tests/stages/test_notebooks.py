@@ -240,6 +240,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
             timing = "eval_timing" if stage.name == "eval" else stage.name
             m = json.loads((workspace / "metrics" / f"{timing}.json").read_text())
             assert m["wall_time_s"] >= 0, stage.name
+            # This test's kernels start as the environment is; each stage ran in a pinned process all the same.
+            assert m["cpu_kernels"].endswith(", pinned"), (stage.name, m["cpu_kernels"])
     base = json.loads((workspace / "metrics" / "base_policy.json").read_text())
     assert base["demo_episodes"] == sum(base["demo_episodes_by_family"].values()) == 16  # 8 per task set
     collect = json.loads((workspace / "metrics" / "collect.json").read_text())
