@@ -15,8 +15,7 @@ shapes (``params.yaml``, ``params/``, the defaults of ``digiq/config.py``):
   rows (released Digi-Q's Adam, clipped, constant rate);
 - 01 collect (09 and 11 roll out alike), 12 eval: ``AutoUIPolicy.sample``,
   one action per state, ``collect.n_envs`` and ``eval.n_envs`` states a call,
-  screenshots resampled as a rollout does; 02 augment:
-  :func:`~digiq.stages.augment_actions.sample_candidates` of
+  screenshots resampled as a rollout does; 02 augment: ``AutoUIPolicy.sample`` of
   ``augment.batch_states`` states, ``augment.n_candidates - 1`` each (the
   redraws of invalid candidates left out: a freshly initialised policy
   writes few valid ones, and a redraw is the same decoding);
@@ -30,8 +29,8 @@ shapes (``params.yaml``, ``params/``, the defaults of ``digiq/config.py``):
   row (``critic``'s width and batch, the text features' widths) and of
   ``variants.digiq_hierarchy`` (its CQL term and wider candidates);
   07 actor and 08 diagnostics: ``Critic.advantage`` of every candidate;
-  08's expert rankers: an epoch of :func:`~digiq.diagnostics.probes.expert_probe_half`,
-  the MLP and the linear one.
+  08's expert rankers: an epoch of each half's fit in
+  :func:`~digiq.diagnostics.probes.expert_probe`, the MLP and the linear one.
 
 The models are freshly initialised (their weights do not change the work,
 but an untrained policy writes every action to ``max_action_tokens``, where
@@ -98,7 +97,7 @@ from digiq.config import (
     load_section,
     load_variants,
 )
-from digiq.diagnostics.probes import expert_probe_half
+from digiq.diagnostics.probes import expert_probe
 from digiq.env.actions import format_action
 from digiq.kernels import PINNED_ISA, in_use, pinned_environ
 from digiq.models.critic import Critic, CriticNetConfig
@@ -108,7 +107,6 @@ from digiq.models.policy_fit import FitRow, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig, trainable
 from digiq.noise import noise_key
-from digiq.stages.augment_actions import sample_candidates
 
 N_STATES = 2048  # stored states of the critics' and rankers' features
 N_CANDIDATES_DISTINCT = 8  # each state's candidates drawn among this many (stage 02's: about 7.4 distinct of 16)
@@ -183,8 +181,8 @@ def sampling(stage: str) -> Callable[[Context], Callable[[], object]]:
             cfg = dataclasses.replace(ctx.cfg["augment"], max_resample=0)
             n = cfg.batch_states
             keys = [noise_key(cfg.seed, i) for i in range(n)]
-            return lambda: sample_candidates(policy, d["prompts"][:n], policy.screen.prepare(d["shots"][:n]), keys,
-                                             cfg)[0]  # fmt: skip
+            return lambda: policy.sample(d["prompts"][:n], policy.screen.prepare(d["shots"][:n]),
+                                         n=cfg.n_candidates - 1, temperature=cfg.temperature, noise=keys)  # fmt: skip
         cfg = ctx.cfg[stage]
         n = cfg.n_envs
         keys = [noise_key(cfg.seed, i) for i in range(n)]
@@ -267,8 +265,8 @@ def ranker(hidden: int | None) -> Callable[[Context], Callable[[], object]]:
 
     def build(ctx: Context) -> Callable[[], object]:
         f, d = ctx.data["feats"], ctx.data
-        return lambda: expert_probe_half(f["state"], f["candidates"], d["right"], d["valid"], d["episodes"], half=0,
-                                         seed=0, hidden=hidden, epochs=1)  # fmt: skip
+        return lambda: expert_probe(f["state"], f["candidates"], d["right"], d["valid"], d["episodes"], seed=0,
+                                    hidden=hidden, epochs=1)  # fmt: skip
 
     return build
 
