@@ -191,14 +191,16 @@ def test_logits_are_computed_at_the_read_positions_only(vlm):
     assert seen == [(5, 1), *answer_step, (5, read)]
 
 
-def test_stage_05_representations_and_p_yes_keep_their_bits(vlm):
+def test_stage_05_representations_keep_their_bits_and_p_yes_its_value(vlm):
     for seed, n in enumerate(BATCHES):
         images, prompts, _ = batch(vlm, n, seed)
         rep, p_yes = vlm.embed(images, prompts)
         with torch.no_grad():
             logits, want = whole_vocabulary_answer_logits(vlm, images, prompts)
         assert np.array_equal(rep, want.float().numpy())
-        assert np.array_equal(p_yes, torch.softmax(logits.float(), -1)[:, 1].numpy())
+        # The head's product over one position or over all of them: its last bit may differ with the GEMM's shape
+        # (seen under AVX2 kernels), so P(Yes) is equal to float rounding, the representation bit for bit.
+        np.testing.assert_allclose(p_yes, torch.softmax(logits.float(), -1)[:, 1].numpy(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("last_layers", [0, 1])  # every weight (the head included), and the pipeline's setting
