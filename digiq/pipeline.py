@@ -60,6 +60,13 @@ class Stage:
         return None if self.notebook is None else int(Path(self.notebook).name.split("_")[0])
 
     @property
+    def module(self) -> str | None:
+        """The stage module a stage without a notebook runs (``python -m digiq.stages.critic_inputs``, through the
+        pinned-kernels wrapper as every stage): ``"critic_inputs"``; None for any other command."""
+        own = f"python -m digiq.stages.{self.name}"
+        return self.name if self.cmd in (own, f"python -m digiq.kernels {own}") else None
+
+    @property
     def data(self) -> tuple[str, ...]:
         """What it writes for other stages: its outputs without its executed notebook."""
         return tuple(o for o in self.outs if not o.startswith("docs/"))

@@ -31,7 +31,8 @@ def _through_wrapper(tmp_path: Path, pinned: bool) -> dict:
     params = yaml.safe_load((ROOT / "params" / "compute.yaml").read_text())
     params["compute"].update({"pinned_kernels": pinned, "threads": 1})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**os.environ, **ADVERTISED, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    outside = {k: v for k, v in os.environ.items() if k not in pinned_environ(1)}  # as if started unpinned
+    env = {**outside, **ADVERTISED, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, "-m", "digiq.kernels", "python", "-c", REPORT], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -59,7 +59,7 @@ def _stage_root(values_root: Path, dest: Path, processes: int, **changes: dict) 
     """A copy of the small pipeline root whose stages run on ``processes`` CPU processes, with groups ``changes``."""
     shutil.copytree(values_root, dest)
     params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["compute"] = {"processes": processes, "cpu": True, "workers": 1}
+    params["compute"] = {"processes": processes, "cpu": True, "workers": 1, "threads": 1}  # one thread, as each of N
     for group, keys in changes.items():
         params[group].update(keys)
     (dest / "params.yaml").write_text(yaml.safe_dump(params))
@@ -108,10 +108,14 @@ def test_stage_04_sharded_over_two_processes_trains_as_one_process(values_root, 
     assert m2["trained_weights"] / 2 <= m2["trained_weights_per_process"] < 0.52 * m2["trained_weights"]
     assert m2["pairs_train"] % 5 and m2["accuracy_heldout"] == m1["accuracy_heldout"]  # a last, short batch
     w1, w2 = ScreenVLM.load(one.vlm).model.state_dict(), ScreenVLM.load(two.vlm).model.state_dict()
-    assert w1.keys() == w2.keys()
-    for name, w in w1.items():
-        torch.testing.assert_close(w2[name], w, atol=1e-5, rtol=1e-4, msg=name)
     start = ScreenVLM.load(one.vlm_pretrained).model.state_dict()
+    assert w1.keys() == w2.keys()
+    # Each process multiplies its own rows (another matrix shape, other rounding) and Adam's normalised steps carry
+    # rounding into every weight: the runs agree within 1% of how far the fine-tune moved each weight (measured:
+    # 0.3%), where a lost or doubled shard's gradient would move it by a large part of that.
+    for name, w in w1.items():
+        moved = float((w - start[name]).abs().max())
+        torch.testing.assert_close(w2[name], w, atol=max(1e-5, 0.01 * moved), rtol=0, msg=name)
     assert any(not torch.equal(w, start[n]) for n, w in w1.items())  # the fine-tune moved the pretrained weights
 
 

@@ -202,8 +202,10 @@ class ScreenVLM:
 
         Only the answer slot's logits are read, so only they are computed
         (``logits_to_keep=1``): the whole vocabulary at every other position
-        of a row would be work nobody reads. The hidden states come from the
-        same forward pass either way, so the representation keeps its bits.
+        of a row would be work nobody reads. The tiny recipe reads its two
+        answers' logits as each row's own dot products with the final hidden
+        state (:meth:`_answer_slot`), so that a row's P(Yes) has the same
+        bits whatever rows share its batch.
         """
         inputs = {k: v.to(self.model.device) for k, v in self._inputs(images, prompts).items()}
         if self.recipe.name == "original":
@@ -215,10 +217,23 @@ class ScreenVLM:
                 input_ids=answer[:, None], attention_mask=mask, cache=out.cache, output_hidden_states=True
             )
             return slot, step.hidden_states[-1][:, -1]
-        out = self.model(**inputs, output_hidden_states=True, logits_to_keep=1)
+        out = self.model(**inputs, output_hidden_states=True, logits_to_keep=1)  # the model's own call: sharded too
         mask = inputs["attention_mask"][:, :, None].to(out.hidden_states[-1].dtype)
         pooled = torch.stack([(h * mask).sum(1) / mask.sum(1) for h in out.hidden_states]).mean(0)
-        return out.logits[:, -1, self.answer_ids], torch.cat([out.hidden_states[-1][:, -1], pooled], -1)
+        return self._answer_slot(out.hidden_states[-1][:, -1]), torch.cat([out.hidden_states[-1][:, -1], pooled], -1)
+
+    def _answer_slot(self, last: torch.Tensor) -> torch.Tensor:
+        """The two answers' logits from the final hidden state at the answer slot ``last`` (B, hidden).
+
+        Each row's two dot products are summed on their own, so a row's
+        logits do not depend on which rows share its batch; the LM head's
+        matrix product over a batch of one row and over many picks different
+        kernels, which differ in their last bits. Called after the model's
+        forward pass, when a sharded model's head holds its whole weights.
+        """
+        head = self.model.get_output_embeddings()
+        logits = (last[:, None, :] * head.weight[self.answer_ids]).sum(-1)
+        return logits if head.bias is None else logits + head.bias[self.answer_ids]
 
     def loss(self, images: list[np.ndarray], prompts: list[str], labels: torch.Tensor) -> torch.Tensor:
         """The fine-tune's loss for Yes/No ``labels`` (1 = Yes).

@@ -94,7 +94,7 @@ def _run(compute: ComputeConfig, cmd: list[str], env: dict[str, str], name: str)
         lines = (done.stdout + done.stderr).splitlines()
         errors = sorted({line.split(_FAILED, 1)[1] for line in lines if _FAILED in line})
         detail = "\n".join(errors) if errors else "\n".join(lines[-40:])  # the stage's own error, else the log's end
-        raise RuntimeError(f"stage {name} on {compute.processes} process(es) failed:\n{detail}")
+        raise RuntimeError(f"stage {name} on {compute.processes} processes failed:\n{detail}")
 
 
 _FAILED = "digiq.stages.launch failed: "

@@ -7,7 +7,8 @@ VLM (``tiny`` recipe) and on a tiny released-layout LLaVA (``original``
 recipe, loaded through :meth:`ScreenVLM.from_pretrained`), in batches of
 several widths (left-padded prompts of unlike lengths):
 
-- stage 05's representations and P(Yes) are the same bits;
+- stage 05's representations are the same bits, P(Yes) equal to float rounding
+  and the same bits whatever rows share its batch;
 - the fine-tune's loss and its gradients are equal to float rounding
   (within ``LOSS_TOLERANCE`` and within ``GRAD_TOLERANCE`` of the largest
   gradient);
@@ -201,6 +202,17 @@ def test_stage_05_representations_keep_their_bits_and_p_yes_its_value(vlm):
         # The head's product over one position or over all of them: its last bit may differ with the GEMM's shape
         # (seen under AVX2 kernels), so P(Yes) is equal to float rounding, the representation bit for bit.
         np.testing.assert_allclose(p_yes, torch.softmax(logits.float(), -1)[:, 1].numpy(), rtol=1e-6, atol=0)
+
+
+def test_a_row_s_p_yes_does_not_depend_on_its_batch_mates(tiny_vlm):
+    """Stage 05 embeds each distinct pair once, so a row's batch mates change with the data: its P(Yes) must not
+    (the LM head's product over one row rounds otherwise than over several; the answer slot's dot products do not)."""
+    for seed in range(4):  # the LM head's product rounded the first row otherwise in a batch of 4 or more
+        images, prompts, _ = batch(tiny_vlm, 1, seed)
+        alone = tiny_vlm.embed(images, prompts)
+        for n in (2, 5, 9):
+            together = tiny_vlm.embed(images * n, prompts * n)
+            assert all(np.array_equal(got[i], want[0]) for got, want in zip(together, alone) for i in range(n)), n
 
 
 @pytest.mark.parametrize("last_layers", [0, 1])  # every weight (the head included), and the pipeline's setting

@@ -106,8 +106,8 @@ def test_pipeline_notebooks_run_in_order(workspace):
     assert len(STAGES) == 13
     os.environ.setdefault("TQDM_DISABLE", "1")
     for stage in pipeline.stages():  # in dvc.yaml's order: the notebooks, and the stages without one
-        if stage.cmd == f"python -m digiq.stages.{stage.name}":
-            subprocess.run([sys.executable, "-m", f"digiq.stages.{stage.name}", "--root", str(workspace)], check=True)
+        if stage.module:  # this process runs pinned (make test), and so does the stage it starts
+            subprocess.run([sys.executable, "-m", f"digiq.stages.{stage.module}", "--root", str(workspace)], check=True)
         elif stage.notebook:
             name = Path(stage.notebook).name
             pm.execute_notebook(
