@@ -68,6 +68,7 @@ __all__ = [
     "conservative_penalty",
     "moved_forward",
     "drawn_advantages",
+    "drawn_among",
     "best_of_n",
     "best_of_n_picks",
     "imitation_rows",
@@ -261,15 +262,21 @@ def drawn_advantages(critic: Critic, state: np.ndarray, candidates: np.ndarray, 
     picks it and the weighted extractions never imitate it. Every extraction
     of one seed reads this one matrix, so they all see the same candidates.
     """
+    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
+    return drawn_among(adv.numpy(), valid, k, rng)
+
+
+def drawn_among(adv: np.ndarray, valid: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``adv`` (S, N) with -inf but at the K candidates drawn per state (0, the action taken, always in) that are
+    valid: :func:`drawn_advantages` of advantages already computed (a critic's scores, stored once per seed)."""
     S, N = valid.shape
     drawn = np.zeros((S, N), bool)
     drawn[:, 0] = True
     for i in range(S):
         drawn[i, 1 + rng.permutation(N - 1)[: max(0, min(k, N) - 1)]] = True
-    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
-    adv = adv.numpy()
-    adv[~(drawn & valid)] = -np.inf
-    return adv
+    out = np.array(adv)
+    out[~(drawn & valid)] = -np.inf
+    return out
 
 
 def best_of_n(adv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

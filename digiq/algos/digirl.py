@@ -32,7 +32,7 @@ DigiRL reads the frozen BLIP-2 and RoBERTa features beside its policy).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from digiq.config import DigiRLConfig
-from digiq.data.picks import Picks
+from digiq.data.picks import DIGIRL_STEP_FEATURES, Picks, read_stored, write_stored
+from digiq.data.trajectories import TrajectoryStore
 from digiq.env.tasks import MAX_STEPS
 from digiq.io import atomic_path
 from digiq.models.critic import mlp
 from digiq.models.policy import AutoUIPolicy
+from digiq.paths import Paths
 
 __all__ = [
     "state_features",
@@ -63,7 +65,10 @@ __all__ = [
     "digirl_offline_picks",
     "digirl_steps",
     "StepFeatures",
+    "store_steps",
     "step_features",
+    "write_offline_step_features",
+    "read_offline_step_features",
     "fit_and_select",
 ]
 
@@ -272,6 +277,20 @@ class StepFeatures:
                                                                                        "instruction")))  # fmt: skip
 
 
+def store_steps(store: TrajectoryStore, task_set: str | None = None) -> pd.DataFrame:
+    """The steps of ``store`` (only ``task_set``'s, if given), sorted by trajectory and step: the rows, in their
+    order, whose :func:`step_features` DigiRL's value functions read.
+
+    The encoder's floats depend in their last bits on which rows share a
+    batch, so whoever computes one task set's offline features computes them
+    from these rows, and the actor stage's and the online stage's agree bit for bit.
+    """
+    steps = store.read().to_pandas()
+    if task_set is not None:
+        steps = steps[steps.task_set == task_set]
+    return steps.sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
+
+
 def step_features(policy: AutoUIPolicy, steps: pd.DataFrame, screens: dict[str, torch.Tensor],
                   key: str = "") -> StepFeatures:  # fmt: skip
     """:class:`StepFeatures` of every row of ``steps`` from the frozen ``policy``.
@@ -296,6 +315,25 @@ def step_features(policy: AutoUIPolicy, steps: pd.DataFrame, screens: dict[str, 
     task_row = {task: i for i, task in enumerate(tasks)}
     instruction = instruction_features(policy, tasks)[[task_row[t] for t in steps.task]]
     return StepFeatures(encoded[rows[:n]], encoded[rows[n:]], instruction)
+
+
+def write_offline_step_features(paths: Paths, steps: pd.DataFrame, by_set: dict[str, StepFeatures]) -> None:
+    """Store each task set's :func:`step_features` of the offline data (of :func:`store_steps`' rows) as one row per
+    stored step of ``steps`` (the step table), for :func:`read_offline_step_features`."""
+    of_set = steps.task_set.to_numpy()
+    rows = np.concatenate([np.flatnonzero(of_set == ts) for ts in by_set])  # task set after task set
+    in_order = StepFeatures.concat(list(by_set.values())).take(np.argsort(rows))
+    write_stored(paths, DIGIRL_STEP_FEATURES, steps, {k.name: getattr(in_order, k.name) for k in fields(StepFeatures)})
+
+
+def read_offline_step_features(paths: Paths, task_set: str, stage: str) -> StepFeatures:
+    """The offline step features of ``task_set`` that :func:`write_offline_step_features` stored, in
+    :func:`store_steps`' order; ``stage`` is the stage reading them (named if they are missing)."""
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    names = tuple(k.name for k in fields(StepFeatures))
+    stored = read_stored(paths, DIGIRL_STEP_FEATURES, steps, names, stage)
+    rows = np.flatnonzero(steps.task_set.to_numpy() == task_set)
+    return StepFeatures(**{k: stored[k][rows] for k in names})
 
 
 def fit_and_select(values: DigiRLValues, feats: StepFeatures, steps: pd.DataFrame, cfg: DigiRLConfig,

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from digiq.models.critic import mlp
+from digiq.models.critic import mlp, pair_mlp, same_candidates
 
-__all__ = ["within_state_share", "feature_probe", "expert_probe"]
+__all__ = ["within_state_share", "feature_probe", "expert_probe", "expert_probe_half"]
 
 
 def within_state_share(candidates: np.ndarray, parts: Sequence[str]) -> dict[str, float]:
@@ -86,37 +86,65 @@ def expert_probe(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, v
     ranking needs, and what the critic lacks is the signal; a probe near
     random says the representation is the limit. Torch's global generator is
     left as it was: the stage trains its actors after this.
+
+    The two fits are :func:`expert_probe_half`'s, which a stage runs as separate jobs.
     """
+    scores = np.zeros(np.shape(valid), np.float32)
+    for half in (0, 1):
+        rows, half_scores = expert_probe_half(state, candidates, right, valid, episodes, half=half, seed=seed,
+                                              hidden=hidden, epochs=epochs)  # fmt: skip
+        scores[rows] = half_scores
+    return scores
+
+
+def expert_probe_half(state: np.ndarray, candidates: np.ndarray, right: np.ndarray, valid: np.ndarray,
+                      episodes: np.ndarray, *, half: int, seed: int, hidden: int | None = 256,
+                      epochs: int = 40) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """One of :func:`expert_probe`'s two fits: the rows it scores (those of the other half's episodes) and their
+    scores (rows, N).
+
+    ``half`` 0 fits on the episodes drawn first, 1 on the rest. Both draw
+    their batches from one stream seeded by ``seed``, as one after the other
+    would: fit 1 first replays the draws of fit 0, which costs nothing to
+    speak of, so the halves run apart (in two jobs) give what one run gives.
+    The ranker reads each pair as :func:`~digiq.models.critic.pair_mlp` does
+    (each state's distinct candidates, the state's share of the first layer
+    once), the same function as on the concatenated rows up to float rounding.
+    """
+    if half not in (0, 1):
+        raise ValueError(f"an expert probe has halves 0 and 1, got {half}")
     ok = torch.as_tensor(np.asarray(valid, bool))
     hit = torch.as_tensor(np.asarray(right, bool)) & ok
     informative = (hit.any(1) & (ok & ~hit).any(1)).numpy()
     s, c = torch.as_tensor(np.asarray(state)), torch.as_tensor(np.asarray(candidates))
+    same = same_candidates(c)
     rng = np.random.default_rng(seed)
     ids = np.unique(episodes)
-    half = np.isin(episodes, rng.permutation(ids)[: len(ids) // 2])
-    scores = np.zeros(ok.shape, np.float32)
+    first = np.isin(episodes, rng.permutation(ids)[: len(ids) // 2])
+    if half == 1:  # the stream as fit 0 leaves it: one shuffle of its rows per epoch
+        before = np.flatnonzero(first & informative)
+        for _ in range(epochs if len(before) else 0):
+            rng.permutation(before)
+    fit = first if half == 0 else ~first
 
     def logits(net: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([s[idx][:, None].expand(-1, c.shape[1], -1), c[idx]], -1)
-        return net(x)[..., 0].masked_fill(~ok[idx], -1e9)
+        return pair_mlp(net, s[idx], c[idx], same[idx]).masked_fill(~ok[idx], -1e9)
 
     with torch.random.fork_rng():
-        for fit in (half, ~half):
-            torch.manual_seed(seed)
-            d_in = s.shape[1] + c.shape[2]
-            net = mlp(d_in, hidden) if hidden else nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, 1))
-            # A linear map has one layer to move and no hidden units to saturate: it takes a larger step.
-            opt = torch.optim.AdamW(net.parameters(), lr=3e-4 if hidden else 1e-2, weight_decay=1e-2)
-            train = np.flatnonzero(fit & informative)
-            for _ in range(epochs if len(train) else 0):
-                for batch in np.array_split(rng.permutation(train), max(1, len(train) // 64)):
-                    idx = torch.as_tensor(batch)
-                    target = hit[idx].float() / hit[idx].sum(1, keepdim=True)
-                    loss = -(target * torch.log_softmax(logits(net, idx), 1)).sum(1).mean()
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
-            with torch.no_grad():
-                held = torch.as_tensor(np.flatnonzero(~fit))
-                scores[~fit] = logits(net, held).numpy()
-    return scores
+        torch.manual_seed(seed)
+        d_in = s.shape[1] + c.shape[2]
+        net = mlp(d_in, hidden) if hidden else nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, 1))
+        # A linear map has one layer to move and no hidden units to saturate: it takes a larger step.
+        opt = torch.optim.AdamW(net.parameters(), lr=3e-4 if hidden else 1e-2, weight_decay=1e-2)
+        train = np.flatnonzero(fit & informative)
+        for _ in range(epochs if len(train) else 0):
+            for batch in np.array_split(rng.permutation(train), max(1, len(train) // 64)):
+                idx = torch.as_tensor(batch)
+                target = hit[idx].float() / hit[idx].sum(1, keepdim=True)
+                loss = -(target * torch.log_softmax(logits(net, idx), 1)).sum(1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        held = np.flatnonzero(~fit)
+        with torch.no_grad():
+            return held, logits(net, torch.as_tensor(held)).numpy()

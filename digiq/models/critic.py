@@ -23,7 +23,11 @@ from digiq.data.features import critic_inputs
 from digiq.models.checkpoint import load_weights, read_meta, read_typed_config, save_checkpoint
 from digiq.paths import Paths
 
-__all__ = ["CriticNetConfig", "Critic", "mlp", "load_critics", "per_task_set", "inputs_for", "trained_inputs"]
+__all__ = ["CriticNetConfig", "Critic", "mlp", "same_candidates", "pair_mlp", "load_critics", "per_task_set",
+           "critic_scores", "inputs_for", "trained_inputs"]  # fmt: skip
+
+# States scored at once by Critic.advantage: each block's pairs are built and dropped before the next one's.
+SCORE_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,84 @@ def mlp(d_in: int, hidden: int) -> nn.Sequential:
                          nn.Linear(hidden, 1))  # fmt: skip
 
 
+def same_candidates(candidates: torch.Tensor) -> torch.Tensor:
+    """(S, N) long: for each candidate of each state (``candidates`` (S, N, D)), the first column of that state whose
+    features are the very same (its own column where no earlier one is).
+
+    Rows are matched by a random projection and confirmed element by element, so two candidates share a column
+    only when every feature is equal. States are taken :data:`SCORE_BLOCK` at a time, so the rows compared stay few.
+    """
+    S, N, D = candidates.shape
+    projection = torch.randn(D, 2, generator=torch.Generator().manual_seed(0), dtype=candidates.dtype)
+    projection = projection.to(candidates.device)
+    columns = torch.arange(N, device=candidates.device)
+    out = torch.empty((S, N), dtype=torch.long, device=candidates.device)
+    for start in range(0, S, SCORE_BLOCK):
+        block = candidates[start : start + SCORE_BLOCK]
+        B = len(block)
+        rows = block.reshape(B * N, D)
+        key = (rows @ projection).view(B, N, 2)
+        first = (key[:, :, None] == key[:, None, :]).all(-1).to(torch.uint8).argmax(-1)  # argmax: the first match
+        offset = torch.arange(B, device=rows.device)[:, None] * N
+        flat = (offset + first).view(-1)
+        repeated = torch.nonzero(first.view(-1) != columns.repeat(B)).squeeze(1)
+        differs = (rows[repeated] != rows[flat[repeated]]).any(1)  # a coincidence of the projection, not a repeat
+        flat[repeated[differs]] = repeated[differs]
+        out[start : start + B] = flat.view(B, N) - offset
+    return out
+
+
+def pair_mlp(net: nn.Sequential, state: torch.Tensor, candidates: torch.Tensor,
+             same: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``net(cat(state, candidate))[..., 0]`` (B, N) for each state (B, Ds) and its candidates (B, N, Dc), up to
+    float rounding, without building the B x N concatenated rows.
+
+    ``net`` starts with a LayerNorm and a Linear (:func:`mlp`, or a linear scorer). Both are split between the
+    state's columns and the candidate's: the normalisation's mean and variance are combined from each part's own
+    (Chan et al.'s pairwise update, so nothing cancels), and the first layer's product with the state's centred
+    features is taken once per state. Only each state's distinct candidates (``same``: :func:`same_candidates`,
+    computed when not given) go through the layer's candidate part and the rest of ``net``; the repeats copy
+    their values. Gradients flow as through ``net`` itself, so a ranker trains on it.
+
+    Raises:
+        ValueError: ``net`` does not start with a LayerNorm and a Linear, or the state's and the candidates'
+            widths do not add up to its input.
+    """
+    norm, first = (net[0], net[1]) if len(net) >= 2 else (None, None)
+    if not (isinstance(norm, nn.LayerNorm) and isinstance(first, nn.Linear) and norm.weight is not None
+            and norm.bias is not None):  # fmt: skip
+        raise ValueError(f"pair_mlp needs a net that starts with an affine LayerNorm and a Linear, got {net}")
+    rest = net[2:]
+    B, N, dc = candidates.shape
+    ds = state.shape[-1]
+    if state.shape != (B, ds) or ds + dc != first.in_features:
+        raise ValueError(f"states {tuple(state.shape)} and candidates {tuple(candidates.shape)} do not make the "
+                         f"{first.in_features}-wide rows the net reads")  # fmt: skip
+    same = same_candidates(candidates) if same is None else same
+    flat = (torch.arange(B, device=same.device)[:, None] * N + same).view(-1)
+    distinct = flat[flat == torch.arange(B * N, device=same.device)]  # sorted: state, then column
+    # Rows are picked by index_select throughout: its gradient sums in a fixed order, where indexing's may not.
+    owner = distinct // N
+    cand = candidates.reshape(B * N, dc).index_select(0, distinct)
+    d = ds + dc
+    # Each part's mean and sum of squared deviations, then the row's (the pairwise combination of the two).
+    mean_s, mean_c = state.mean(1), cand.mean(1)
+    centred_s, centred_c = state - mean_s[:, None], cand - mean_c[:, None]
+    mean_own = mean_s.index_select(0, owner)
+    mean = (ds * mean_own + dc * mean_c) / d
+    shift = torch.stack([mean_own - mean, mean_c - mean], 1)  # (U, 2): each part's mean off the row's
+    var = ((centred_s * centred_s).sum(1).index_select(0, owner) + (centred_c * centred_c).sum(1)
+           + ds * shift[:, 0] ** 2 + dc * shift[:, 1] ** 2) / d  # fmt: skip
+    # first(norm(x)) = rstd * (W * gamma)(x - mean) + W beta + b, with x - mean = each part centred plus its shift.
+    w = first.weight * norm.weight
+    w_s, w_c = w[:, :ds], w[:, ds:]
+    h = torch.addmm((centred_s @ w_s.T).index_select(0, owner), shift, torch.stack([w_s.sum(1), w_c.sum(1)]))
+    h = torch.addmm(h, centred_c, w_c.T)
+    h = torch.addcmul(first.weight @ norm.bias + first.bias, h, torch.rsqrt(var + norm.eps)[:, None])
+    out = rest(h)[:, 0]
+    return out.index_select(0, torch.searchsorted(distinct, flat)).view(B, N)
+
+
 class Critic(nn.Module):
     def __init__(self, cfg: CriticNetConfig) -> None:
         super().__init__()
@@ -88,10 +170,17 @@ class Critic(nn.Module):
 
     @torch.no_grad()
     def advantage(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q (B, N), V (B,) and A = Q - V for N candidate representations per state, the heads :meth:`joined`."""
-        s = state[:, None].expand(-1, actions.shape[1], -1)
-        q = self.joined(self.q(s, actions))
+        """Q (B, N), V (B,) and A = Q - V for N candidate representations per state, the heads :meth:`joined`.
+
+        Q is :meth:`q` of each (state, candidate) row up to float rounding, read by :func:`pair_mlp` a block of
+        states at a time.
+        """
         v = self.joined(self.v(state))
+        q = state.new_empty(actions.shape[:2])
+        for start in range(0, len(state), SCORE_BLOCK):
+            s, a = state[start : start + SCORE_BLOCK], actions[start : start + SCORE_BLOCK]
+            same = same_candidates(a)
+            q[start : start + SCORE_BLOCK] = self.joined((pair_mlp(self.q1, s, a, same), pair_mlp(self.q2, s, a, same)))
         return q, v, q - v[:, None]
 
     def target(self) -> "Critic":
@@ -142,6 +231,20 @@ def per_task_set(task_sets: np.ndarray, critics: Mapping[str, Critic],
     if out is None:
         raise ValueError("no rows to score")
     return out
+
+
+def critic_scores(critics: Mapping[str, Critic], data: Mapping[str, np.ndarray],
+                  task_sets: np.ndarray) -> dict[str, np.ndarray]:  # fmt: skip
+    """``{"q": (S, N), "v": (S,)}``: :meth:`Critic.advantage`'s Q and V of every state's candidates in ``data``
+    (critic inputs), each state scored by its own task set's critic (:func:`per_task_set`)."""
+    state, candidates = np.asarray(data["state"]), np.asarray(data["candidates"])
+
+    def q_and_v(critic: Critic, rows: np.ndarray) -> np.ndarray:
+        q, v, _ = critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))
+        return torch.cat([q, v[:, None]], 1).numpy()
+
+    both = per_task_set(task_sets, critics, q_and_v)
+    return {"q": both[:, :-1], "v": both[:, -1]}
 
 
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:

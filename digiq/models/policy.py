@@ -229,13 +229,36 @@ class CopyHead(nn.Module):
     def forward(self, logits: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
                 input_ids: torch.Tensor, keys: torch.Tensor, written: torch.Tensor,
                 embed: nn.Embedding) -> torch.Tensor:  # fmt: skip
-        """Probabilities (B, T, V) of the mixture.
+        """Probabilities (B, T, V) of the mixture: what sampling draws from.
 
         ``keys`` are :meth:`start_keys` of ``input_ids``. ``written`` (B, T + 1)
         are the decoder's tokens so far: column t + 1 is the token just written
         before output t, column t the one before it. ``embed`` is the policy's
         token embedding, which both sides of the start term read.
         """
+        attn, p_gen = self._attend(hidden, states, mask, input_ids, keys, written, embed)
+        copy = torch.zeros_like(logits).scatter_add_(2, input_ids[:, None, :].expand(-1, logits.shape[1], -1), attn)
+        return p_gen * torch.softmax(logits.float(), -1) + (1 - p_gen) * copy
+
+    def target_probs(self, logits: torch.Tensor, targets: torch.Tensor, hidden: torch.Tensor, states: torch.Tensor,
+                     mask: torch.Tensor, input_ids: torch.Tensor, keys: torch.Tensor, written: torch.Tensor,
+                     embed: nn.Embedding) -> torch.Tensor:  # fmt: skip
+        """The mixture's probability (B, T) of ``targets`` (B, T) alone; the other arguments as :meth:`forward`'s.
+
+        What a loss reads: the generated share is the target's logit against
+        the log-sum-exp of all, the copied share the attention on the prompt
+        positions that hold the target. Neither the softmax nor the copy
+        distribution over the whole vocabulary is built, nor its gradient.
+        """
+        attn, p_gen = self._attend(hidden, states, mask, input_ids, keys, written, embed)
+        logits, p_gen = logits.float(), p_gen[..., 0]
+        generated = (logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, -1)).exp()
+        copied = (attn * (input_ids[:, None, :] == targets[..., None])).sum(-1)
+        return p_gen * generated + (1 - p_gen) * copied
+
+    def _attend(self, hidden: torch.Tensor, states: torch.Tensor, mask: torch.Tensor, input_ids: torch.Tensor,
+                keys: torch.Tensor, written: torch.Tensor, embed: nn.Embedding) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The copy attention over the prompt's positions (B, T, L) and the probability of generating (B, T, 1)."""
         d = hidden.shape[-1]
         none = torch.full_like(input_ids[:, :1], -1)
         before1 = torch.cat([none, input_ids[:, :-1]], 1)  # the prompt token before each position
@@ -247,9 +270,7 @@ class CopyHead(nn.Module):
         scores = scores + self.continue_span[0] * last1 + self.continue_span[1] * last2
         attn = torch.softmax(scores.masked_fill(mask[:, None, :] == 0, float("-inf")), -1)  # (B, T, L)
         context = attn @ states
-        p_gen = torch.sigmoid(self.gate(torch.cat([hidden, context], -1)))
-        copy = torch.zeros_like(logits).scatter_add_(2, input_ids[:, None, :].expand(-1, logits.shape[1], -1), attn)
-        return p_gen * torch.softmax(logits.float(), -1) + (1 - p_gen) * copy
+        return attn, torch.sigmoid(self.gate(torch.cat([hidden, context], -1)))
 
 
 def _rms_norm(norm: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -272,16 +293,26 @@ class StepDecoder:
     dropout). Tests check it against transformers' decoder.
     """
 
-    def __init__(self, t5: T5ForConditionalGeneration, states: torch.Tensor, mask: torch.Tensor, max_len: int) -> None:
+    def __init__(self, t5: T5ForConditionalGeneration, states: torch.Tensor, mask: torch.Tensor, max_len: int,
+                 rows: torch.Tensor | None = None) -> None:  # fmt: skip
+        """Decode from the encoder's ``states`` (P, L, d) and their ``mask`` (P, L): one decoded row for each of
+        ``rows`` (B,), the prompt it reads (repeats allowed: the samples of one prompt), all P in order by default.
+
+        Cross-attention's keys and values are computed once per prompt and
+        then copied to its rows: a prompt sampled 15 times projects its
+        states once, not 15 times (the same floats, row by row).
+        """
         cfg = t5.config
         self.t5, self.blocks = t5, list(t5.decoder.block)
-        self.batch, self.heads, self.d_kv = states.shape[0], cfg.num_heads, cfg.d_kv
+        rows = torch.arange(len(states), device=states.device) if rows is None else rows
+        self.batch, self.heads, self.d_kv = len(rows), cfg.num_heads, cfg.d_kv
         # Per block, cross-attention's keys transposed and its values, contiguous: a query multiplies them as they
         # lie at every step (plain products, which beat the fused attention kernel at one query per row).
-        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)).transpose(2, 3).contiguous(),
-                       self._split(b.layer[1].EncDecAttention.v(states)).contiguous()) for b in self.blocks]  # fmt: skip
+        self.cross = [(self._split(b.layer[1].EncDecAttention.k(states)).transpose(2, 3).contiguous()[rows],
+                       self._split(b.layer[1].EncDecAttention.v(states)).contiguous()[rows]) for b in self.blocks]  # fmt: skip
         lowest = torch.finfo(states.dtype).min  # padding of the prompt: never attended to
-        self.cross_mask = torch.zeros_like(mask, dtype=states.dtype).masked_fill(mask == 0, lowest)[:, None, None, :]
+        self.cross_mask = torch.zeros_like(mask[rows], dtype=states.dtype).masked_fill(mask[rows] == 0, lowest)
+        self.cross_mask = self.cross_mask[:, None, None, :]
         shape = (len(self.blocks), self.batch, self.heads, max_len, self.d_kv)
         self.keys, self.values = states.new_zeros(shape), states.new_zeros(shape)
         # (1, heads, max_len, max_len): row t holds the bias of query position t over keys 0..max_len-1.
@@ -304,7 +335,7 @@ class StepDecoder:
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, heads * d_kv) -> (B, heads, T, d_kv)."""
-        return x.view(self.batch, -1, self.heads, self.d_kv).transpose(1, 2)
+        return x.view(len(x), -1, self.heads, self.d_kv).transpose(1, 2)
 
     def _merge(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2).reshape(self.batch, -1, self.heads * self.d_kv)
@@ -408,13 +439,7 @@ class AutoUIPolicy(nn.Module):
         last bits of float sums. Groups of 8 rows pad less than groups of 16
         and still fill the encoder's matrix products.
         """
-        ids = self.tokenizer(prompts, truncation=True, max_length=self.cfg.max_input_tokens).input_ids
-        order = np.argsort([len(row) for row in ids], kind="stable")
-        parts = []
-        for rows in np.array_split(order, -(-len(prompts) // group)):
-            enc = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, padding_side="right", return_tensors="pt")
-            enc = {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
-            parts.append((rows, self._encode_tokens(enc, screenshots[rows])))
+        parts = [(rows, self._encode_tokens(enc, screenshots[rows])) for rows, enc in self._by_length(prompts, group)]
         longest = max(part["mask"].shape[1] for _, part in parts)
         fill = {"mask": 0, "input_ids": self.tokenizer.pad_token_id}  # states and start keys: zeros
         out: dict[str, torch.Tensor] = {}
@@ -423,6 +448,19 @@ class AutoUIPolicy(nn.Module):
             for rows, part in parts:
                 out[key][torch.as_tensor(rows), : part[key].shape[1]] = part[key]
         return out
+
+    def _by_length(self, prompts: list[str], group: int) -> list[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+        """The prompts tokenized once, taken ``group`` at a time in order of length: each group's rows (indices into
+        ``prompts``) and its ``input_ids`` and ``attention_mask``, padded on the right to the group's longest."""
+        if group < 1:
+            raise ValueError(f"prompts are taken in groups of at least 1, got {group}")
+        ids = self.tokenizer(prompts, truncation=True, max_length=self.cfg.max_input_tokens).input_ids
+        order = np.argsort([len(row) for row in ids], kind="stable")
+        groups = []
+        for rows in np.array_split(order, -(-len(prompts) // group)):
+            enc = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, padding_side="right", return_tensors="pt")
+            groups.append((rows, {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}))
+        return groups
 
     @torch.no_grad()
     def text_features(self, texts: list[str]) -> torch.Tensor:
@@ -441,17 +479,23 @@ class AutoUIPolicy(nn.Module):
                              return_tensors="pt").input_ids.to(self.device)  # fmt: skip
         return lab.masked_fill(lab == self.tokenizer.pad_token_id, -100)
 
-    def _logprobs(self, enc: dict[str, torch.Tensor], written: torch.Tensor) -> torch.Tensor:
-        """Next-token log-probabilities (B, T, V) of the whole decoder input at once (training and scoring).
+    def _target_logprobs(self, enc: dict[str, torch.Tensor], written: torch.Tensor,
+                         targets: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Log-probabilities (B, T) of ``targets`` (B, T), each the next token after the decoder's input so far,
+        the whole input at once (training and scoring).
 
         ``written`` (B, T + 1): the decoder's input tokens preceded by the token
         before them, which the copy head uses to continue spans (pad when there is none).
+        Only the target's probability is computed (:meth:`CopyHead.target_probs`), not a distribution over
+        the vocabulary at every position.
         """
         out = self.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
                       decoder_input_ids=written[:, 1:], output_hidden_states=self.copy is not None)  # fmt: skip
         if self.copy is None:
-            return torch.log_softmax(out.logits.float(), -1)
-        probs = self._next_token_probs(enc, out.logits, out.decoder_hidden_states[-1], written)
+            logits = out.logits.float()
+            return logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, -1)
+        probs = self.copy.target_probs(out.logits, targets, out.decoder_hidden_states[-1], enc["states"], enc["mask"],
+                                       enc["input_ids"], enc["start_keys"], written, self.t5.shared)  # fmt: skip
         return torch.log(probs.clamp_min(1e-12))
 
     def _next_token_probs(self, enc: dict[str, torch.Tensor], logits: torch.Tensor, hidden: torch.Tensor,
@@ -463,35 +507,54 @@ class AutoUIPolicy(nn.Module):
         return self.copy(logits, hidden, enc["states"], enc["mask"], enc["input_ids"], enc["start_keys"], written,
                          self.t5.shared)  # fmt: skip
 
-    def _token_logprobs(
-        self, prompts: list[str], screenshots: np.ndarray, actions: list[str]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.encode(prompts, screenshots)
-        labels = self._labels(actions)
+    def _summed_logprobs(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
+                         group: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Per row, its action's token log-probabilities summed (B,) and its number of tokens (B,).
+
+        The rows go through the model ``group`` at a time in order of prompt
+        length (:meth:`_by_length`), each group padded to its own longest
+        prompt and action, not every row to the batch's longest (prompts
+        differ in length by the actions before them). Every row's numbers
+        are its own (padding is masked), so the grouping changes what the
+        model spends, not what it computes beyond the last bits of float
+        sums (and, in training, which dropout masks are drawn).
+        """
+        if not len(prompts) == len(screenshots) == len(actions):
+            raise ValueError(f"{len(prompts)} prompts, {len(screenshots)} screenshots and {len(actions)} actions: "
+                             "one of each per row")  # fmt: skip
         pad = self.tokenizer.pad_token_id
-        dec_in = self.t5._shift_right(labels.masked_fill(labels == -100, pad))
-        logp = self._logprobs(enc, F.pad(dec_in, (1, 0), value=pad))
-        return logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0], labels != -100
+        sums, counts, order = [], [], []
+        for rows, tokens in self._by_length(prompts, group):
+            enc = self._encode_tokens(tokens, screenshots[rows])
+            labels = self._labels([actions[i] for i in rows])
+            dec_in = self.t5._shift_right(labels.masked_fill(labels == -100, pad))
+            logp = self._target_logprobs(enc, F.pad(dec_in, (1, 0), value=pad), labels.clamp(min=0))
+            keep = labels != -100
+            sums.append((logp * keep).sum(-1))
+            counts.append(keep.sum(-1))
+            order.append(rows)
+        back = torch.as_tensor(np.argsort(np.concatenate(order)), device=self.device)  # to the given order
+        return torch.cat(sums)[back], torch.cat(counts)[back]
 
     # ------------------------------------------------------------ scoring and sampling
 
-    def action_logprobs(self, prompts: list[str], screenshots: np.ndarray, actions: list[str]) -> torch.Tensor:
-        """log pi(action | prompt, screenshot), summed over tokens, one per row."""
-        logp, keep = self._token_logprobs(prompts, screenshots, actions)
-        return (logp * keep).sum(-1)
+    def action_logprobs(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
+                        group: int = 32) -> torch.Tensor:  # fmt: skip
+        """log pi(action | prompt, screenshot), summed over tokens, one per row (``group``: :meth:`_summed_logprobs`)."""
+        return self._summed_logprobs(prompts, screenshots, actions, group)[0]
 
-    def loss(
-        self, prompts: list[str], screenshots: np.ndarray, actions: list[str], weights: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def loss(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
+             weights: torch.Tensor | None = None, group: int = 32) -> torch.Tensor:  # fmt: skip
         """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row).
 
         Weighted, it is sum(w * NLL) / sum(|w|): with REINFORCE's weights (the
         advantage, of either sign) sum(w) can be near 0 or negative, which
         would blow the step up or turn it around; sum(|w|) is sum(w) for
-        positive weights.
+        positive weights. The rows go through the model ``group`` at a time
+        (:meth:`_summed_logprobs`); the loss is the whole batch's.
         """
-        logp, keep = self._token_logprobs(prompts, screenshots, actions)
-        per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        logp, tokens = self._summed_logprobs(prompts, screenshots, actions, group)
+        per_row = -logp / tokens.clamp(min=1)
         if weights is None:
             return per_row.mean()
         return (per_row * weights).sum() / weights.abs().sum().clamp(min=1e-8)
@@ -513,45 +576,67 @@ class AutoUIPolicy(nn.Module):
         end token leaves the batch. Sampling runs the model as at inference (no
         dropout), whatever its mode.
         """
+        return self.sample_encoded(self.encode_by_length(prompts, screenshots), n, temperature, greedy, noise)
+
+    @torch.no_grad()
+    def sample_encoded(self, enc: dict[str, torch.Tensor], n: int = 1, temperature: float = 1.0, greedy: bool = False,
+                       noise: Sequence[int] | None = None, rows: Sequence[int] | None = None) -> list[list[str]]:  # fmt: skip
+        """:meth:`sample` of prompts already encoded (:meth:`encode_by_length`): ``n`` actions for each of ``rows``,
+        indices into ``enc``'s prompts (repeats allowed), all of them in order by default; ``noise`` holds one key
+        per entry of ``rows``.
+
+        What a prompt sampled again needs is then encoded once: stage 02
+        redraws its invalid candidates from the states it encoded for the
+        first draws. Each prompt's cross-attention keys and values are
+        computed once, however many of the decoded rows read them
+        (:class:`StepDecoder`), and the prompts are cut to the longest of
+        those sampled. A row's tokens are those :meth:`sample` draws for
+        it, up to the last bits of float sums over another batch.
+        """
+        picked = torch.arange(len(enc["states"])) if rows is None else torch.as_tensor(rows, dtype=torch.long)
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not greedy and (noise is None or len(noise) != len(prompts)):
-            raise ValueError(f"sampling takes one noise key per prompt: {len(prompts)} prompts, "
+        if not greedy and (noise is None or len(noise) != len(picked)):
+            raise ValueError(f"sampling takes one noise key per prompt: {len(picked)} prompts, "
                              f"{'no keys' if noise is None else f'{len(noise)} keys'}")  # fmt: skip
-        enc = self.encode_by_length(prompts, screenshots)
-        if n > 1:
-            enc = {k: v.repeat_interleave(n, 0) for k, v in enc.items()}
-        B = enc["states"].shape[0]
+        if n == 0 or len(picked) == 0:  # nothing to draw (stage 02 with one candidate a state: the action taken)
+            return [[] for _ in range(len(picked))]
+        distinct, of_prompt = torch.unique(picked.to(self.device), return_inverse=True)
+        longest = int(enc["mask"][distinct].sum(1).max())  # padded on the right: what lies past it is padding
+        enc = {k: v[distinct, :longest] for k, v in enc.items()}
+        expand = of_prompt.repeat_interleave(n)  # decoded row -> its prompt
+        decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens, rows=expand)
+        enc = {k: v[expand] for k, v in enc.items()}  # the copy head reads each decoded row's prompt
+        B = len(expand)
         streams = np.zeros(B, np.uint64) if noise is None else row_streams(noise, n)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         written = torch.full((B, self.cfg.max_action_tokens), pad, dtype=torch.long, device=self.device)
-        rows = torch.arange(B, device=self.device)  # the rows being decoded, as indices into the batch
+        decoding = torch.arange(B, device=self.device)  # the rows being decoded, as indices into the batch
         going = torch.ones(B, dtype=torch.bool, device=self.device)  # per decoded row: no end token written yet
         tokens = torch.full((B, 2), pad, dtype=torch.long, device=self.device)  # (pad before the start, start)
-        decoder = StepDecoder(self.t5, enc["states"], enc["mask"], self.cfg.max_action_tokens)
         for t in range(self.cfg.max_action_tokens):
             hidden, logits = decoder.step(tokens[:, -1])
             probs = self._next_token_probs(enc, logits, hidden, tokens[:, -2:])[:, -1]
             if greedy:
                 nxt = probs.argmax(-1)
             else:
-                u = torch.from_numpy(token_uniforms(streams[rows.cpu().numpy()], t)).to(self.device)
+                u = torch.from_numpy(token_uniforms(streams[decoding.cpu().numpy()], t)).to(self.device)
                 nxt = inverse_cdf_draw(probs, temperature, u)
             nxt = nxt.masked_fill(~going, pad)  # a finished row not yet dropped writes nothing more
-            written[rows, t] = nxt
+            written[decoding, t] = nxt
             going &= nxt != eos
             still = int(going.sum())
             if still == 0:
                 break
             # Finished rows leave the decoder once they are a quarter of it: each drop copies its caches.
-            if len(rows) - still >= max(1, len(rows) // 4):
+            if len(decoding) - still >= max(1, len(decoding) // 4):
                 keep = going.nonzero()[:, 0]
-                rows, nxt, tokens, going = rows[keep], nxt[keep], tokens[keep], going[keep]
+                decoding, nxt, tokens, going = decoding[keep], nxt[keep], tokens[keep], going[keep]
                 enc = {k: v[keep] for k, v in enc.items()}
                 decoder.keep(keep)
             tokens = torch.cat([tokens[:, -1:], nxt[:, None]], 1)
         text = self.tokenizer.batch_decode(written, skip_special_tokens=True)
-        return [text[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return [text[i * n : (i + 1) * n] for i in range(len(picked))]
 
     # ------------------------------------------------------------ checkpoints
 

@@ -35,6 +35,14 @@ once per seed and task set, every one alike, for the same number of
 optimizer steps (``actor.updates``) whatever the number of rows it keeps.
 The rows every policy imitates, and their weights, are written beside the
 actors (:mod:`digiq.data.picks`); the diagnostics stage judges them.
+
+What the stage computes over every stored state is computed once and kept
+beside them too (:func:`digiq.data.picks.write_stored`), for the stages
+after it to read: each critic's Q and V of every candidate, once per row
+and seed however many Best-of-N rows read that critic (:func:`score_job`);
+the perfect critic's expert matrix; offline DigiRL's step features, one
+task set at a time as off-to-online DigiRL's runs read them
+(:func:`step_features_job`).
 """
 
 from __future__ import annotations
@@ -43,17 +51,22 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from digiq import parallel
 from digiq.algos.digiq import (
     best_of_n_picks,
-    drawn_advantages,
+    drawn_among,
     extraction_picks,
     imitation_rows,
     perfect_critic_picks,
 )
-from digiq.algos.digirl import StepFeatures, digirl_offline_picks, step_features
+from digiq.algos.digirl import (
+    StepFeatures,
+    digirl_offline_picks,
+    step_features,
+    store_steps,
+    write_offline_step_features,
+)
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
     AblationsConfig,
@@ -68,11 +81,11 @@ from digiq.config import (
     load_variants,
 )
 from digiq.data.candidates import read_candidates
-from digiq.data.picks import Picks, write_picks
+from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, write_picks, write_stored
 from digiq.data.trajectories import TrajectoryStore, data_task_sets
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
-from digiq.models.critic import Critic, load_critics, per_task_set, trained_inputs
+from digiq.models.critic import Critic, critic_scores, load_critics, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import FitRow, fit_policy, load_screens
 from digiq.paths import Paths
@@ -85,8 +98,12 @@ __all__ = [
     "run_actor",
     "ActorFitJob",
     "fit_actor_job",
-    "offline_step_features",
+    "ScoreJob",
+    "score_job",
+    "StepFeaturesJob",
+    "step_features_job",
     "advantages",
+    "drawn_per_task_set",
 ]
 
 # With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
@@ -95,12 +112,37 @@ DATA_PARALLEL = True
 DRAW_FROM_STATES = ("best_of_n", "extraction", "perfect_critic")
 
 
-def offline_step_features(paths: Paths, steps: pd.DataFrame) -> StepFeatures:
-    """What offline DigiRL's value functions read: the frozen base policy's features of every stored step."""
-    base = AutoUIPolicy.load(paths.base_policy)
-    store = TrajectoryStore(paths.offline)
-    screens = load_screens(base, store, [*steps.image_path, *steps.next_image_path])
-    return step_features(base, steps, screens)
+class ScoreJob(NamedTuple):
+    """Q and V of every stored state's candidates by ``row``'s stage-06 critics of seed index ``seed``
+    (:func:`score_job`); ``of_set`` is each stored step's task set, whose critic scores it."""
+
+    paths: Paths
+    row: str
+    seed: int
+    of_set: np.ndarray
+
+
+def score_job(job: ScoreJob) -> dict[str, np.ndarray]:
+    """:func:`~digiq.models.critic.critic_scores` of one row's critics of one seed, on the inputs they trained on."""
+    data = process_cached(("critic inputs", job.paths.root, job.row),
+                          lambda: trained_inputs(job.paths, [job.row])[job.row], slot="critic inputs")  # fmt: skip
+    return critic_scores(load_critics(job.paths, job.seed, job.row, data_task_sets(job.of_set)), data, job.of_set)
+
+
+class StepFeaturesJob(NamedTuple):
+    """Offline DigiRL's step features of one task set's stored steps (:func:`step_features_job`)."""
+
+    paths: Paths
+    task_set: str
+
+
+def step_features_job(job: StepFeaturesJob) -> StepFeatures:
+    """What offline DigiRL's value functions read: the frozen base policy's features of one task set's stored steps
+    (:func:`~digiq.algos.digirl.store_steps`' rows), as off-to-online DigiRL's runs read them."""
+    base = AutoUIPolicy.load(job.paths.base_policy)
+    store = TrajectoryStore(job.paths.offline)
+    steps = store_steps(store, job.task_set)
+    return step_features(base, steps, load_screens(base, store, [*steps.image_path, *steps.next_image_path]))
 
 
 class ActorFitJob(NamedTuple):
@@ -164,17 +206,28 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         of_set = steps.task_set.to_numpy()
         task_sets = data_task_sets(of_set)
         cands = read_candidates(paths).to_pandas()
-        feats = trained_inputs(paths, critic_rows)  # what each row's critics were trained on
         valid = np.stack(cands.valid_list.to_numpy())
+        # Each critic's scores of every state, once per row and seed: Best-of-N rows reading one critic share them.
+        with timed(parts, "scores"):
+            score_jobs = [ScoreJob(paths, row, s, of_set) for row in critic_rows for s in range(seeds)]
+            scored = {(job.row, job.seed): q_and_v
+                      for job, q_and_v in zip(score_jobs, map_jobs(score_job, score_jobs, compute), strict=True)}  # fmt: skip
         with timed(parts, "digirl_features"):
-            digirl_feats = offline_step_features(paths, steps)
+            digirl_jobs = [StepFeaturesJob(paths, ts) for ts in task_sets]
+            digirl_feats = dict(zip(task_sets, map_jobs(step_features_job, digirl_jobs, compute), strict=True))
         digirl_stats: dict[str, list[dict[str, Any]]] = {}  # per task set, per seed
         if perfect_row:
             with timed(parts, "expert_matrix"):
-                right, _ = expert_matrix(env, collect.seed, steps, cands)
+                right, expert_kinds = expert_matrix(env, collect.seed, steps, cands)
             perfect = perfect_critic_picks(right)
             metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
+        if parallel.is_main():  # for the stages after this one, which would compute them again
+            for (row, s), q_and_v in scored.items():
+                write_stored(paths, critic_scores_name(row, s), steps, q_and_v)
+            write_offline_step_features(paths, steps, digirl_feats)
+            if perfect_row:
+                write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": expert_kinds})
         kept: dict[str, list[int]] = {r.name: [] for r in offline}
         kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row
         not_taken: dict[str, list[float]] = {}
@@ -189,8 +242,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
             plans: dict[str, Picks] = {}
             for row in best_of_n:
                 k = cfg.k_candidates if row.candidates is None else row.candidates
-                critics = load_critics(paths, s, row.critic, task_sets)
-                adv = advantages(critics, feats[row.critic], valid, of_set, k, np.random.default_rng(seed))
+                adv = drawn_per_task_set(scored[(row.critic, s)], valid, of_set, task_sets, k,
+                                         np.random.default_rng(seed))  # fmt: skip
                 plans[row.name], stats = best_of_n_picks(cfg, adv, steps)
                 not_taken.setdefault(row.name, []).append(stats.pop("kept_not_taken_fraction"))
                 by_set.setdefault(row.name, []).append({k: round(v, 4) for k, v in stats.items()})
@@ -207,8 +260,8 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
                 if row.kind == "digirl_offline":  # its value functions, too, one per task set
                     parts_by_set = {}
                     for ts in task_sets:
-                        mine = np.flatnonzero(of_set == ts)
-                        picked, stats = digirl_offline_picks(digirl, digirl_feats.take(mine),
+                        mine = np.flatnonzero(of_set == ts)  # the rows of store_steps(ts), in its order
+                        picked, stats = digirl_offline_picks(digirl, digirl_feats[ts],
                                                              steps.iloc[mine].reset_index(drop=True), seed)  # fmt: skip
                         parts_by_set[ts] = mine[picked.states]
                         digirl_stats.setdefault(ts, []).append(stats)
@@ -260,10 +313,22 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
 
 def advantages(critics: dict[str, Critic], data: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,
                 k: int, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
-    """(S, N): :func:`drawn_advantages` of every stored state, each scored by its own task set's critic."""
-    state, candidates = np.asarray(data["state"]), np.asarray(data["candidates"])
-    return per_task_set(of_set, critics, lambda critic, rows: drawn_advantages(
-        critic, state[rows], candidates[rows], valid[rows], k, rng))  # fmt: skip
+    """(S, N): :func:`~digiq.algos.digiq.drawn_advantages` of every stored state, each scored by its own task set's
+    critic."""
+    return drawn_per_task_set(critic_scores(critics, data, of_set), valid, of_set, list(critics), k, rng)
+
+
+def drawn_per_task_set(scores: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,
+                       task_sets: Sequence[str], k: int, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """(S, N): A = Q - V of ``scores`` (:func:`~digiq.models.critic.critic_scores`) at the K candidates drawn per
+    state (:func:`~digiq.algos.digiq.drawn_among`), -inf elsewhere; the states drawn for one task set after the
+    other, in the order of ``task_sets``, as they were when each task set's critic was asked in turn."""
+    adv = scores["q"] - scores["v"][:, None]
+    out = np.full_like(adv, -np.inf)
+    for ts in task_sets:
+        rows = np.flatnonzero(of_set == ts)
+        out[rows] = drawn_among(adv[rows], valid[rows], k, rng)
+    return out
 
 
 def _of_task_set(picks: Picks, of_set: np.ndarray, task_set: str) -> Picks:

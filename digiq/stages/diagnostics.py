@@ -30,6 +30,11 @@ what it fit says little about what it ranks):
   held-out trajectories beside a control that sees only the goal and the
   action (``probes``).
 
+Every critic's Q is the one stage 07's Best-of-N read, stored beside its
+picks (:func:`digiq.data.picks.read_stored`), and so is the expert's matrix
+where stage 07 computed it (for the perfect critic); the expert rankers'
+two fits each are jobs (:func:`ranker_job`).
+
 Writes ``metrics/diagnostics.json``; with ``oracle_states: 0`` (imported
 data, real devices) only ``{"off": why}``.
 """
@@ -57,10 +62,10 @@ from digiq.config import (
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
-from digiq.data.picks import read_picks
+from digiq.data.picks import EXPERT_MATRIX, critic_scores_name, read_picks, read_stored, stored_path
 from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_matrix, replay
-from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
+from digiq.diagnostics.probes import expert_probe_half, feature_probe, within_state_share
 from digiq.diagnostics.reports import (
     action_kinds,
     behaviour_report,
@@ -81,7 +86,7 @@ from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
 from digiq.models.checkpoint import read_meta
-from digiq.models.critic import Critic, load_critics, per_task_set, trained_inputs
+from digiq.models.critic import trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
@@ -90,7 +95,7 @@ from digiq.rows import VLM_OF_ROW, all_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
-__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "run"]
+__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "RankerJob", "ranker_job", "run"]
 
 
 # States per oracle job. Fixed, not derived from the number of workers, so the
@@ -155,6 +160,28 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
     return out
 
 
+class RankerJob(NamedTuple):
+    """One of the two fits of an expert ranker (:func:`~digiq.diagnostics.probes.expert_probe_half`) on the inputs
+    ``row``'s critics read: an MLP shaped like a Q head, or with ``hidden`` None a linear scorer."""
+
+    paths: Paths
+    row: str
+    hidden: int | None
+    half: int
+    right: np.ndarray
+    valid: np.ndarray
+    episodes: np.ndarray
+    seed: int
+
+
+def ranker_job(job: RankerJob) -> tuple[np.ndarray, np.ndarray]:
+    """The rows one fit scores and their scores."""
+    inputs = process_cached(("critic inputs", job.paths.root, job.row),
+                            lambda: trained_inputs(job.paths, [job.row])[job.row], slot="critic inputs")  # fmt: skip
+    return expert_probe_half(inputs["state"], inputs["candidates"], job.right, job.valid, job.episodes,
+                             half=job.half, seed=job.seed, hidden=job.hidden)  # fmt: skip
+
+
 def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
                   cands: pd.DataFrame, pool: np.ndarray, paths: Paths, compute: ComputeConfig) -> dict[str, Any]:  # fmt: skip
     """True values, the base policy's log-likelihoods and (``behaviour_rollouts``) its values of the candidates of
@@ -187,16 +214,6 @@ def _taken(valid: np.ndarray) -> np.ndarray:
     scores = np.zeros(valid.shape)
     scores[:, 0] = 1.0
     return scores
-
-
-def _all_q(critics: dict[str, Critic], feats: dict[str, np.ndarray], task_sets: np.ndarray) -> np.ndarray:
-    """Q (S, N) of every stored state's candidates, by its own task set's critic."""
-    state, candidates = np.asarray(feats["state"]), np.asarray(feats["candidates"])
-
-    def q_of(critic: Critic, rows: np.ndarray) -> np.ndarray:
-        return critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))[0].numpy()
-
-    return per_task_set(task_sets, critics, q_of)
 
 
 def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None]:
@@ -244,12 +261,15 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         cands = read_candidates(paths).to_pandas()
         picks = read_picks(paths)
         critic_rows = sorted(p.name for p in (paths.critics / "seed0").iterdir() if p.is_dir())
+        require("diagnostics", *(stored_path(paths, critic_scores_name(row, s)) for row in critic_rows
+                                 for s in range(seeds)))  # fmt: skip
         task_sets = steps.task_set.to_numpy()
         in_data = data_task_sets(task_sets)
         first = paths.critic(0, "digiq", in_data[0])
-        feats = trained_inputs(paths, critic_rows)
         # The paper's critic inputs on each VLM's features: what the probes read.
-        by_vlm = {VLM_OF_ROW[row]: feats[row] for row in feats if row in VLM_OF_ROW}
+        probed = [row for row in critic_rows if row in VLM_OF_ROW]
+        feats = trained_inputs(paths, probed)
+        by_vlm = {VLM_OF_ROW[row]: feats[row] for row in probed}
         gamma = float(read_meta(first)["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
         distinct = distinct_decisions(cands.action_list.tolist())  # the uninformed level's decisions
@@ -285,14 +305,23 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                                    task_sets[sample["idx"]])}  # fmt: skip
 
         with timed(parts, "expert_matrix"):
-            right, kinds = expert_matrix(env, collect.seed, steps, cands)
+            if stored_path(paths, EXPERT_MATRIX).exists():  # the perfect critic's, which stage 07 computed
+                stored = read_stored(paths, EXPERT_MATRIX, steps, ("right", "kinds"), "diagnostics")
+                right, kinds = stored["right"], stored["kinds"]
+            else:
+                right, kinds = expert_matrix(env, collect.seed, steps, cands)
         metrics["expert_support"] = support_report(right, task_sets, steps.family.to_numpy())
         metrics["expert_support_by_kind"] = support_report(right, task_sets, kinds)
         # What the critic's inputs allow with a label on every candidate (the critic has none): once per VLM.
-        # A ranker as big as a Q head and a linear one, cross-fitted over episodes.
-        expert_probes = {f"{name}_ranker_{vlm}": expert_probe(f["state"], f["candidates"], right, valid, episodes,
-                                                              seed=cfg.seed, hidden=hidden)
-                         for vlm, f in by_vlm.items() for name, hidden in (("mlp", 256), ("linear", None))}  # fmt: skip
+        # A ranker as big as a Q head and a linear one, cross-fitted over episodes: each of its two fits a job.
+        rankers = [(f"{name}_ranker_{VLM_OF_ROW[row]}", RankerJob(paths, row, hidden, half, right, valid, episodes,
+                                                                  cfg.seed))
+                   for row in probed for name, hidden in (("mlp", 256), ("linear", None)) for half in (0, 1)]  # fmt: skip
+        with timed(parts, "expert_rankers"):
+            fitted = map_jobs(ranker_job, [job for _, job in rankers], compute)
+        expert_probes: dict[str, np.ndarray] = {}
+        for (name, _), (rows, half_scores) in zip(rankers, fitted, strict=True):
+            expert_probes.setdefault(name, np.zeros(valid.shape, np.float32))[rows] = half_scores
 
         # The rows each policy of stage 07 imitates: how many are the expert's; how many are at states where some
         # candidate is (elsewhere every pick is wrong), and how many of the rows there are the expert's.
@@ -323,7 +352,9 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         reports, critic_q = [], []
         expert_reports: dict[str, list[dict[str, Any]]] = {"heldout": [], "train": []}
         for s in range(seeds):
-            q = {row: _all_q(load_critics(paths, s, row, in_data), feats[row], task_sets) for row in critic_rows}
+            # Each critic's Q of every stored state, as stage 07's Best-of-N read it.
+            q = {row: read_stored(paths, critic_scores_name(row, s), steps, ("q",), "diagnostics")["q"]
+                 for row in critic_rows}  # fmt: skip
             critic_q.append(q["digiq"])
             reports.append(ranking_report(sample["oracle"], sample["valid"], distinct[sample["idx"]],
                                           {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],

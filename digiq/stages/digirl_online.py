@@ -17,7 +17,8 @@ per task set, as stage 07 fits them), in rounds:
 The rows differ in where they start and what they imitate:
 ``digirl_online`` starts from the base policy; ``digirl_off2on`` from offline
 DigiRL's policy of the same seed and task set (stage 07), with the task set's
-offline data in its buffer; ``filtered_bc_online`` from the base, imitating every step of the
+offline data in its buffer (their step features stage 07's, stored beside
+its picks); ``filtered_bc_online`` from the base, imitating every step of the
 buffer's successful episodes (DigiRL's online baseline).
 
 A run stops after ``digirl.rounds`` rounds, or before a round once its
@@ -46,7 +47,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from digiq.algos.digirl import DigiRLValues, StepFeatures, fit_and_select, step_features
+from digiq.algos.digirl import (
+    DigiRLValues,
+    StepFeatures,
+    fit_and_select,
+    read_offline_step_features,
+    step_features,
+    store_steps,
+)
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.algos.pae import pae_picks
 from digiq.config import (
@@ -59,6 +67,7 @@ from digiq.config import (
     JudgeConfig,
     load_section,
 )
+from digiq.data.picks import DIGIRL_STEP_FEATURES, stored_path
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
@@ -176,18 +185,19 @@ class _Buffer:
         self.feats: list[StepFeatures] = []
         self.screens: dict[str, Any] = {}
 
-    def add(self, name: str, store: TrajectoryStore, task_set: str | None = None) -> pd.DataFrame:
-        """Append the episodes of ``store`` under ``name`` (only ``task_set``'s, if given); their step table."""
-        t = store.read().to_pandas()
-        if task_set is not None:
-            t = t[t.task_set == task_set]
-        t = t.sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
+    def add(self, name: str, store: TrajectoryStore, task_set: str | None = None,
+            feats: StepFeatures | None = None) -> pd.DataFrame:  # fmt: skip
+        """Append the episodes of ``store`` under ``name`` (only ``task_set``'s, if given); their step table.
+
+        ``feats``: their step features, computed before (stage 07's of the offline data); else computed here.
+        """
+        t = store_steps(store, task_set)
         key = f"{name}/"
         loaded = load_screens(self.base, store, [*t.image_path, *t.next_image_path])
         self.screens.update({key + p: v for p, v in loaded.items()})
         self.steps.append(t.assign(source=name, key=key + t.image_path))
         if self.features:
-            self.feats.append(step_features(self.base, t, loaded))
+            self.feats.append(step_features(self.base, t, loaded) if feats is None else feats)
         return t
 
     def table(self) -> tuple[pd.DataFrame, StepFeatures | None]:
@@ -224,7 +234,8 @@ def run_online_job(job: OnlineJob) -> dict[str, Any]:
     # Only DigiRL's rule reads value functions; Filtered BC's and PAE's read the outcomes alone.
     buffer = _Buffer(base, features=practice is None and job.row != "filtered_bc_online")
     if job.row == "digirl_off2on":
-        buffer.add(OFFLINE, TrajectoryStore(paths.offline), job.task_set)
+        offline = read_offline_step_features(paths, job.task_set, "digirl_online")  # stage 07's: the same floats
+        buffer.add(OFFLINE, TrajectoryStore(paths.offline), job.task_set, offline)
     for r in range(len(state["rounds"])):
         buffer.add(f"round{r:03d}", TrajectoryStore(run / f"round{r:03d}"))
     train = read_tasks(paths, job.task_set, "train", None, "digirl_online") if practice is None else []
@@ -347,7 +358,7 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
             *(start_checkpoint(paths, row, s, ts) / "config.json" for row in cfg.online for s in range(seeds)
               for ts in TASK_SETS))  # fmt: skip
     if "digirl_off2on" in cfg.online:
-        require("digirl_online", paths.offline)
+        require("digirl_online", paths.offline, stored_path(paths, DIGIRL_STEP_FEATURES))
     paths.online.mkdir(parents=True, exist_ok=True)  # the stage's output, empty when digirl.online is []
     on_sim = devices.backend == "sim"
     jobs = [OnlineJob(paths, row, s, ts, cfg, actor, env, devices, judge or JudgeConfig(),

@@ -1,4 +1,5 @@
-"""Digi-Q's learning rule (digiq.algos.digiq): the twin heads' two conventions and the critic's optimiser."""
+"""Digi-Q's learning rule (digiq.algos.digiq): the twin heads' two conventions, the critic's optimiser, and the
+critic's scoring of every stored candidate (each state's share of the first layer once, each distinct candidate once)."""
 
 import dataclasses
 
@@ -7,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from digiq.algos.digiq import build_critic, fit_critic, q_targets, td_losses
+from digiq.algos.digiq import build_critic, drawn_advantages, drawn_among, fit_critic, q_targets, td_losses
 from digiq.config import CriticConfig
-from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic import SCORE_BLOCK, Critic, CriticNetConfig, mlp, pair_mlp, same_candidates
 
 
 def constant_critic(twin: str, q: tuple[float, float], v: tuple[float, float]) -> Critic:
@@ -88,3 +89,87 @@ def test_every_seed_s_critic_holds_out_the_same_trajectories():
     assert np.array_equal(fits[0]["train_rows"], fits[1]["train_rows"]) and fits[0]["heldout"] == 6  # 3 of 10
     other = fit_critic(dataclasses.replace(cfg, seed=cfg.seed + 1), feats, steps, 1)
     assert not np.array_equal(other["train_rows"], fits[0]["train_rows"])  # drawn by critic.seed
+
+
+def _candidates(states: int, n: int, width: int, seed: int) -> np.ndarray:
+    """(states, n, width) features in which each state repeats some of its candidates, as the base's samples do,
+    and two candidates differ in one feature by one unit in the last place."""
+    rng = np.random.default_rng(seed)
+    rows = (rng.normal(size=(states, n, width)) + 3.0).astype(np.float32)  # off zero: the layer norm's mean counts
+    picks = rng.integers(0, n // 2, size=(states, n))
+    picks[:, 0] = 0
+    out = np.take_along_axis(rows, picks[..., None], 1)
+    out[0, -1] = out[0, 0]
+    out[0, -1, 3] = np.nextafter(out[0, 0, 3], np.float32(np.inf))  # all but equal: a distinct candidate
+    return out
+
+
+def test_same_candidates_marks_each_repeat_by_its_first_equal_column_and_nothing_else():
+    c = _candidates(SCORE_BLOCK + 37, 8, 12, seed=0)  # more states than one block holds
+    want = np.array([[next(j for j in range(8) if np.array_equal(row[j], row[k])) for k in range(8)] for row in c])
+    got = same_candidates(torch.from_numpy(c)).numpy()
+    assert np.array_equal(got, want)
+    assert got[0, -1] == 7  # one bit apart is not a repeat
+    assert (got != np.arange(8)).mean() > 0.3  # the repeats are there to be found
+
+
+@pytest.mark.parametrize("hidden", [16, None])
+def test_pair_mlp_is_the_net_on_the_concatenated_rows_to_float_rounding_gradients_too(hidden):
+    """What the critic's heads and the expert rankers read: the LayerNorm and first layer split between the state's
+    columns and the candidate's, each distinct candidate once, against the net on every (state, candidate) row."""
+    rng = np.random.default_rng(1)
+    state = torch.from_numpy((rng.normal(size=(40, 10)) - 2.0).astype(np.float32))
+    cands = torch.from_numpy(_candidates(40, 6, 7, seed=2))
+    torch.manual_seed(0)
+    net = mlp(17, hidden) if hidden else torch.nn.Sequential(torch.nn.LayerNorm(17), torch.nn.Linear(17, 1))
+    with torch.no_grad():  # an affine layer norm that is not the identity
+        net[0].weight.uniform_(0.5, 1.5)
+        net[0].bias.normal_()
+    whole = net(torch.cat([state[:, None].expand(-1, 6, -1), cands], -1))[..., 0]
+    split = pair_mlp(net, state, cands)
+    torch.testing.assert_close(split, whole, rtol=0, atol=2e-6 * float(whole.abs().max()))
+    weights = torch.randn(whole.shape)
+    for a, b in zip(torch.autograd.grad((whole * weights).sum(), list(net.parameters())),
+                    torch.autograd.grad((split * weights).sum(), list(net.parameters())), strict=True):  # fmt: skip
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5 * float(a.abs().max()))
+    assert torch.equal(pair_mlp(net, state, cands, same_candidates(cands)), split)  # the map given or computed
+
+
+def test_pair_mlp_names_inputs_that_do_not_make_the_net_s_rows():
+    with pytest.raises(ValueError, match=r"states \(3, 4\) and candidates \(3, 2, 4\) do not make the 9-wide rows"):
+        pair_mlp(mlp(9, 4), torch.zeros(3, 4), torch.zeros(3, 2, 4))
+    with pytest.raises(ValueError, match="starts with an affine LayerNorm and a Linear"):
+        pair_mlp(torch.nn.Sequential(torch.nn.Linear(9, 1)), torch.zeros(3, 4), torch.zeros(3, 2, 5))
+
+
+@pytest.mark.parametrize("twin", ["min", "each"])
+def test_the_critic_s_scores_are_q_and_v_of_every_row_to_float_rounding(twin):
+    """Critic.advantage, which stage 07 stores for every critic and seed, against each head on the concatenated rows
+    (how it scored before), over more states than one block."""
+    S = SCORE_BLOCK + 100
+    rng = np.random.default_rng(3)
+    state = torch.from_numpy(rng.normal(size=(S, 12)).astype(np.float32))
+    cands = torch.from_numpy(_candidates(S, 8, 9, seed=4))
+    torch.manual_seed(1)
+    critic = Critic(CriticNetConfig(feature_dim=12, action_dim=9, hidden=32, twin=twin)).eval()
+    q, v, a = critic.advantage(state, cands)
+    with torch.no_grad():
+        want_q = critic.joined(critic.q(state[:, None].expand(-1, 8, -1), cands))
+        want_v = critic.joined(critic.v(state))
+    assert torch.equal(v, want_v) and torch.equal(a, q - v[:, None])
+    torch.testing.assert_close(q, want_q, rtol=0, atol=1e-6)
+    same = same_candidates(cands)
+    assert torch.equal(q, q.gather(1, same))  # repeats share one value, as they share one set of features
+
+
+def test_advantages_computed_once_are_drawn_from_as_the_critic_s_own():
+    """drawn_among over a stored A = Q - V draws and masks exactly as drawn_advantages asking the critic."""
+    rng = np.random.default_rng(5)
+    state = rng.normal(size=(30, 6)).astype(np.float32)
+    cands = _candidates(30, 5, 6, seed=6)
+    valid = rng.uniform(size=(30, 5)) > 0.3
+    critic = Critic(CriticNetConfig(feature_dim=6, hidden=8)).eval()
+    _, _, adv = critic.advantage(torch.from_numpy(state), torch.from_numpy(cands))
+    for k in (1, 3, 5):
+        asked = drawn_advantages(critic, state, cands, valid, k, np.random.default_rng(k))
+        assert np.array_equal(drawn_among(adv.numpy(), valid, k, np.random.default_rng(k)), asked)

@@ -1,11 +1,13 @@
-"""``digiq.data.picks``: the rows each policy imitates, written by stage 07 and read back by stage 08."""
+"""``digiq.data.picks``: the rows each policy imitates, written by stage 07 and read back by stage 08, and the
+matrices stage 07 stores beside them."""
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from digiq.data.picks import Picks, read_picks, write_picks
+from digiq.data.picks import Picks, read_picks, read_stored, stored_path, write_picks, write_stored
 from digiq.data.trajectories import DataError
 from digiq.io import StageError
 from digiq.paths import Paths
@@ -38,3 +40,27 @@ def test_a_missing_or_incomplete_picks_file_is_named(tmp_path):
     pq.write_table(pa.table({"seed": [0], "policy": ["digiq"]}), paths.picks)
     with pytest.raises(DataError, match=r"lacks field\(s\) \['column', 'state', 'weight'\]"):
         read_picks(paths)
+
+
+def test_stored_matrices_come_back_for_the_same_steps_and_nothing_else_does(tmp_path):
+    paths = Paths(tmp_path)
+    steps = pd.DataFrame({"traj_id": [0, 0, 1], "step_id": [0, 1, 0]})
+    q = np.arange(6, dtype=np.float32).reshape(3, 2)
+    kinds = np.array(["TYPE", "DUAL_POINT", "PRESS_HOME"])
+    write_stored(paths, "m", steps, {"q": q, "kinds": kinds})
+    back = read_stored(paths, "m", steps, ("q", "kinds"), "diagnostics")
+    assert np.array_equal(back["q"], q) and back["q"].dtype == np.float32 and back["kinds"].tolist() == kinds.tolist()
+    with pytest.raises(DataError, match=r"m\.npz are not the stored steps \(3 rows for 2 steps\)"):
+        read_stored(paths, "m", steps.iloc[:2], ("q",), "diagnostics")
+    with pytest.raises(DataError, match="cannot read .*m\\.npz: KeyError"):
+        read_stored(paths, "m", steps, ("v",), "diagnostics")
+    with pytest.raises(ValueError, match="m: q has 3 rows for 2 steps"):
+        write_stored(paths, "m", steps.iloc[:2], {"q": q})
+    with pytest.raises(StageError, match=r"stage diagnostics: missing input .*other\.npz"):
+        read_stored(paths, "other", steps, ("q",), "diagnostics")
+    data = bytearray(stored_path(paths, "m").read_bytes())
+    at = data.find(q.tobytes())
+    data[at + 5] ^= 0x10  # one bit of Q flipped: the file's CRC no longer holds
+    stored_path(paths, "m").write_bytes(bytes(data))
+    with pytest.raises(DataError, match="cannot read .*m\\.npz: BadZipFile"):
+        read_stored(paths, "m", steps, ("q",), "diagnostics")

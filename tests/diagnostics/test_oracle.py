@@ -4,7 +4,7 @@ import torch
 
 from digiq.data import TrajectoryStore
 from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_equivalent, replay
-from digiq.diagnostics.probes import expert_probe, feature_probe, within_state_share
+from digiq.diagnostics.probes import expert_probe, expert_probe_half, feature_probe, within_state_share
 from digiq.diagnostics.reports import (
     action_kinds,
     behaviour_report,
@@ -255,6 +255,29 @@ def test_expert_probe_picks_right_on_episodes_it_was_not_fit_on_and_leaves_torch
     assert rates["telling"] > 0.9 and rates["telling_linear"] > 0.9  # one feature carries the label: linear suffices
     assert abs(rates["blind"] - rates["uninformed"]) < 0.1
     assert np.array_equal(scores["telling"], expert_probe(state, telling, right, valid, episodes, seed=0, epochs=20))
+
+
+@pytest.mark.parametrize("hidden", [16, None])
+def test_an_expert_probe_s_two_fits_run_apart_give_what_one_run_gives(hidden):
+    """Stage 08 runs each fit as a job: the second alone, in another process, draws the batches it drew after the
+    first, so the scores are the same bits."""
+    rng = np.random.default_rng(4)
+    S, N = 120, 5
+    right = rng.uniform(size=(S, N)) < 0.4
+    valid = rng.uniform(size=(S, N)) < 0.9
+    episodes = np.repeat(np.arange(S // 3), 3)
+    state = rng.normal(size=(S, 6)).astype(np.float32)
+    candidates = np.concatenate([right[..., None], rng.normal(size=(S, N, 5))], -1).astype(np.float32)
+    whole = expert_probe(state, candidates, right, valid, episodes, seed=2, hidden=hidden, epochs=3)
+    apart = np.full((S, N), np.nan, np.float32)
+    for half in (1, 0):  # the second first: it needs nothing of the first but the seed
+        rows, scores = expert_probe_half(state, candidates, right, valid, episodes, half=half, seed=2, hidden=hidden,
+                                         epochs=3)  # fmt: skip
+        assert np.isnan(apart[rows]).all()  # the halves score different states
+        apart[rows] = scores
+    assert np.array_equal(apart, whole)
+    with pytest.raises(ValueError, match="halves 0 and 1, got 2"):
+        expert_probe_half(state, candidates, right, valid, episodes, half=2, seed=2)
 
 
 class _TypesGarbage(ExpertPolicy):

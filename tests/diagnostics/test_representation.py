@@ -10,7 +10,8 @@ import pytest
 from digiq.config import CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
 from digiq.data import TrajectoryStore
 from digiq.data.features import load_features
-from digiq.data.picks import Picks, write_picks
+from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, stored_path, write_picks, write_stored
+from digiq.data.trajectories import DataError
 from digiq.diagnostics.representation import (
     CONTROL_WORDS,
     GRID,
@@ -23,8 +24,12 @@ from digiq.diagnostics.representation import (
     representation_probes,
 )
 from digiq.env.actions import ActionType, press_home, tap
+from digiq.io import StageError
+from digiq.models.critic import Critic
 from digiq.models.vlm import effect_label
 from digiq.paths import Paths
+from digiq.stages import diagnostics
+from digiq.stages.actor import ScoreJob, score_job
 from digiq.stages.diagnostics import run_diagnostics
 
 
@@ -135,11 +140,19 @@ def probe_root(values_root, tmp_path_factory) -> Paths:
     return paths
 
 
+def _stage_07_outputs(paths: Paths) -> None:
+    """What stage 08 reads of stage 07's: the picks (the data's own action everywhere) and seed 0's critic scores."""
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    write_picks(paths, {("digiq", 0): Picks.taken(np.arange(len(steps)))})
+    write_stored(paths, critic_scores_name("digiq", 0), steps,
+                 score_job(ScoreJob(paths, "digiq", 0, steps.task_set.to_numpy())))  # fmt: skip
+
+
 def test_the_diagnostics_stage_probes_every_feature_folder(probe_root):
     paths = probe_root
     params = load_params(Path(paths.root) / "params.yaml")
     S = len(load_features(paths)["state"])
-    write_picks(paths, {("digiq", 0): Picks.taken(np.arange(S))})
+    _stage_07_outputs(paths)
     cfg = DiagnosticsConfig(oracle_states=2, oracle_rollouts=1, behaviour_rollouts=0)
     m = run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
                         collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
@@ -157,6 +170,48 @@ def test_the_diagnostics_stage_probes_every_feature_folder(probe_root):
         assert m["critic_pick_margin"]["all"]["units"] == m["expert_pick"]["informative_states"]
     table = probe_table(probes)
     assert list(table.index) == list(probes) and table.loc["blind", ("changes_screen", "auroc")] == 1.0
+
+
+def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_stored(probe_root, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    """Every critic's Q as stage 07 stored it, and the expert's matrix where stage 07 computed it: neither is
+    computed again. The stored ones here are what no critic and no simulator would give: the tap (column 1) first
+    at every state, and the tap the expert's action everywhere, of a kind of its own."""
+    root = tmp_path / "root"
+    shutil.copytree(probe_root.root, root)
+    paths = Paths(root)
+    params = load_params(root / "params.yaml")
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    S = len(steps)
+    write_picks(paths, {("digiq", 0): Picks.taken(np.arange(S))})
+    write_stored(paths, critic_scores_name("digiq", 0), steps,
+                 {"q": np.tile(np.float32([0.0, 1.0, 0.0]), (S, 1)), "v": np.zeros(S, np.float32)})  # fmt: skip
+    right = np.zeros((S, 3), bool)
+    right[:, 1] = True
+    write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": np.full(S, "STORED_KIND")})
+
+    def computed_again(*args, **kwargs):
+        raise AssertionError("computed again what stage 07 stored")
+
+    monkeypatch.setattr(Critic, "advantage", computed_again)
+    monkeypatch.setattr(diagnostics, "expert_matrix", computed_again)
+    cfg = DiagnosticsConfig(oracle_states=2, oracle_rollouts=1, behaviour_rollouts=0)
+    m = run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
+                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+    for part in ("expert_pick", "expert_pick_train"):  # the stored tap, always picked, always right
+        assert m[part]["informative_states"] > 0 and m[part]["hit_rate"]["critic_digiq"] == 1.0, part
+    assert {kind for by_kind in m["expert_support_by_kind"].values() for kind in by_kind} == {"STORED_KIND"}
+    assert m["rows_expert_share"]["digiq"]["general"] == 0.0  # the data's own actions: never the stored tap
+
+    write_stored(paths, critic_scores_name("digiq", 0), steps.iloc[1:], {"q": np.zeros((S - 1, 3), np.float32),
+                                                                          "v": np.zeros(S - 1, np.float32)})  # fmt: skip
+    with pytest.raises(DataError, match="critic_digiq_seed0.npz are not the stored steps"):
+        run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
+                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+    stored_path(paths, critic_scores_name("digiq", 0)).unlink()
+    with pytest.raises(StageError, match=r"stage diagnostics: missing input .*critic_digiq_seed0\.npz"):
+        run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
+                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
 
 
 def test_without_stored_hierarchies_the_goal_element_probe_is_absent(probe_root, tmp_path):

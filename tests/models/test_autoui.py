@@ -96,13 +96,16 @@ def test_released_autoui_layout_loads_and_matches_its_forward_pass(tok, tmp_path
     actions = ["Action Decision: PRESS_HOME", "Action Decision: TYPE: Peru"]
     lab = tok(actions, padding=True, return_tensors="pt").input_ids
     dec_in = ref.t5._shift_right(lab)
+    # Targets anywhere in the padded vocabulary (len(tok) + 28 rows, all kept), and the actions' own tokens.
+    targets = torch.randint(0, len(tok) + 28, dec_in.shape, generator=torch.Generator().manual_seed(0))
+    targets[:, 0] = len(tok) + 27
     with torch.no_grad():
         states = ref.encoder_states(enc.input_ids, enc.attention_mask, image)
         want = ref.t5(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=enc.attention_mask,
                       decoder_input_ids=dec_in).logits.log_softmax(-1)  # fmt: skip
-        got = model._logprobs(model.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
-    assert got.shape == want.shape  # the padded vocabulary (len(tok) + 28 rows) is kept
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for target in (targets, lab):
+            got = model._target_logprobs(model.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)), target)
+            torch.testing.assert_close(got, want.gather(-1, target[..., None])[..., 0], atol=1e-5, rtol=1e-5)
 
     # Greedy decoding agrees with transformers' own generate on the reference's encoder states.
     with torch.no_grad():
@@ -117,7 +120,7 @@ def test_released_autoui_layout_loads_and_matches_its_forward_pass(tok, tmp_path
     back = AutoUIPolicy.load(tmp_path / "ours", image_encoder_path="/somewhere/blip2")
     assert back.cfg.image_encoder_path == "/somewhere/blip2"
     with torch.no_grad():
-        again = back._logprobs(back.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)))
+        again = back._target_logprobs(back.encode(PROMPTS, image), torch.nn.functional.pad(dec_in, (1, 0)), lab)
     torch.testing.assert_close(again, got)
 
 
@@ -134,8 +137,10 @@ def test_tied_embeddings_follow_the_checkpoint_config(tok, tmp_path):
         states = ref.encoder_states(enc.input_ids, enc.attention_mask, image)
         want = ref.t5(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=enc.attention_mask,
                       decoder_input_ids=torch.zeros(1, 1, dtype=torch.long)).logits.log_softmax(-1)  # fmt: skip
-        got = model._logprobs(model.encode(PROMPTS[:1], image), torch.zeros(1, 2, dtype=torch.long))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        every = torch.arange(want.shape[-1])[:, None]  # each token of the vocabulary as the target, one row each
+        got = model._target_logprobs(model.encode(PROMPTS[:1] * len(every), image.expand(len(every), -1)),
+                                     torch.zeros(len(every), 2, dtype=torch.long), every)  # fmt: skip
+    torch.testing.assert_close(got[:, 0], want[0, 0], atol=1e-5, rtol=1e-5)
 
 
 def test_broken_autoui_folders_are_rejected_by_name(tok, tmp_path):

@@ -148,6 +148,45 @@ def test_step_decoder_matches_transformers_decoder(tok, layout):
         decoder.step(written[:, 0])
 
 
+def test_cross_attention_keys_and_values_are_projected_once_per_prompt(tok):
+    """Rows decoded from one prompt (its n samples) share its keys and values: projected once, the same floats as
+    projecting a copy of the prompt for each row."""
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32), tok).eval()
+    shots = np.random.default_rng(1).integers(0, 256, (3, 228, 108, 3), np.uint8)
+    enc = m.encode(["Goal: Open the clock", "Goal: What's the news in Peru today", "Goal: Search for jazz"], shots)
+    rows = torch.tensor([0, 0, 0, 2, 1, 1, 2])
+    projected: list[int] = []
+    key = m.t5.decoder.block[0].layer[1].EncDecAttention.k
+    key.register_forward_hook(lambda module, inputs, output: projected.append(len(inputs[0])))
+    written = torch.randint(3, len(tok), (len(rows), 6))
+    with torch.no_grad():
+        shared = StepDecoder(m.t5, enc["states"], enc["mask"], max_len=6, rows=rows)
+        copied = StepDecoder(m.t5, enc["states"][rows], enc["mask"][rows], max_len=6)
+        assert projected == [3, len(rows)]
+        for t in range(6):
+            for got, want in zip(shared.step(written[:, t]), copied.step(written[:, t]), strict=True):
+                assert torch.equal(got, want)
+
+
+def test_prompts_encoded_once_are_sampled_again_as_sampling_them_anew_samples_them(tok):
+    """Stage 02's redraws: rows of a batch encoded once, picked again (repeats too), draw what sampling those
+    prompts afresh draws."""
+    torch.manual_seed(0)
+    m = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, image_dim=32, max_action_tokens=24), tok).eval()
+    prompts = [f"Previous Actions: Goal: Search for item {i}" + " x" * i for i in range(6)]
+    shots = np.random.default_rng(4).integers(0, 256, (6, 228, 108, 3), np.uint8)
+    enc = m.encode_by_length(prompts, shots)
+    first = m.sample_encoded(enc, n=2, temperature=1.0, noise=[noise_key(1, i) for i in range(6)])
+    assert first == m.sample(prompts, shots, n=2, temperature=1.0, noise=[noise_key(1, i) for i in range(6)])
+    again, keys = [4, 1, 4], [noise_key(2, k) for k in range(3)]
+    want = m.sample([prompts[i] for i in again], shots[again], temperature=1.0, noise=keys)
+    assert m.sample_encoded(enc, temperature=1.0, noise=keys, rows=again) == want
+    assert len({row[0] for row in want}) == 3  # an untrained policy: each key its own string, so a mix-up shows
+    with pytest.raises(ValueError, match="one noise key per prompt: 3 prompts, 2 keys"):
+        m.sample_encoded(enc, temperature=1.0, noise=keys[:2], rows=again)
+
+
 def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
     """sample() equals a plain loop that reruns transformers' decoder over the whole prefix of every row, finished
     ones included, draw for draw: dropping finished rows and decoding a token at a time change nothing."""
@@ -161,7 +200,9 @@ def test_sampling_draws_what_the_whole_sequence_decoder_gives(tok):
         pad, streams = tok.pad_token_id, row_streams([11, 12], 3)
         tokens, done = torch.full((6, 2), pad), torch.zeros(6, dtype=torch.bool)
         for t in range(12):
-            probs = m._logprobs(enc, tokens)[:, -1].exp()
+            out = m.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
+                       decoder_input_ids=tokens[:, 1:], output_hidden_states=True)  # fmt: skip
+            probs = m._next_token_probs(enc, out.logits, out.decoder_hidden_states[-1], tokens)[:, -1]
             nxt = inverse_cdf_draw(probs, 0.8, torch.from_numpy(token_uniforms(streams, t))).masked_fill(done, pad)
             tokens = torch.cat([tokens, nxt[:, None]], 1)
             done |= nxt == tok.eos_token_id
@@ -289,7 +330,7 @@ def test_critic_takes_action_representations_of_another_size(tmp_path):
     assert q.shape == (3, 4) and v.shape == (3,)
     c.save(tmp_path / "critic")
     assert Critic.load(tmp_path / "critic").cfg.action_dim == 10
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"states \(3, 6\) and candidates \(3, 4, 6\) do not make the 16-wide rows"):
         c.advantage(torch.randn(3, 6), torch.randn(3, 4, 6))
 
 

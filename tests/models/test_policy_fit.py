@@ -1,12 +1,16 @@
 """Fitting the policy to rows (SFT and every actor), and its checkpoints."""
 
+import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from transformers.modeling_outputs import BaseModelOutput
 
 from digiq import parallel
-from digiq.env.actions import format_action, press_enter
+from digiq.env.actions import format_action, press_enter, type_text
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.policy_fit import FitRow, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
@@ -76,8 +80,8 @@ def test_a_weighted_loss_is_normalised_by_the_size_of_the_weights():
         assert weighted == pytest.approx((1.5 * nll[0] - 2.0 * nll[1] + 0.5 * nll[2]) / 4.0, rel=1e-5)
         # The same per-row NLLs as the batch computes them: the signed weights over sum |w| exactly, and positive
         # weights the weighted mean it always was (/ sum(w)), bit for bit; weights of 1 the plain mean.
-        logp, keep = policy._token_logprobs(prompts, images, actions)
-        per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        logp, tokens = policy._summed_logprobs(prompts, images, actions, group=32)
+        per_row = -logp / tokens.clamp(min=1)
         assert torch.equal(policy.loss(prompts, images, actions, weights), (per_row * weights).sum() / 4.0)
         w = torch.tensor([2.0, 1.0, 3.0])
         assert torch.equal(policy.loss(prompts, images, actions, w), (per_row * w).sum() / w.sum())
@@ -139,3 +143,130 @@ def test_weights_far_below_one_keep_their_ratios():
     same = [FitRow(r.prompt, r.image_path, r.action, w) for r, w in zip(rows, (1.0, 3.0, 2.0), strict=True)]
     with torch.no_grad():
         assert float(_loss(policy, rows, shots)) == pytest.approx(float(_loss(policy, same, shots)), rel=1e-6)
+
+
+def whole_batch_loss(model: AutoUIPolicy, prompts: list[str], images: torch.Tensor, actions: list[str],
+                     weights: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The loss as one forward pass computed it: the whole batch padded to its longest prompt and action, the
+    next-token distribution over the whole vocabulary at every position, the targets' log-probabilities read off it."""
+    enc = model.encode(prompts, images)
+    labels = model._labels(actions)
+    pad = model.tokenizer.pad_token_id
+    written = F.pad(model.t5._shift_right(labels.masked_fill(labels == -100, pad)), (1, 0), value=pad)
+    out = model.t5(encoder_outputs=BaseModelOutput(last_hidden_state=enc["states"]), attention_mask=enc["mask"],
+                   decoder_input_ids=written[:, 1:], output_hidden_states=True)  # fmt: skip
+    probs = model._next_token_probs(enc, out.logits, out.decoder_hidden_states[-1], written)
+    logp = torch.log(probs.clamp_min(1e-12)).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    keep = labels != -100
+    per_row = -(logp * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+    if weights is None:
+        return per_row.mean()
+    return (per_row * weights).sum() / weights.abs().sum().clamp(min=1e-8)
+
+
+def _uneven_rows(n: int) -> tuple[list[str], torch.Tensor, list[str]]:
+    """Rows whose prompts (the actions before) and actions (typed words) differ in length, as real ones do."""
+    rng = random.Random(0)
+    words = ["jazz", "the news in Peru", "a cheap pair of running shoes", "7am", "clock"]
+    prompts = [f"Previous Actions: {' PRESS_BACK' * rng.randrange(8)} Goal: search for {rng.choice(words)}"
+               for _ in range(n)]  # fmt: skip
+    actions = [format_action(type_text(rng.choice(words))) if i % 3 else format_action(press_enter()) for i in range(n)]
+    images = torch.randint(0, 256, (n, 114, 54, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    return prompts, images, actions
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_the_loss_in_groups_of_like_length_and_its_gradients_are_the_whole_batchs(copy):
+    """Dropout off, the loss of rows taken in groups, each reading its targets' probabilities only, is the whole
+    batch's full-vocabulary loss, and so are its gradients, up to float rounding."""
+    tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
+    torch.manual_seed(0)
+    policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.0, copy=copy), tok)
+    prompts, images, actions = _uneven_rows(13)
+    weights = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.0, -0.25, 2.0, 1.0, 1.0, 0.75, -1.0, 1.5, 1.0])
+    results = []
+    for loss in (lambda: whole_batch_loss(policy, prompts, images, actions, weights),
+                 lambda: policy.loss(prompts, images, actions, weights, group=4)):  # fmt: skip
+        policy.zero_grad()
+        value = loss()
+        value.backward()
+        results.append((value.detach(), [p.grad.clone() for p in policy.parameters() if p.grad is not None]))
+    (want, want_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert len(got_grads) == len(want_grads) > 10
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_goes_through_the_model_in_groups_of_like_length():
+    """By default 32 rows at a time, each group padded to its own longest prompt: the encoder sees far fewer tokens
+    than the batch padded to its longest, and every row once."""
+    policy = _tiny_policy()
+    prompts, images, actions = _uneven_rows(64)
+    seen: list[torch.Tensor] = []
+    policy.t5.encoder.register_forward_hook(lambda module, args, kwargs, out: seen.append(kwargs["input_ids"]),
+                                            with_kwargs=True)  # fmt: skip
+    with torch.no_grad():
+        policy.loss(prompts, images, actions)
+    lengths = sorted(len(ids) for ids in policy.tokenizer(prompts).input_ids)
+    assert [ids.shape for ids in seen] == [(32, lengths[31]), (32, lengths[63])]
+    assert sum(ids.numel() for ids in seen) < 0.85 * 64 * lengths[-1]
+
+
+def test_each_step_fits_the_batch_it_drew_whole():
+    """The groups change the order of rows inside a step, not which rows a step fits: each optimizer step's rows
+    are the batch drawn for it, every row once."""
+    from digiq.models.policy_fit import _batches
+
+    policy = _tiny_policy()
+    prompts, images, actions = _uneven_rows(13)
+    shots = {f"s{i}": images[i] for i in range(13)}
+    fit = [FitRow(prompts[i], f"s{i}", actions[i]) for i in range(13)]
+    steps: list[list[list[int]]] = [[]]
+    policy.t5.encoder.register_forward_hook(lambda module, args, kwargs, out: steps[-1].extend(
+        ids[mask.bool()].tolist() for ids, mask in zip(kwargs["input_ids"], kwargs["attention_mask"], strict=True)
+    ), with_kwargs=True)  # fmt: skip
+    real_step = torch.optim.AdamW.step
+
+    def step_then_next(self, *args, **kwargs):
+        steps.append([])
+        return real_step(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.AdamW, "step", step_then_next)
+        fit_policy(policy, fit, shots, updates=5, batch_size=6, lr=1e-3, seed=3)
+    drawn = [batch for _, batch in _batches(fit, 6, 5, random.Random(3), None)]
+    ids = policy.tokenizer([r.prompt for r in fit], truncation=True, max_length=policy.cfg.max_input_tokens).input_ids
+    by_prompt = {r.prompt: tuple(row) for r, row in zip(fit, ids, strict=True)}
+    assert len(steps) == 6 and steps[-1] == []
+    for rows, batch in zip(steps, drawn, strict=False):
+        assert sorted(map(tuple, rows)) == sorted(by_prompt[r.prompt] for r in batch)
+
+
+def test_with_dropout_the_fits_end_as_the_whole_batch_fits_end():
+    """Dropout draws its masks per group, so the curves differ step by step; over seeds, the loss a fit ends at is
+    the whole-batch loss's, within the spread of the seeds."""
+    prompts, images, actions = _uneven_rows(24)
+    shots = {f"s{i}": images[i] for i in range(24)}
+    fit = [FitRow(prompts[i], f"s{i}", actions[i]) for i in range(24)]
+    tok = train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300)
+    starts, ends = [], {"whole": [], "groups": []}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a fit's worker process runs
+    try:
+        for seed in range(8):
+            for name in ends:
+                torch.manual_seed(seed)
+                policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.1), tok)
+                with pytest.MonkeyPatch.context() as patch:
+                    if name == "whole":
+                        patch.setattr(AutoUIPolicy, "loss", whole_batch_loss)
+                    curve = fit_policy(policy, fit, shots, updates=12, batch_size=12, lr=3e-3, seed=seed)
+                starts.append(curve[0]["loss"])
+                ends[name].append(float(np.mean([p["loss"] for p in curve[-4:]])))
+    finally:
+        torch.set_num_threads(threads)
+    diff = np.array(ends["groups"]) - np.array(ends["whole"])
+    assert (diff != 0).all()  # the dropout masks differ
+    assert abs(diff.mean()) < 3 * diff.std(ddof=1) / np.sqrt(len(diff)), ends
+    assert np.mean(list(ends.values())) < 0.8 * np.mean(starts)  # the fits learn

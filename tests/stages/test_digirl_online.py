@@ -1,4 +1,5 @@
-"""Stage 09: DigiRL's online rounds at tiny size: the task draws, the rows, and a run resumed after a kill."""
+"""Stage 09: DigiRL's online rounds at tiny size: the task draws, the rows, a run resumed after a kill, and the
+offline step features off-to-online runs read from stage 07."""
 
 import json
 import os
@@ -13,14 +14,20 @@ import numpy as np
 import pytest
 import torch
 
+from digiq.algos.digirl import read_offline_step_features, step_features, write_offline_step_features
 from digiq.config import ActorConfig, ComputeConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
+from digiq.data.picks import DIGIRL_STEP_FEATURES, stored_path
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import TASK_SETS, parse_task
+from digiq.io import StageError
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
+from digiq.models.policy_fit import load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
+from digiq.stages import digirl_online
+from digiq.stages.actor import StepFeaturesJob, step_features_job
 from digiq.stages.digirl_online import OnlineJob, round_tasks, run_digirl_online, run_online_job, split_runs
 
 WIDTH = 108
@@ -37,8 +44,9 @@ def tiny_job(paths: Paths, row: str, rounds: int) -> OnlineJob:
 
 @pytest.fixture(scope="module")
 def online_root(tmp_path_factory) -> Paths:
-    """Train lists, an untrained tiny base (also standing in for offline DigiRL's policy) and offline data from the
-    noisy expert, whose successes give off2on's filter steps to keep."""
+    """Train lists, an untrained tiny base (also standing in for offline DigiRL's policy), offline data from the
+    noisy expert, whose successes give off2on's filter steps to keep, and their step features as stage 07 stores
+    them."""
     paths = Paths(tmp_path_factory.mktemp("online"))
     for ts in TASK_SETS:
         paths.task_list(ts, "train").parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +59,8 @@ def online_root(tmp_path_factory) -> Paths:
         policy.save(paths.actor("digirl_offline", 0, ts))
     tasks = [parse_task(t, ts) for ts in TASK_SETS for t in generate_tasks(ts, "train", 4, seed=5)]
     rollout(ExpertPolicy(noise=0.2, seed=1), tasks, n_envs=4, width=WIDTH, store=TrajectoryStore(paths.offline))
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    write_offline_step_features(paths, steps, {ts: step_features_job(StepFeaturesJob(paths, ts)) for ts in TASK_SETS})
     return paths
 
 
@@ -190,3 +200,34 @@ def test_on_two_workers_the_run_left_over_is_shared_and_returns_its_whole_record
             assert [r["round"] for r in rounds] == [0, 1], row
             state = json.loads((paths.online_run(row, 0, ts) / "latest" / "state.json").read_text())
             assert _records(state) == _records({"rounds": rounds})
+
+
+def test_off_to_online_reads_stage_07_s_offline_step_features_the_floats_it_computed_before(online_root, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """Each task set's stored features are bit for bit what a run computed for itself from the same steps (before
+    stage 07 stored them), and a run now encodes only the steps it collects."""
+    paths = _copy(online_root, tmp_path / "root")
+    base = AutoUIPolicy.load(paths.base_policy)
+    store = TrajectoryStore(paths.offline)
+    every = store.read().to_pandas()
+    for ts in TASK_SETS:  # what an off-to-online run computed: its task set's steps, sorted, with their screens
+        steps = every[every.task_set == ts].sort_values(["traj_id", "step_id"], kind="stable").reset_index(drop=True)
+        want = step_features(base, steps, load_screens(base, store, [*steps.image_path, *steps.next_image_path]))
+        got = read_offline_step_features(paths, ts, "digirl_online")
+        for name in ("state", "next_state", "instruction"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), (ts, name)
+    encoded = []
+    real = digirl_online.step_features
+    monkeypatch.setattr(digirl_online, "step_features",
+                        lambda policy, steps, screens: encoded.append(len(steps)) or real(policy, steps, screens))  # fmt: skip
+    run_online_job(tiny_job(paths, "digirl_off2on", 1))
+    round_steps = TrajectoryStore(paths.online_run("digirl_off2on", 0, "general") / "round000").read().num_rows
+    assert encoded == [round_steps]  # the round's own steps; the offline ones are stage 07's
+
+
+def test_off_to_online_without_stage_07_s_step_features_stops_naming_them(online_root, tmp_path):
+    paths = _copy(online_root, tmp_path / "root")
+    stored_path(paths, DIGIRL_STEP_FEATURES).unlink()
+    cfg = DigiRLConfig(online=["digirl_off2on"], rounds=1, episodes_per_round=4, n_envs=4)
+    with pytest.raises(StageError, match=r"stage digirl_online: missing input .*digirl_step_features\.npz"):
+        run_digirl_online(cfg, ActorConfig(batch_size=4), EnvConfig(width=WIDTH), paths, seeds=1)
