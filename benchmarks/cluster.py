@@ -9,8 +9,8 @@ episodes per second:
 * **devices**: one rollout with the policy here and ``--devices`` phones
   spread over the nodes' device hosts, against the same rollout on phones in
   this process. The difference per episode, on one node, is the backend's
-  scheduling overhead (a call to the host per step and device, the
-  screenshots sent back).
+  scheduling overhead (a call to each host per step, the screenshots sent
+  back).
 
 Each measurement starts its own cluster: a head that runs nothing and 1, 2
 or 3 worker nodes of one CPU, sharing ``--devices`` phones evenly (a

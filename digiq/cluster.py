@@ -16,7 +16,8 @@ Two kinds of work leave the stage's process:
   actor on each such node, which makes that node's devices (simulated
   phones, or emulators through that node's own adb server) and steps them
   when asked. The policy stays in the stage's process, which sees each
-  device as a :class:`RemoteEnv`. The rollout's device pool is then one
+  device as a :class:`RemoteEnv`, and steps each host's devices by one call
+  to it a step (:func:`step_on_hosts`). The rollout's device pool is then one
   pool over every host: an episode a fault ends starts again on another
   device, a device that keeps failing is retired, and a lost node is a
   fault of each of its devices (gone): its episodes under way start again
@@ -34,6 +35,7 @@ import itertools
 import logging
 import socket
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +47,7 @@ from digiq.kernels import pinned_environ
 
 __all__ = [
     "DEVICES", "ClusterError", "connect", "live_nodes", "own_error", "device_nodes", "DeviceHost", "RemoteEnv",
-    "cluster_devices",
+    "step_on_hosts", "cluster_devices",
 ]  # fmt: skip
 
 DEVICES = "devices"  # the custom resource by which a node offers its devices
@@ -111,9 +113,11 @@ def device_nodes() -> list[tuple[str, str, int]]:
 class DeviceHost:
     """One node's devices, made on that node and stepped for a rollout that runs elsewhere (a Ray actor).
 
-    Device faults come back as values, ``("fault", why, gone)``, beside
-    ``("ok", result)``: the caller's :class:`RemoteEnv` raises them as
-    :class:`~digiq.env.adb_env.DeviceFault` there, where the rollout handles them.
+    A rollout step's devices on this host are stepped by one call (:meth:`step_many`, from
+    :func:`step_on_hosts`): each call is a round trip between processes, often on other nodes, which takes longer
+    than a simulated phone's step. Device faults come back as values, per device, ``("fault", why, gone)`` beside ``("ok", result)``: the
+    caller's :class:`RemoteEnv` raises them as :class:`~digiq.env.adb_env.DeviceFault` there, where the rollout
+    handles them, and a device's fault leaves its batch mates' steps as they are.
     """
 
     def __init__(self, devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, count: int) -> None:
@@ -123,6 +127,9 @@ class DeviceHost:
 
         self.factory = EnvFactory(devices, Dynamics.of(env), env.width, evaluator_for(devices, judge))
         self.envs: list[PhoneEnv] = [self.factory() for _ in range(count)]
+        # Devices that wait on something outside this process (emulators over adb) are stepped from threads, as a
+        # rollout steps such devices of its own machine: a batch of them then works in parallel.
+        self.threads = ThreadPoolExecutor(count) if any(e.parallel_steps for e in self.envs) else None
 
     def serials(self) -> list[str]:
         return [getattr(e, "serial", f"phone{i}") for i, e in enumerate(self.envs)]
@@ -137,8 +144,20 @@ class DeviceHost:
     def reset(self, i: int, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, ...]:
         return self._guard(lambda: self.envs[i].reset(seed=seed, options=options))
 
-    def step(self, i: int, action: str) -> tuple[Any, ...]:
-        return self._guard(lambda: self.envs[i].step(action))
+    def step_many(self, indices: Sequence[int], actions: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Step device ``indices[k]`` by ``actions[k]``, for each ``k``: each device's result or fault, in order."""
+        if len(indices) != len(actions):
+            raise ValueError(f"step_many: {len(actions)} actions for {len(indices)} devices")
+        if len(set(indices)) != len(indices) or not all(0 <= i < len(self.envs) for i in indices):
+            raise ValueError(f"step_many: devices {list(indices)} are not distinct devices of this host's "
+                             f"{len(self.envs)}")  # fmt: skip
+
+        def step(i: int, action: str) -> tuple[Any, ...]:
+            return self._guard(lambda: self.envs[i].step(action))
+
+        if self.threads is not None:
+            return list(self.threads.map(step, indices, actions))
+        return [step(i, action) for i, action in zip(indices, actions, strict=True)]
 
     def view_hierarchy(self, i: int) -> tuple[Any, ...]:
         return self._guard(self.envs[i].view_hierarchy)
@@ -150,12 +169,14 @@ class DeviceHost:
         self.envs[i].close()
 
     def shutdown(self) -> None:
+        if self.threads is not None:
+            self.threads.shutdown()
         for env in self.envs:
             env.close()
         self.factory.close()
 
 
-@dataclass
+@dataclass(eq=False)  # one per actor, told apart by identity: the devices of a batch are grouped by their host
 class _Host:
     """A :class:`DeviceHost` actor as the rollout's side knows it: where it is, and whether it was lost."""
 
@@ -165,9 +186,34 @@ class _Host:
     lost: bool = False
 
 
+class _HostLost(Exception):
+    """A host that cannot be reached (its node lost, its actor dead or unreachable): lost for good."""
+
+
+def _answer(host: _Host, ref: Any) -> Any:
+    """What ``host`` answered to the call ``ref`` (None: not made, the host being lost); an error of the host's own
+    code is raised as itself.
+
+    Raises:
+        _HostLost: the host cannot be reached; it is marked lost from then on.
+    """
+    import ray
+    from ray.exceptions import RayTaskError
+
+    if host.lost:
+        raise _HostLost("node lost earlier in the run")
+    try:
+        return ray.get(ref)
+    except RayTaskError as e:
+        raise own_error(e) from e
+    except ray.exceptions.RayError as e:  # the actor, its node or the call's result is gone
+        host.lost = True
+        raise _HostLost(f"node lost ({type(e).__name__})") from None
+
+
 class RemoteEnv:
     """One device of a :class:`DeviceHost`, as a rollout steps it: the :class:`~digiq.env.gym_env.PhoneEnv` calls a
-    rollout makes, each one call to the host.
+    rollout makes, each one call to the host (steps of several devices: :func:`step_on_hosts`, one per host).
 
     A host that cannot be reached (its node lost, its actor dead or
     unreachable) is taken as lost for good: a device fault with ``gone``, so
@@ -176,7 +222,7 @@ class RemoteEnv:
     host's own code is raised as itself.
     """
 
-    parallel_steps = True  # the host does the work: the rollout steps its devices from threads, all at once
+    parallel_steps = False  # a rollout steps its devices together, a call per host (step_on_hosts), not from threads
 
     def __init__(self, host: _Host, index: int, serial: str) -> None:
         self.host, self.index = host, index
@@ -184,21 +230,23 @@ class RemoteEnv:
         self.task: Any = None
 
     def _call(self, method: str, *args: Any) -> Any:
-        import ray
-        from ray.exceptions import RayTaskError
-
-        if self.host.lost:
-            raise DeviceFault(f"{self.serial}: node lost earlier in the run", self.serial, gone=True)
+        ref = None if self.host.lost else getattr(self.host.actor, method).remote(self.index, *args)
         try:
-            status, *rest = ray.get(getattr(self.host.actor, method).remote(self.index, *args))
-        except RayTaskError as e:
-            raise own_error(e) from e
-        except ray.exceptions.RayError as e:  # the actor, its node or the step's result is gone
-            self.host.lost = True
-            raise DeviceFault(f"{self.serial}: node lost ({type(e).__name__})", self.serial, gone=True) from None
+            answer = _answer(self.host, ref)
+        except _HostLost as e:
+            raise self.fault_for_lost_host(e) from None
+        return self.result(answer)
+
+    def result(self, answer: tuple[Any, ...]) -> Any:
+        """The result in the host's answer for this device (``("ok", result)``), or its device fault raised here."""
+        status, *rest = answer
         if status == "fault":
             raise DeviceFault(rest[0], self.serial, rest[1])
         return rest[0]
+
+    def fault_for_lost_host(self, why: _HostLost) -> DeviceFault:
+        """This device's fault for its host's loss: gone for good."""
+        return DeviceFault(f"{self.serial}: {why}", self.serial, gone=True)
 
     @property
     def gone(self) -> bool:
@@ -211,10 +259,7 @@ class RemoteEnv:
         return self._call("reset", seed, options)
 
     def step(self, action: str) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        try:
-            return self._call("step", action)
-        except DeviceFault as e:  # as an adb device's fault: the episode is truncated, the fault named
-            return {"screenshot": None, "task": ""}, 0.0, False, True, {"fault": str(e), "gone": e.gone, "valid": False}
+        return step_on_hosts([self], [action])[0]
 
     def view_hierarchy(self) -> str:
         return self._call("view_hierarchy")
@@ -230,6 +275,44 @@ class RemoteEnv:
     def device(self) -> Any:
         raise RuntimeError(f"{self.serial} is stepped on another node: the scripted expert reads a device's state in "
                            "process, so its rollouts run on local devices")  # fmt: skip
+
+
+def step_on_hosts(envs: Sequence[RemoteEnv], actions: Sequence[str]
+                  ) -> list[tuple[dict[str, Any], float, bool, bool, dict[str, Any]]]:  # fmt: skip
+    """Step ``envs[k]`` by ``actions[k]``, for each ``k``: one call per host for all of its devices, every host's
+    call under way at once; each device's step, in order.
+
+    A device's fault (its own, or its host's loss) ends its step as an adb
+    device's fault does: the episode truncated, the fault named in ``info``.
+    Its batch mates' steps are theirs.
+    """
+    if len(envs) != len(actions):
+        raise ValueError(f"step_on_hosts: {len(actions)} actions for {len(envs)} devices")
+    by_host: dict[_Host, list[int]] = {}
+    for k, env in enumerate(envs):
+        by_host.setdefault(env.host, []).append(k)
+    calls = [(host, batch, None if host.lost else host.actor.step_many.remote([envs[k].index for k in batch],
+                                                                               [actions[k] for k in batch]))
+             for host, batch in by_host.items()]  # fmt: skip
+    stepped: list[Any] = [None] * len(envs)
+    for host, batch, ref in calls:
+        try:
+            answers = _answer(host, ref)
+        except _HostLost as e:
+            for k in batch:
+                stepped[k] = _truncated(envs[k].fault_for_lost_host(e))
+            continue
+        for k, answer in zip(batch, answers, strict=True):
+            try:
+                stepped[k] = envs[k].result(answer)
+            except DeviceFault as e:
+                stepped[k] = _truncated(e)
+    return stepped
+
+
+def _truncated(fault: DeviceFault) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+    """A step a device fault ended, as an adb device's fault ends it: the episode truncated, the fault named."""
+    return {"screenshot": None, "task": ""}, 0.0, False, True, {"fault": str(fault), "gone": fault.gone, "valid": False}
 
 
 def _interleaved(per_host: Sequence[Sequence[RemoteEnv]]) -> list[RemoteEnv]:

@@ -7,8 +7,8 @@ Finished trajectories are written in parts, so an interrupted collection
 keeps what it finished and resumes after it.
 
 Envs come from ``env_factory`` (default: in-process simulated phones); envs
-on devices over adb are stepped from threads, so a pool of devices works in
-parallel. A device fault ends the episode without writing it and the episode
+on devices over adb are stepped from threads, and a cluster's devices by one
+call per host, so a pool of devices works in parallel. A device fault ends the episode without writing it and the episode
 is started again, from its start and seed, on the next free device; a device
 that cannot start an episode is retired and the others go on. A step the
 success judge could not judge is a fault of its episode alone: started again
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from digiq.cluster import RemoteEnv, cluster_devices, connect, device_nodes, step_on_hosts
 from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import Step, TrajectoryStore, mc_returns, observation_text
 from digiq.env.actions import format_action
@@ -345,11 +346,7 @@ def rollout(
             actions = policy.act(batch)
             if len(actions) != len(live):
                 raise ValueError(f"the policy answered {len(actions)} actions for {len(live)} observations")
-            stepped: list[Any] = list(
-                threads.map(lambda i, a: envs[i].step(a), live, actions)
-                if threads is not None
-                else (envs[i].step(a) for i, a in zip(live, actions))
-            )
+            stepped = _step_all([envs[i] for i in live], actions, threads)
             for i, action, result in zip(live, actions, stepped, strict=True):
                 run.record(i, action, result)
             for i, episode in enumerate(run.episodes):  # idle devices pick up episodes put back by a fault
@@ -369,6 +366,21 @@ def rollout(
     return sorted(run.results, key=lambda r: r.index)
 
 
+def _step_all(envs: list[PhoneEnv], actions: list[str], threads: ThreadPoolExecutor | None) -> list[Any]:
+    """Step each env by its action; their steps, in order.
+
+    Devices of a cluster's hosts are stepped by one call per host for all of its devices, every host's at once
+    (:func:`digiq.cluster.step_on_hosts`): a call to a host takes longer than a simulated phone's step. Devices that
+    wait on something outside this process are stepped from ``threads``, all at once; the others in turn.
+    """
+    remote = [env for env in envs if isinstance(env, RemoteEnv)]
+    if len(remote) == len(envs):
+        return step_on_hosts(remote, actions)
+    if threads is not None:
+        return list(threads.map(lambda env, action: env.step(action), envs, actions))
+    return [env.step(action) for env, action in zip(envs, actions, strict=True)]
+
+
 @contextmanager
 def device_pool(devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, size: int,
                 compute: ComputeConfig | None = None) -> Iterator[Callable[[], PhoneEnv]]:  # fmt: skip
@@ -384,8 +396,6 @@ def device_pool(devices: DeviceConfig, env: EnvConfig, judge: JudgeConfig, size:
     simulated phones stay in this process where no node offers devices.
     """
     if compute is not None and compute.backend == "ray":
-        from digiq.cluster import cluster_devices, connect, device_nodes
-
         connect(compute)
         if devices.backend != "sim" or device_nodes():
             with cluster_devices(compute, devices, env, judge, max(1, size)) as pool:

@@ -5,6 +5,7 @@ Jobs and episodes land on more than one node, give what the local backend gives,
 loses no job or episode and doubles none.
 """
 
+import itertools
 import json
 import sys
 import threading
@@ -19,10 +20,12 @@ import torch
 from ray.cluster_utils import Cluster
 from test_workers import critic_root, write_or_read
 
-from digiq.cluster import DEVICES, ClusterError, cluster_devices, connect
+from digiq.cluster import DEVICES, ClusterError, DeviceHost, RemoteEnv, _Host, cluster_devices, connect, step_on_hosts
 from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env import actions as A
+from digiq.env.adb_server import AdbSimServer, Fault
+from digiq.env.state import Dynamics
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import parse_task
 from digiq.evaluate import EvalJob, run_jobs
@@ -143,6 +146,80 @@ def test_a_rollout_on_the_nodes_devices_equals_the_local_one(cluster, tmp_path):
     assert not (far.root / FAULTS_FILE).exists()
 
 
+class CountedActor:
+    """A device host's actor handle that notes each call made through it, (host, method, arguments), then makes it."""
+
+    def __init__(self, actor, host: int, calls: list) -> None:
+        self.actor, self.host, self.calls = actor, host, calls
+
+    def __getattr__(self, method: str):
+        counted = self
+
+        class Method:
+            def remote(self, *args):
+                counted.calls.append((counted.host, method, args))
+                return getattr(counted.actor, method).remote(*args)
+
+        return Method()
+
+
+def test_a_rollout_step_is_one_call_per_host(cluster):
+    """Four phones, two on each worker node: each rollout step is one call to each host that has a device with an
+    episode under way, carrying those devices' actions; the episodes are the local phones'."""
+    compute, _ = cluster
+    env, judge = EnvConfig(width=WIDTH), JudgeConfig()
+    with device_pool(DeviceConfig(), env, judge, 4) as make:
+        a = rollout(NoiseTaps(), TASKS, n_envs=4, seed=3, width=WIDTH, env_factory=make)
+    calls: list = []
+    batches: list = []  # per policy step: the calls made before it, and its devices
+
+    class Watched(NoiseTaps):
+        def act(self, batch: RolloutBatch) -> list[str]:
+            batches.append((len(calls), list(batch.envs)))
+            return super().act(batch)
+
+    with device_pool(DeviceConfig(), env, judge, 4, compute) as make:
+        devices = [make() for _ in range(4)]
+        hosts = list({id(d.host): d.host for d in devices}.values())
+        for n, host in enumerate(hosts):
+            host.actor = CountedActor(host.actor, n, calls)
+        b = rollout(Watched(), TASKS, n_envs=4, seed=3, width=WIDTH, env_factory=make)
+    assert b == a and len(hosts) == 2
+    assert len(batches) > max(r.steps for r in a)
+    for t, (start, stepped) in enumerate(batches):  # the calls after a policy step, up to the next: its steps
+        end = batches[t + 1][0] if t + 1 < len(batches) else len(calls)
+        made = [(host, method, args[0]) for host, method, args in calls[start:end] if method not in ("reset", "close")]
+        each_host = [(n, "step_many", [d.index for d in stepped if d.host is host]) for n, host in enumerate(hosts)]
+        assert sorted(made, key=lambda call: call[0]) == [call for call in each_host if call[2]], f"step {t}"
+
+
+def test_a_device_fault_in_a_host_s_batch_is_that_device_s_alone(cluster, tmp_path):
+    """Three phones of an adb simulator here, on one device host, stepped by one call a step; one phone vanishes
+    mid-episode. That phone's episode starts again on another; its batch mates' steps go on, their host not lost:
+    the local phones' episodes and steps, and one fault."""
+    env, judge = EnvConfig(width=WIDTH), JudgeConfig()
+    ref, far = TrajectoryStore(tmp_path / "local"), TrajectoryStore(tmp_path / "cluster")
+    with device_pool(DeviceConfig(), env, judge, 3) as make:
+        a = rollout(NoiseTaps(), TASKS, n_envs=3, seed=3, width=WIDTH, store=ref, env_factory=make)
+    with AdbSimServer(3, dynamics=Dynamics.of(env), width=WIDTH) as server:
+        doomed = server.serials[1]
+        server.inject(doomed, Fault("vanish", after=12))  # mid-episode
+        devices = DeviceConfig(backend="adb-sim", adb_port=server.port, timeout_s=1.0)
+        actor = ray.remote(DeviceHost).options(num_cpus=0).remote(devices, env, judge, 3)
+        try:
+            host = _Host(actor, "test-host", "127.0.0.1")
+            phones = [RemoteEnv(host, i, serial) for i, serial in enumerate(ray.get(actor.serials.remote()))]
+            pool = itertools.cycle(phones)
+            b = rollout(NoiseTaps(), TASKS, n_envs=3, seed=3, width=WIDTH, store=far, env_factory=lambda: next(pool))
+        finally:
+            ray.get(actor.shutdown.remote())
+            ray.kill(actor)
+    assert b == a and not host.lost
+    assert ref.read().to_pandas().equals(far.read().to_pandas())  # the restarted episode replayed exactly
+    faults = [json.loads(line) for line in (far.root / FAULTS_FILE).read_text().splitlines()]
+    assert len(faults) == 1 and faults[0]["device"].endswith(doomed) and faults[0]["then"] == "restarted"
+
+
 def test_the_critic_stage_on_the_cluster_matches_local_workers(cluster, values_root, tmp_path):
     """A DVC job stage as the pipeline runs it, its params saying ``backend: ray``: the metrics and weights of the
     local backend's two workers."""
@@ -167,6 +244,15 @@ def test_bad_cluster_settings_are_named(cluster):
             pass
     with pytest.raises(ValueError, match="backend must be one of"):
         ComputeConfig(backend="slurm")
+    host = DeviceHost(DeviceConfig(), EnvConfig(width=WIDTH), JudgeConfig(), 2)
+    with pytest.raises(ValueError, match=r"devices \[1, 1\] are not distinct devices of this host's 2"):
+        host.step_many([1, 1], ["a", "b"])
+    with pytest.raises(ValueError, match=r"devices \[0, 2\] are not distinct devices of this host's 2"):
+        host.step_many([0, 2], ["a", "b"])
+    with pytest.raises(ValueError, match="1 actions for 2 devices"):
+        host.step_many([0, 1], ["a"])
+    with pytest.raises(ValueError, match="step_on_hosts: 0 actions for 1 devices"):
+        step_on_hosts([RemoteEnv(_Host(None, "node", "address"), 0, "phone0")], [])
 
 
 def _slow_marked(job: tuple[int, str]) -> int:
