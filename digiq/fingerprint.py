@@ -12,6 +12,10 @@ docstrings and other bare strings; the literal text of ``help=`` arguments). The
 file's bytes, and so DVC's hash of it, stay the same until code the stage runs
 changes, and then DVC reruns exactly the stages that run that code.
 
+A package's data files (its ``data/`` folder: the task generator's entity
+lists) are read by its code as the code is, so they count as its code: a
+stage depends on every byte of the data of each package it runs.
+
 The modules are found statically (pure ``ast``, nothing imported): the
 notebooks after ``papermill`` and the ``python -m`` modules in a stage's
 ``cmd``, then every digiq import of those, in functions too, with the packages
@@ -48,6 +52,7 @@ __all__ = [
 
 PACKAGE = "digiq"
 STAGE = "fingerprints"  # the dvc.yaml stage that writes them, and their folder
+DATA = "data"  # a package's folder of data files its code reads
 
 
 def module_file(module: str, root: Path) -> Path | None:
@@ -183,11 +188,15 @@ def normalized(source: str, filename: str = "<source>") -> str:
 
 
 def stage_code(cmd: str, root: Path = ROOT) -> dict[str, str]:
-    """Every digiq file ``cmd`` runs (relative posix path) and the SHA-256 of its :func:`normalized` source."""
-    return {
-        path.relative_to(root).as_posix(): _parsed(path.read_text(encoding="utf-8"), package_of(path, root))[1]
-        for path in sorted(digiq_closure(entry_modules(cmd, root), root))
-    }
+    """Every digiq file ``cmd`` runs (relative posix path) and the SHA-256 of its :func:`normalized` source, and
+    every data file of the packages it runs (under a package's ``data/`` folder) and the SHA-256 of its bytes."""
+    modules = digiq_closure(entry_modules(cmd, root), root)
+    code = {path.relative_to(root).as_posix(): _parsed(path.read_text(encoding="utf-8"), package_of(path, root))[1]
+            for path in modules}  # fmt: skip
+    data = {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for package in modules if package.name == "__init__.py"
+            for path in (package.parent / DATA).rglob("*") if path.is_file()}  # fmt: skip
+    return dict(sorted({**code, **data}.items()))
 
 
 def fingerprint_file(stage: str) -> str:

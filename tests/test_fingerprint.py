@@ -105,6 +105,9 @@ EDITS = [
     ("digiq/tables.py", _append, ["critic", "diagnostics", "eval", "pae"]),
     ("digiq/stages/augment_actions.py", _append, ["augment_actions"]),
     ("digiq/config.py", lambda t: t.replace("ad_rate: float = _knob(0.3,", "ad_rate: float = _knob(0.31,"), COMPUTE),
+    # Package data is code to the stages: an entity the task generator may draw changes the tasks, and through the
+    # tokenizer's corpus every model.
+    ("digiq/env/data/city.txt", lambda t: t + "Reykjavik\n", COMPUTE),
 ]
 EDIT_IDS = [f"{path}-{'code' if stale else 'text'}-{i}" for i, (path, _, stale) in enumerate(EDITS)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from digiq.config import TasksConfig, load_section
-from digiq.env import catalog
+from digiq.env import catalog, taskgen
 from digiq.env.__main__ import main as env_cli
 from digiq.env.taskgen import POOLS, PROTOCOL_TASKS, SPLITS, TEMPLATES, family_counts, generate_tasks, split_pool
 from digiq.env.tasks import (
@@ -264,3 +264,18 @@ def test_any_app_name_maps_to_a_key():
     assert catalog.app_key("SMS app") == "messages"
     assert catalog.app_key("Strava") == "strava"
     assert catalog.app_info("strava").name == "Strava"
+
+
+def test_a_bad_entity_pool_file_is_named(tmp_path, monkeypatch):
+    """The pools are package data: a missing, empty or repeating file stops the import's reader by name."""
+    monkeypatch.setattr(taskgen, "ENTITIES", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"pool 'city' has no file .*city\.txt"):
+        taskgen._read_pool("city")
+    (tmp_path / "city.txt").write_text("\n  \n")
+    with pytest.raises(ValueError, match=r"city\.txt lists no entities"):
+        taskgen._read_pool("city")
+    (tmp_path / "city.txt").write_text("Lima\nOslo\nLima\n")
+    with pytest.raises(ValueError, match=r"city\.txt lists an entity twice"):
+        taskgen._read_pool("city")
+    (tmp_path / "city.txt").write_text("Lima\n Oslo \n")
+    assert taskgen._read_pool("city") == ("Lima", "Oslo")
