@@ -1,5 +1,7 @@
+import hashlib
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +12,7 @@ from chat_server import ChatServer
 
 from digiq.config import load_params, with_defaults
 from digiq.data import TrajectoryStore
+from digiq.demo import run_demo
 from digiq.env import parse_task
 from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
@@ -23,6 +26,32 @@ from digiq.stages.critic_inputs import write_critic_inputs
 ROOT = Path(__file__).resolve().parents[1]
 AITW = ROOT.parent / "shared" / "aitw"
 DATA = Path(__file__).resolve().parent / "fixtures"
+
+
+# What a run writes in a checkout: `make demo` must leave every byte of it as it was.
+CHECKOUT = ["dvc.lock", "params.yaml", "params/compute.yaml", "metrics/eval.json", "README.md",
+            "docs/notebooks/07_actor.ipynb", "plots/results.png"]  # fmt: skip
+
+
+def checkout_digests() -> dict[str, str]:
+    """The SHA-256 of each of the checkout's files in ``CHECKOUT`` that exists, and the names under its data/ (a
+    stage's lock or output there would be a run writing into the checkout)."""
+    digests = {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest() for p in CHECKOUT if (ROOT / p).exists()}
+    return digests | {"data/": " ".join(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "data").rglob("*")))}
+
+
+class DemoRun(NamedTuple):
+    workspace: Path  # every stage run under `dvc repro` at the demo preset
+    shown: str  # what the demo printed at its end
+    checkout_before: dict[str, str]  # checkout_digests() before it ran
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> DemoRun:
+    """``make demo``'s run, once per session."""
+    workspace = tmp_path_factory.mktemp("demo") / "workspace"
+    before = checkout_digests()
+    return DemoRun(workspace, run_demo(workspace), before)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from digiq.demo import make_workspace
 from digiq.fingerprint import STAGE, normalized, write_fingerprints
 from digiq.paths import ROOT
 
@@ -80,13 +80,6 @@ def test_a_block_of_text_alone_stays_a_block() -> None:
     ast.parse(code)
 
 
-def _copy(repo: Path) -> None:
-    """What the fingerprint stage reads: the package, the notebooks and dvc.yaml."""
-    for folder in ("digiq", "notebooks"):
-        shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_*"))
-    shutil.copy2(ROOT / "dvc.yaml", repo / "dvc.yaml")
-
-
 def _append(text: str) -> str:
     return text + "\n_EDITED = 1\n"  # a module-level statement: code
 
@@ -123,8 +116,9 @@ def _edit(repo: Path, path: str, edit) -> str:
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory) -> Path:
-    repo = tmp_path_factory.mktemp("fingerprints")
-    _copy(repo)
+    """What the fingerprint stage reads (the package, the notebooks and dvc.yaml), copied as the demo copies them."""
+    repo = tmp_path_factory.mktemp("fingerprints") / "copy"
+    make_workspace(repo)
     return repo
 
 
@@ -139,26 +133,6 @@ def test_an_edit_changes_exactly_the_fingerprints_of_the_stages_that_run_it(copy
         (copy / path).write_text(original)
     assert sorted(name.removesuffix(".json") for name in before if after[name] != before[name]) == sorted(stale)
     assert json.loads(before["critic.json"])["digiq/stages/critic.py"]  # one digest per module, by path
-
-
-# The smallest run of every stage: one seed, no ablation, no online row, a few tasks.
-TINY = {
-    "tasks": {"n_train": 16, "n_val": 2, "n_test": 4, "n_test_webshop": 4},
-    "base_policy": {"demo_tasks": 8, "epochs": 1, "d_model": 64},
-    "collect": {"tasks_per_set": 8, "episodes_general": None, "episodes_webshop": None, "n_envs": 8},
-    "augment": {"n_candidates": 4, "max_resample": 1},
-    "vlm_pretrain": {"steps": 4, "batch_size": 4, "eval_questions": 4, "hidden": 64},
-    "vlm_finetune": {"epochs": 1},
-    "critic": {"steps": 4, "hidden": 32},
-    "actor": {"updates": 3, "batch_size": 8, "k_candidates": 4, "threshold_general": -1.0, "threshold_webshop": -1.0},
-    "digirl": {"online": []},
-    "pae": {"rows": []},
-    "diagnostics": {"oracle_states": 0},
-    "eval": {"n_tasks": 4, "n_envs": 4, "train_tasks": 0, "expert_skills": []},
-    "experiment": {"seeds": 1},
-    "ablations": {"untuned_vlm": False, "blind_vlm": False, "n_candidates": [1], "perfect_critic": False,
-                  "extraction": []},
-}  # fmt: skip
 
 
 def _dvc(repo: Path, *args: str) -> str:
@@ -177,33 +151,10 @@ def _stale(repo: Path) -> list[str]:
     return sorted(name for name in status if name != STAGE)
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory) -> Path:
-    """A copy of the repository whose whole pipeline ran under `dvc repro`, at the tiny scale."""
-    repo = tmp_path_factory.mktemp("pipeline")
-    _copy(repo)
-    shutil.copytree(ROOT / "params", repo / "params")
-    (repo / ".dvc").mkdir()
-    for rel in (".dvcignore", ".dvc/config"):
-        shutil.copy2(ROOT / rel, repo / rel)
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for group, values in TINY.items():
-        params[group].update(values)
-    params["variants"] = {}
-    (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    compute = yaml.safe_load((repo / "params" / "compute.yaml").read_text())
-    compute["compute"]["workers"] = 1  # no worker processes: the fewest interpreters on a shared machine
-    (repo / "params" / "compute.yaml").write_text(yaml.safe_dump(compute))
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "copy"],
-                   cwd=repo, check=True)  # as a clone has: dvclive logs curves against a commit  # fmt: skip
-    _dvc(repo, "repro")
-    return repo
-
-
 @pytest.mark.slow  # the whole pipeline under `dvc repro`, then `dvc status` after each edit
 @pytest.mark.parametrize(("path", "edit", "stale"), EDITS, ids=EDIT_IDS)
-def test_dvc_reruns_exactly_the_stages_whose_code_changed(pipeline, path, edit, stale) -> None:
+def test_dvc_reruns_exactly_the_stages_whose_code_changed(demo_run, path, edit, stale) -> None:
+    pipeline = demo_run.workspace  # the demo's whole pipeline, run under `dvc repro`
     assert _stale(pipeline) == []  # the run left every stage up to date
     original = _edit(pipeline, path, edit)
     try:
