@@ -56,7 +56,14 @@ from digiq.data.picks import Picks
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.critic_study import SETTINGS, critic_q
 from digiq.diagnostics.ground_truth import expert_matrix
-from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report, expert_share, weighted_share
+from digiq.diagnostics.reports import (
+    action_kinds,
+    distinct_decisions,
+    expert_pick_report,
+    expert_share,
+    mean_over_seeds,
+    weighted_share,
+)
 from digiq.evaluate import main as evaluate
 from digiq.io import atomic_write_text
 from digiq.paths import Paths
@@ -95,13 +102,10 @@ def imitated(per_seed: Sequence[Picks], right: np.ndarray, of_set: np.ndarray) -
         on_offer.append(weighted_share(at, of_set[p.states], of_set))
         there.append(expert_share(right, p.states[at], p.columns[at], of_set))
 
-    def mean(per_seed_shares: list[dict[str, float | None]], ts: str) -> float | None:
-        kept = [x[ts] for x in per_seed_shares if x[ts] is not None]
-        return round(float(np.mean(kept)), 4) if kept else None
-
+    shares, on_offer, there = mean_over_seeds(shares), mean_over_seeds(on_offer), mean_over_seeds(there)
     return {ts: {"rows": round(float(np.mean([(of_set[p.states] == ts).sum() for p in per_seed])), 1),
-                 "expert_share": mean(shares, ts), "at_states_with_an_expert_candidate": mean(on_offer, ts),
-                 "expert_share_there": mean(there, ts)} for ts in data_task_sets(of_set)}  # fmt: skip
+                 "expert_share": shares[ts], "at_states_with_an_expert_candidate": on_offer[ts],
+                 "expert_share_there": there[ts]} for ts in data_task_sets(of_set)}  # fmt: skip
 
 
 def _label(fraction: float, updates: int) -> str:

@@ -17,7 +17,8 @@ from digiq.env.actions import parse_action
 from digiq.stats import cluster_bootstrap
 
 __all__ = ["distinct_decisions", "ranking_report", "behaviour_report", "expert_pick_report", "pick_margin",
-           "action_kinds", "wrong_pick_report", "group_masks", "support_report", "expert_share", "keep_by_group"]  # fmt: skip
+           "action_kinds", "wrong_pick_report", "group_masks", "support_report", "expert_share", "mean_over_seeds",
+           "weighted_share", "keep_by_group"]  # fmt: skip
 
 
 def distinct_decisions(action_lists: Sequence[Sequence[str]]) -> np.ndarray:
@@ -278,6 +279,16 @@ def expert_share(right: np.ndarray, states: np.ndarray, columns: np.ndarray, tas
     ``None`` where the policy imitates no row of a task set.
     """
     return weighted_share(right[states, columns], task_sets[states], task_sets, weights)
+
+
+def mean_over_seeds(per_seed: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per task set, the mean of per-seed shares (:func:`expert_share`, :func:`weighted_share`) over the seeds that
+    had rows there; ``None`` where none had."""
+    out: dict[str, float | None] = {}
+    for ts in per_seed[0]:
+        kept = [share[ts] for share in per_seed if share[ts] is not None]
+        out[ts] = round(float(np.mean(kept)), 4) if kept else None
+    return out
 
 
 def weighted_share(hit: np.ndarray, sets: np.ndarray, task_sets: np.ndarray,

@@ -73,6 +73,7 @@ from digiq.diagnostics.reports import (
     expert_pick_report,
     expert_share,
     keep_by_group,
+    mean_over_seeds,
     pick_margin,
     ranking_report,
     support_report,
@@ -216,15 +217,6 @@ def _taken(valid: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _mean_share(shares: list[dict[str, float | None]]) -> dict[str, float | None]:
-    """Per task set, the mean of :func:`expert_share` over the seeds that kept rows there."""
-    out: dict[str, float | None] = {}
-    for ts in shares[0]:
-        kept = [x[ts] for x in shares if x[ts] is not None]
-        out[ts] = round(float(np.mean(kept)), 4) if kept else None
-    return out
-
-
 def _mean_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Average the numeric leaves of per-seed ranking reports.
 
@@ -343,10 +335,10 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                 if policy == "digiq":
                     digiq_kept[states] += 1
                     digiq_right[states] += right[states, columns]
-        metrics["rows_expert_share"] = {name: _mean_share(s) for name, s in shares.items()}
+        metrics["rows_expert_share"] = {name: mean_over_seeds(s) for name, s in shares.items()}
         metrics["rows_expert_share_per_seed"] = shares
-        metrics["rows_expert_on_offer"] = {name: _mean_share(s) for name, s in on_offer.items()}
-        metrics["rows_expert_share_where_on_offer"] = {name: _mean_share(s) for name, s in shares_there.items()}
+        metrics["rows_expert_on_offer"] = {name: mean_over_seeds(s) for name, s in on_offer.items()}
+        metrics["rows_expert_share_where_on_offer"] = {name: mean_over_seeds(s) for name, s in shares_there.items()}
         metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
 
         reports, critic_q = [], []

@@ -3,7 +3,7 @@
 import numpy as np
 
 from digiq.data.picks import Picks
-from digiq.diagnostics.reports import expert_share, keep_by_group, pick_margin
+from digiq.diagnostics.reports import expert_share, keep_by_group, mean_over_seeds, pick_margin
 
 
 def test_expert_share_judges_the_picked_candidate_per_task_set():
@@ -62,3 +62,13 @@ def test_pick_margin_is_the_pick_minus_the_uninformed_level_over_informative_sta
     assert m["all"]["diff"] == 12.5 and (m["all"]["units"], m["all"]["clusters"], m["all"]["seeds"]) == (2, 2, 2)
     assert m["general"]["diff"] == 0.0 and m["webshop"]["diff"] == 25.0
     assert m["webshop"]["units"] == 1  # state 2 of the same episode offers nothing right: not counted
+
+
+def test_a_share_s_mean_over_seeds_skips_the_seeds_without_rows_there():
+    per_seed = [
+        {"general": 0.5, "webshop": None},
+        {"general": 0.25, "webshop": None},
+        {"general": None, "webshop": 0.1},
+    ]
+    assert mean_over_seeds(per_seed) == {"general": 0.375, "webshop": 0.1}
+    assert mean_over_seeds([{"general": None}]) == {"general": None}
