@@ -37,9 +37,10 @@ from digiq.io import (  # noqa: E402
 from digiq.kernels import in_use  # noqa: E402
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
+from digiq.viz.charts import row_colours  # noqa: E402
 
 __all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
-           "one_run_at_a_time", "online_curves_figure", "save_figure", "tasks_digest"]  # fmt: skip
+           "one_run_at_a_time", "online_curves_figure", "seed_curve", "per_seed_total", "save_figure", "tasks_digest"]  # fmt: skip
 
 
 def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
@@ -217,6 +218,24 @@ def save_curve_plot(path: Path, curves: dict[str, list[float]], title: str, ylab
     return save_figure(fig, path)
 
 
+def seed_curve(per_seed: list[list[dict[str, Any]]], y: str, x: str = "env_steps"
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:  # fmt: skip
+    """A curve over the rounds every seed's run has: ``x`` summed round by round (mean over seeds), and ``y`` at
+    each round, its mean, lowest and highest over seeds; ``None`` where some seed has no round."""
+    n = min((len(rounds) for rounds in per_seed), default=0)
+    if n == 0:
+        return None
+    xs = np.mean([np.cumsum([r[x] for r in rounds[:n]]) for rounds in per_seed], 0)
+    ys = np.array([[r[y] for r in rounds[:n]] for rounds in per_seed])
+    return xs, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def per_seed_total(by_task_set: dict[str, Any], key: str, seeds: int) -> float:
+    """The mean over seeds of ``key`` summed over every round of each task set's runs (``{"per_seed": [...]}``)."""
+    return float(np.mean([sum(r[key] for part in by_task_set.values() for r in part["per_seed"][s])
+                          for s in range(seeds)]))  # fmt: skip
+
+
 def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None = None) -> Figure:
     """Success of each online row's rounds against environment steps and wall time (mean over seeds, band: range).
 
@@ -226,15 +245,14 @@ def online_curves_figure(rows: dict[str, Any], levels: dict[str, float] | None =
     level on the same kind of tasks).
     """
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
-    for (row, entry), color in zip(rows.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False):
-        n = min(len(rounds) for rounds in entry["per_seed"])  # every seed's rounds, where all have them
-        if n == 0:
-            continue
-        success = np.array([[r["success"] for r in rounds[:n]] for rounds in entry["per_seed"]])
+    colours = row_colours(list(rows))
+    for row, entry in rows.items():
         for ax, key in zip(axes, ("env_steps", "wall_time_s"), strict=True):
-            x = np.mean([np.cumsum([r[key] for r in rounds[:n]]) for rounds in entry["per_seed"]], 0)
-            ax.plot(x, success.mean(0), marker="o", ms=3, color=color, label=row)
-            ax.fill_between(x, success.min(0), success.max(0), color=color, alpha=0.15)
+            if (curve := seed_curve(entry["per_seed"], "success", key)) is None:
+                continue
+            x, mean, low, high = curve
+            ax.plot(x, mean, marker="o", ms=3, color=colours[row], label=row)
+            ax.fill_between(x, low, high, color=colours[row], alpha=0.15)
     for (name, level), style in zip((levels or {}).items(), ("--", ":", "-.", (0, (5, 5))) * 4, strict=False):
         for ax in axes:
             ax.axhline(level, color="grey", linestyle=style, label=name)

@@ -79,7 +79,15 @@ from digiq.pae.evaluators import Evaluator, JudgedEnv, JudgeEvaluator
 from digiq.pae.learned import LearnedEvaluator
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult, device_pool, rollout
-from digiq.stages.common import one_run_at_a_time, online_curves_figure, read_tasks, save_figure, timed, write_metrics
+from digiq.stages.common import (
+    one_run_at_a_time,
+    online_curves_figure,
+    per_seed_total,
+    read_tasks,
+    save_figure,
+    timed,
+    write_metrics,
+)
 from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
 __all__ = ["OnlineJob", "Practice", "GROUND_TRUTH_FILE", "ground_truth_counts", "run_online_job", "run_digirl_online",
@@ -375,16 +383,11 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
         by_set = rows.setdefault(job.row, {"by_task_set": {}})["by_task_set"]
         by_set.setdefault(job.task_set, {"per_seed": []})["per_seed"].append(record["rounds"])
 
-    def per_seed_total(entry: dict[str, Any], key: str) -> float:
-        """The mean over seeds of ``key`` summed over every round of both task sets' runs."""
-        return float(np.mean([sum(r[key] for part in entry["by_task_set"].values() for r in part["per_seed"][s])
-                              for s in range(seeds)]))  # fmt: skip
-
     for row, entry in rows.items():
-        entry["online_env_steps"] = round(per_seed_total(entry, "env_steps"), 1)
+        entry["online_env_steps"] = round(per_seed_total(entry["by_task_set"], "env_steps", seeds), 1)
         # What the policies learnt from in all: off2on's offline data too.
         entry["env_steps"] = entry["online_env_steps"] + (offline_steps if row == "digirl_off2on" else 0)
-        entry["wall_time_s"] = round(per_seed_total(entry, "wall_time_s"), 2)
+        entry["wall_time_s"] = round(per_seed_total(entry["by_task_set"], "wall_time_s", seeds), 2)
     metrics.update({"rows": rows, "offline_env_steps": offline_steps, "workers": job_slots(compute)})
     write_metrics(paths, "digirl_online", metrics)
     levels = ({f"offline data, {ts} (train tasks)": level for ts, level in _offline_success(offline).items()}

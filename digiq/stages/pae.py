@@ -28,7 +28,6 @@ Writes ``data/pae`` (``evaluator/``, ``runs/``), ``metrics/pae.json`` and ``plot
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -36,7 +35,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -71,14 +69,17 @@ from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import (
     one_run_at_a_time,
+    per_seed_total,
     read_tasks,
     save_figure,
+    seed_curve,
     timed,
     write_metrics,
     written_whole,
 )
 from digiq.stages.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, run_online_job, split_runs
 from digiq.tables import TASK_SET_NAMES
+from digiq.viz.charts import row_colours
 from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
 __all__ = ["practice_task", "proposal_pools", "fit_learned_evaluator", "proposer_panel", "evaluator_panel",
@@ -249,20 +250,17 @@ def practice_curves_figure(rows: dict[str, Any], judged: Collection[str]) -> Fig
     task_sets = [ts for ts in TASK_SETS if any(ts in entry["by_task_set"] for entry in rows.values())]
     fig = Figure(figsize=(11, 3.8))
     axes = fig.subplots(1, max(len(task_sets), 1), sharey=True, squeeze=False)
-    colors = itertools.cycle(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
-    for row, color in zip(rows, colors, strict=False):
+    colours = row_colours(list(rows))
+    for row, colour in colours.items():
         for ax, ts in zip(axes[0], task_sets, strict=False):
             seeds = rows[row]["by_task_set"].get(ts, {"per_seed": []})["per_seed"]
-            n = min((len(rounds) for rounds in seeds), default=0)
-            if n == 0:
+            if (truth := seed_curve(seeds, "ground_truth_success")) is None:
                 continue
-            steps = np.mean([np.cumsum([r["env_steps"] for r in rounds[:n]]) for rounds in seeds], 0)
-            truth = np.array([[r["ground_truth_success"] for r in rounds[:n]] for rounds in seeds])
-            ax.plot(steps, truth.mean(0), marker="o", ms=3, color=color, label=f"{row}: the device's check")
-            ax.fill_between(steps, truth.min(0), truth.max(0), color=color, alpha=0.15)
-            if row in judged:
-                verdicts = np.array([[r["success"] for r in rounds[:n]] for rounds in seeds]).mean(0)
-                ax.plot(steps, verdicts, linestyle="--", marker="o", ms=3, color=color,
+            steps, mean, low, high = truth
+            ax.plot(steps, mean, marker="o", ms=3, color=colour, label=f"{row}: the device's check")
+            ax.fill_between(steps, low, high, color=colour, alpha=0.15)
+            if row in judged and (verdicts := seed_curve(seeds, "success")) is not None:
+                ax.plot(steps, verdicts[1], linestyle="--", marker="o", ms=3, color=colour,
                         label=f"{row}: the evaluator's verdicts")  # fmt: skip
     for ax, ts in zip(axes[0], task_sets, strict=False):
         ax.set(title=TASK_SET_NAMES[ts], xlabel="environment steps collected in practice")
@@ -303,8 +301,7 @@ def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvCo
         by_set = rows.setdefault(job.row, {"by_task_set": {}})["by_task_set"]
         by_set.setdefault(job.task_set, {"per_seed": []})["per_seed"].append(record["rounds"])
     for entry in rows.values():
-        entry["env_steps"] = round(float(np.mean([sum(r["env_steps"] for part in entry["by_task_set"].values()
-                                                       for r in part["per_seed"][s]) for s in range(seeds)])), 1)  # fmt: skip
+        entry["env_steps"] = round(per_seed_total(entry["by_task_set"], "env_steps", seeds), 1)
     metrics.update({
         "rows": rows,
         "proposer_panel": proposer_panel(proposals, paths, env),

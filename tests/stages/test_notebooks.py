@@ -100,6 +100,8 @@ def test_notebooks_are_committed_without_outputs():
         nb = json.loads((ROOT / "notebooks" / name).read_text())
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), name
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]), name
+        ids = [c.get("id") for c in nb["cells"]]
+        assert None not in ids and len(set(ids)) == len(ids), f"{name}: every cell has an id of its own"
 
 
 def test_pipeline_notebooks_run_in_order(workspace):
@@ -129,7 +131,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     pae_eval = json.loads((workspace / "metrics" / "pae_eval.json").read_text())
     assert set(pae_eval["all"]["general"]) == {"pae-base", "pae-pae_human", "pae-filtered_bc_online", "pae_oracle-pae"}
     shown = (workspace / "executed_12_eval.ipynb").read_text()
-    assert "On the whole test lists:" in shown and "On the test tasks whose goal no proposal has" in shown
+    assert "on the whole test lists:" in shown and "On the test tasks whose goal no proposal has" in shown
     assert "Practice on proposed tasks improves on the policy it starts from" in shown
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())
     assert set(ablations) == {"digiq", "digiq_n1", "digiq_untuned", "digiq_blind", "digiq_perfect_critic",
