@@ -215,6 +215,8 @@ def results_markdown(paths: Paths) -> str:
         out += ["", *env_steps_table(online, offline, practice)]
     if compared:
         out += ["", "The paper's claims, each judged by its comparison's interval:", ""] + claims_table(compared)
+        if (paths.plots / "claims.png").exists():  # drawn by stage 12 (notebook 12)
+            out += ["", "![the paper's claims](plots/claims.png)"]
     out += pae_markdown(paths)
     diag = _load(paths, "diagnostics") or {}
     if "critic_pick_margin" in diag:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from digiq.env.tasks import TASK_SETS
 
@@ -28,6 +28,8 @@ __all__ = [
     "PAPER_CLAIMS",
     "PAE_CLAIMS",
     "claims_table",
+    "judge_claim",
+    "Lead",
     "expert_pick_table",
     "pick_margin_table",
     "wrong_pick_table",
@@ -220,6 +222,30 @@ PAE_CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
+class Lead(NamedTuple):
+    """A claim's comparison on one task set, as the claimed winner's lead in points: the paired difference, its 95%
+    interval, and what the interval reads (holds, reversed, no detectable difference)."""
+
+    diff: float
+    low: float
+    high: float
+    reading: str
+
+
+def judge_claim(claim: Claim, comparisons: dict[str, Any]) -> tuple[dict[str, Lead | None], str]:
+    """``claim``'s lead on each task set (``None``: its comparison is missing there) and its verdict
+    (:func:`claims_table` says how it is read)."""
+    leads: dict[str, Lead | None] = {}
+    for ts in TASK_SETS:
+        c = comparisons.get(ts, {}).get(claim.comparison)
+        if c is None:
+            leads[ts] = None
+            continue
+        low, high = sorted(claim.sign * x for x in c["ci95"])
+        leads[ts] = Lead(claim.sign * c["diff"], low, high, HOLDS if low > 0 else REVERSED if high < 0 else UNDETECTED)
+    return leads, _verdict(claim, [None if lead is None else lead.reading for lead in leads.values()])
+
+
 def claims_table(comparisons: dict[str, Any], claims: Sequence[Claim] = PAPER_CLAIMS) -> list[str]:
     """``claims`` (the paper's by default), each judged on every task set by its comparison in ``comparisons``
     (comparisons.json's layout).
@@ -240,21 +266,11 @@ def claims_table(comparisons: dict[str, Any], claims: Sequence[Claim] = PAPER_CL
     heads = [TASK_SET_NAMES[ts] for ts in TASK_SETS]
     out = ["| claim | " + " | ".join(heads) + " | verdict |", "|---" * (len(heads) + 2) + "|"]
     for claim in claims:
-        cells: list[str] = []
-        readings: list[str | None] = []  # None: not measured on that task set
-        for ts in TASK_SETS:
-            c = comparisons.get(ts, {}).get(claim.comparison)
-            if c is None:
-                cells.append(NOT_MEASURED)
-                readings.append(None)
-                continue
-            diff, (lo, hi) = claim.sign * c["diff"], sorted(claim.sign * x for x in c["ci95"])
-            reading = HOLDS if lo > 0 else REVERSED if hi < 0 else UNDETECTED
-            cells.append(f"{diff:+.1f} [{lo:+.1f}, {hi:+.1f}], {reading}")
-            readings.append(reading)
+        leads, verdict = judge_claim(claim, comparisons)
+        cells = [NOT_MEASURED if lead is None else f"{lead.diff:+.1f} [{lead.low:+.1f}, {lead.high:+.1f}], {lead.reading}"
+                 for lead in leads.values()]  # fmt: skip
         which = "both task sets" if claim.on == "both" else "at least one task set"
-        out.append(f"| {claim.text}: {claim.condition()} on {which} | " + " | ".join(cells)
-                   + f" | **{_verdict(claim, readings)}** |")  # fmt: skip
+        out.append(f"| {claim.text}: {claim.condition()} on {which} | " + " | ".join(cells) + f" | **{verdict}** |")
     return out + ["", "Each cell: the claimed winner's lead in points with its 95% paired bootstrap interval; holds: "
                   "above 0, reversed: below 0, no detectable difference: the interval holds 0. Verdict: not measured "
                   "if the comparison is missing on a task set; reproduced if reversed nowhere and holding where the "

@@ -46,7 +46,7 @@ def test_the_demo_runs_every_stage_and_ends_with_its_results(demo_run):
     assert "| digiq |" in shown and "| base |" in shown
     assert (workspace / RESULTS).read_text().strip() in shown
     figures = {p.name for p in (workspace / "plots").glob("*.png")}
-    assert {"results.png", "ablations.png", "digirl_online.png", "pae.png"} <= figures
+    assert {"results.png", "ablations.png", "claims.png", "digirl_online.png", "pae.png"} <= figures
     executed = sorted(p.name for p in (workspace / "docs" / "notebooks").glob("*.ipynb"))
     assert executed == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
                               if not p.name.startswith("13_"))  # fmt: skip

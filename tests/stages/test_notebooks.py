@@ -131,6 +131,7 @@ def test_pipeline_notebooks_run_in_order(workspace):
     pae_eval = json.loads((workspace / "metrics" / "pae_eval.json").read_text())
     assert set(pae_eval["all"]["general"]) == {"pae-base", "pae-pae_human", "pae-filtered_bc_online", "pae_oracle-pae"}
     shown = (workspace / "executed_12_eval.ipynb").read_text()
+    assert (workspace / "plots" / "claims.png").stat().st_size > 0  # the claims' forest plot
     assert "on the whole test lists:" in shown and "On the test tasks whose goal no proposal has" in shown
     assert "Practice on proposed tasks improves on the policy it starts from" in shown
     ablations = json.loads((workspace / "metrics" / "ablations.json").read_text())

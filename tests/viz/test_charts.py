@@ -60,3 +60,20 @@ def test_a_seed_curve_reads_the_rounds_every_seed_has():
     assert x.tolist() == [15.0, 30.0] and mean.tolist() == [0.25, 0.5]
     assert low.tolist() == [0.0, 0.5] and high.tolist() == [0.5, 0.5]
     assert seed_curve([a, []], "success") is None
+
+
+def test_the_claims_forest_plot_shows_each_claim_s_lead_interval_and_verdict():
+    from digiq.tables import Claim, judge_claim
+    from digiq.viz.charts import claims_chart
+
+    claims = [Claim("A beats B", "a-b", ">", "both"), Claim("C is behind D", "c-d", "<", "at least one")]
+    comparisons = {"general": {"a-b": {"diff": 5.0, "ci95": [1.0, 9.0]}, "c-d": {"diff": -4.0, "ci95": [-7.0, -1.0]}},
+                   "webshop": {"a-b": {"diff": -3.0, "ci95": [-6.0, -0.5]}}}  # c-d not measured on Web Shopping  # fmt: skip
+    fig = claims_chart(comparisons, claims)
+    ax = fig.axes[0]
+    points = sorted((round(float(line.get_ydata()[0]), 2), float(line.get_xdata()[0])) for line in ax.get_lines()
+                    if line.get_marker() == "o")  # fmt: skip
+    assert points == [(-0.15, 5.0), (0.15, -3.0), (0.85, 4.0)]  # c-d's lead is D's: the sign follows the claim
+    verdicts = [t.get_text() for t in ax.texts]
+    assert verdicts == [judge_claim(c, comparisons)[1] for c in claims] == ["not reproduced", "not measured"]
+    plt.close(fig)
