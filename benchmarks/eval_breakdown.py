@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from digiq.config import EnvConfig, EvalConfig
+from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.evaluate import EvalJob, evaluate_job
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks
 
 # (label, file suffix, function name) of what is timed, cumulative time of each.
 PARTS = [

@@ -22,13 +22,13 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
+from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import observation_text
 from digiq.env import AndroidSimEnv
 from digiq.env.tasks import TASK_SETS
 from digiq.models.policy import AutoUIPolicy, inverse_cdf_draw
 from digiq.noise import noise_key, row_streams, token_uniforms
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks
 
 
 @torch.no_grad()

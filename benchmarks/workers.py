@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.evaluate import EvalJob, evaluate_job
 from digiq.paths import Paths
 from digiq.rollout import device_pool
-from digiq.stages.common import read_tasks
 from digiq.workers import map_jobs
 
 

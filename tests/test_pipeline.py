@@ -69,6 +69,26 @@ def test_no_module_or_test_keeps_a_list_of_the_stages_of_its_own():
     assert lists == {}
 
 
+def test_no_stage_imports_another_stage():
+    """A stage reads another's outputs, never its code: what two stages share lives in the package
+    (digiq.algos, digiq.models, digiq.data, ...), beside the stages' own helpers (common, launch)."""
+    support = {"digiq.stages.common", "digiq.stages.launch", "digiq.stages"}
+    found = {}
+    for path in sorted((ROOT / "digiq" / "stages").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+                imported.update(f"{node.module}.{a.name}" for a in node.names if node.module == "digiq.stages")
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+        stages = sorted(m for m in imported if m.startswith("digiq.stages") and m not in support
+                        and m != f"digiq.stages.{path.stem}")  # fmt: skip
+        if stages and path.stem not in ("common", "launch", "__init__"):
+            found[path.name] = stages
+    assert found == {}
+
+
 def test_every_committed_metrics_file_is_a_stage_s_output():
     """A metrics file no stage writes goes stale beside the ones a run rewrites (the rerun folders are kept runs)."""
     written = {m for s in STAGES for m in s.metrics + s.outs}
@@ -99,9 +119,10 @@ from __future__ import annotations
 from typing import Any
 
 from digiq.config import TaskWordsConfig, load_params, load_section
+from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks, timed, write_metrics
+from digiq.stages.common import timed, write_metrics
 
 
 def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:

@@ -13,6 +13,7 @@ VLM's recipe (:mod:`digiq.models.vlm_recipes`): ``tiny`` for the CPU model,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from digiq.models.vlm_recipes import LLAVA_TEMPLATE, RECIPES, TINY_RECIPES, Reci
 
 __all__ = [
     "VLMConfig",
+    "lr_factor",
     "ScreenVLM",
     "effect_label",
     "recipe_for",
@@ -413,3 +415,20 @@ def trainable(vlm: ScreenVLM, last_layers: int) -> list[torch.nn.Parameter]:
         if p.requires_grad:
             chosen.append(p)
     return chosen
+
+
+def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
+    """The learning rate at optimizer step ``step`` of ``total``, as a fraction of ``lr``.
+
+    Linear warm-up from 0 over the first ``warmup`` of the steps (rounded
+    up), then constant or a cosine decay towards 0 at the last step: the
+    ``transformers`` Trainer's schedule, which LLaVA's fine-tune scripts use
+    (warm-up 0.03, cosine).
+    """
+    ramp = math.ceil(warmup * total)
+    if step < ramp:
+        return step / ramp
+    if schedule == "constant":
+        return 1.0
+    progress = (step - ramp) / max(1, total - ramp)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
 from digiq.config import BasePolicyConfig, EnvConfig, TasksConfig, load_section
+from digiq.data.task_lists import read_tasks, tasks_digest
 from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.actions import ActionType, parse_action
 from digiq.env.state import Dynamics
@@ -33,7 +34,7 @@ from digiq.models.policy_fit import FitRow, demo_rows, fit_policy, load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, tasks_digest, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics
 
 __all__ = ["run", "run_base_policy", "randomize_copied_words"]
 

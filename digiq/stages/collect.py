@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from digiq.config import CollectConfig, ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
+from digiq.data.task_lists import read_tasks, tasks_digest
 from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
@@ -23,7 +24,7 @@ from digiq.models.checkpoint import checkpoint_digest, read_meta
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rollout import device_pool, rollout, success_by
-from digiq.stages.common import one_run_at_a_time, read_tasks, tasks_digest, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 
 __all__ = ["run", "run_collect", "episode_tasks"]
 

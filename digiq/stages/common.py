@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import json
 import os
@@ -23,57 +22,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from digiq.env.tasks import Task, UnsupportedInstruction, parse_task  # noqa: E402
 from digiq.io import (  # noqa: E402
     StageError,
     atomic_folder,
     atomic_path,
     atomic_write_text,
     clear_leftovers,
-    require,
     swap_in,
-    text_lines,
 )
 from digiq.kernels import in_use  # noqa: E402
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
 from digiq.viz.charts import row_colours  # noqa: E402
 
-__all__ = ["read_tasks", "write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
-           "one_run_at_a_time", "online_curves_figure", "seed_curve", "per_seed_total", "save_figure", "tasks_digest"]  # fmt: skip
-
-
-def read_tasks(paths: Paths, task_set: str, split: str, n: int | None = None, stage: str = "?") -> list[Task]:
-    """The first ``n`` tasks (all with ``None``) of a task list; a list shorter than ``n`` is an error, not a cut.
-
-    A line of them that does not parse, is not UTF-8 or is longer than
-    :data:`~digiq.env.tasks.MAX_INSTRUCTION_CHARS` stops the stage, named by
-    file and line: a stage's list is generated, so an odd line means a broken file.
-    """
-    path = paths.task_list(task_set, split)
-    require(stage, path)
-    lines = [(i, ln, why) for i, ln, why in text_lines(path) if ln.strip()]
-    if n is not None and len(lines) < n:
-        raise StageError(f"stage {stage}: {path} has {len(lines)} tasks, fewer than the {n} asked; regenerate the "
-                         "lists (dvc repro tasks) or ask for fewer")  # fmt: skip
-    tasks = []
-    for i, line, why in lines[:n]:
-        if why is None:
-            try:
-                tasks.append(parse_task(line, task_set))
-                continue
-            except UnsupportedInstruction as e:
-                why = str(e)
-        raise StageError(f"stage {stage}: {path}:{i}: {why}")
-    return tasks
+__all__ = ["write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
+           "one_run_at_a_time", "online_curves_figure", "seed_curve", "per_seed_total", "save_figure"]  # fmt: skip
 
 
 Entry = TypeVar("Entry", bound=Callable[..., Any])  # a stage's entry function
-
-
-def tasks_digest(tasks: list[Task]) -> str:
-    """One SHA-256 for a list of tasks in order (task set and instruction): what a store collected on them records."""
-    return hashlib.sha256("".join(f"{t.task_set}\t{t.instruction}\n" for t in tasks).encode()).hexdigest()
 
 
 def one_run_at_a_time(stage: str) -> Callable[[Entry], Entry]:

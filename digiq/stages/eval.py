@@ -66,6 +66,7 @@ from digiq.config import (
     load_section,
     load_variants,
 )
+from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.taskgen import PROTOCOL_TASKS
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task
@@ -76,7 +77,7 @@ from digiq.models.policy import PolicyConfig
 from digiq.paths import Paths
 from digiq.rollout import EpisodeResult
 from digiq.rows import ONLINE_ROWS, PAE_ROWS, all_rows
-from digiq.stages.common import one_run_at_a_time, read_tasks, timed, write_metrics
+from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.stats import comparisons
 from digiq.workers import IN_PROCESS, job_slots
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from digiq.algos.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, run_online_job, split_runs
 from digiq.config import (
     ActorConfig,
     ComputeConfig,
@@ -49,6 +50,7 @@ from digiq.config import (
     PAEConfig,
     load_section,
 )
+from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task, UnsupportedInstruction, parse_task, unchecked_task
@@ -70,14 +72,12 @@ from digiq.rollout import ExpertPolicy, rollout
 from digiq.stages.common import (
     one_run_at_a_time,
     per_seed_total,
-    read_tasks,
     save_figure,
     seed_curve,
     timed,
     write_metrics,
     written_whole,
 )
-from digiq.stages.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, run_online_job, split_runs
 from digiq.tables import TASK_SET_NAMES
 from digiq.viz.charts import row_colours
 from digiq.workers import IN_PROCESS, job_slots, map_jobs

@@ -25,12 +25,12 @@ from digiq.config import AblationsConfig, VLMFinetuneConfig, load_section
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.io import require
-from digiq.models.vlm import ScreenVLM, effect_label, trainable
+from digiq.models.vlm import ScreenVLM, effect_label, lr_factor, trainable
 from digiq.paths import Paths
 from digiq.progress import progress
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
 
-__all__ = ["run", "run_vlm_finetune", "labelled_pairs", "lr_factor", "add_lora", "merge_lora"]
+__all__ = ["run", "run_vlm_finetune", "labelled_pairs", "add_lora", "merge_lora"]
 
 # With compute.processes > 1, every process takes its share of the fine-tune's batches (digiq.parallel).
 DATA_PARALLEL = True
@@ -116,23 +116,6 @@ def checkpoint_layers(vlm: ScreenVLM) -> None:
 def merge_lora(vlm: ScreenVLM) -> None:
     """Fold the LoRA adapters into the weights they adapt and drop peft's wrapper."""
     vlm.model = vlm.model.merge_and_unload()
-
-
-def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
-    """The learning rate at optimizer step ``step`` of ``total``, as a fraction of ``lr``.
-
-    Linear warm-up from 0 over the first ``warmup`` of the steps (rounded
-    up), then constant or a cosine decay towards 0 at the last step: the
-    ``transformers`` Trainer's schedule, which LLaVA's fine-tune scripts use
-    (warm-up 0.03, cosine).
-    """
-    ramp = math.ceil(warmup * total)
-    if step < ramp:
-        return step / ramp
-    if schedule == "constant":
-        return 1.0
-    progress = (step - ramp) / max(1, total - ramp)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @one_run_at_a_time("vlm_finetune")

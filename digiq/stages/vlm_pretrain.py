@@ -31,18 +31,18 @@ import torch
 from digiq import parallel
 from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_section
 from digiq.data.screen_corpus import LabelledScreen, labelled_screens, screen_images
+from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.state import Dynamics
 from digiq.env.tasks import TASK_SETS, Task
 from digiq.io import StageError, atomic_write_text, require
 from digiq.models.checkpoint import read_tokenizer
-from digiq.models.vlm import ScreenVLM, VLMConfig
+from digiq.models.vlm import ScreenVLM, VLMConfig, lr_factor
 from digiq.models.vlm_pretrain import Question, ask, correct
 from digiq.paths import Paths
 from digiq.progress import progress
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages.common import one_run_at_a_time, read_tasks, save_curve_plot, timed, write_metrics
-from digiq.stages.vlm_finetune import lr_factor
+from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics
 
 __all__ = ["run", "run_vlm_pretrain", "record_screens", "questions", "accuracy"]
 

@@ -27,12 +27,12 @@ from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
 from digiq.data.features import load_features
 from digiq.env.actions import press_home, tap, type_text
 from digiq.models.tokenizer import llava_style_tokenizer
-from digiq.models.vlm import ScreenVLM, trainable
+from digiq.models.vlm import ScreenVLM, lr_factor, trainable
 from digiq.models.vlm_recipes import LLAVA_TEMPLATE, OriginalRecipe, TinyRecipe
 from digiq.paths import ROOT, Paths
 from digiq.preset import read_preset
 from digiq.stages.embed import run_embed
-from digiq.stages.vlm_finetune import checkpoint_layers, lr_factor, run_vlm_finetune
+from digiq.stages.vlm_finetune import checkpoint_layers, run_vlm_finetune
 
 SIZE, PATCH = 32, 8
 

@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
+from digiq.algos.digirl_online import run_online_job
 from digiq.paths import Paths
-from digiq.stages.digirl_online import run_online_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from test_digirl_online import tiny_job  # noqa: E402

@@ -5,9 +5,10 @@ import subprocess
 
 import pytest
 
+from digiq.data.task_lists import read_tasks
 from digiq.io import StageError
 from digiq.paths import Paths
-from digiq.stages.common import read_tasks, save_curve_plot
+from digiq.stages.common import save_curve_plot
 
 
 def _read(tsv):

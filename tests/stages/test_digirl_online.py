@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from digiq.algos import digirl_online
 from digiq.algos.digirl import read_offline_step_features, step_features, write_offline_step_features
+from digiq.algos.digirl_online import OnlineJob, round_tasks, run_online_job, split_runs
 from digiq.config import ActorConfig, ComputeConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
 from digiq.data.picks import DIGIRL_STEP_FEATURES, stored_path
 from digiq.data.trajectories import TrajectoryStore
@@ -26,9 +28,8 @@ from digiq.models.policy_fit import load_screens
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.paths import Paths
 from digiq.rollout import ExpertPolicy, rollout
-from digiq.stages import digirl_online
 from digiq.stages.actor import StepFeaturesJob, step_features_job
-from digiq.stages.digirl_online import OnlineJob, round_tasks, run_digirl_online, run_online_job, split_runs
+from digiq.stages.digirl_online import run_digirl_online
 
 WIDTH = 108
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "online_run.py"

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.io import StageError
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import ROOT, Paths
-from digiq.stages.common import read_tasks
 
 SPLITS = ("train", "val", "test")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from digiq.algos.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, practice_tasks, run_online_job
 from digiq.config import ActorConfig, DeviceConfig, DigiRLConfig, EnvConfig, JudgeConfig
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.gym_env import AndroidSimEnv
@@ -18,7 +19,6 @@ from digiq.models.tokenizer import default_corpus, train_tokenizer
 from digiq.models.vlm import ScreenVLM, VLMConfig
 from digiq.pae.learned import LearnedEvaluator
 from digiq.paths import Paths
-from digiq.stages.digirl_online import GROUND_TRUTH_FILE, OnlineJob, Practice, practice_tasks, run_online_job
 
 WIDTH = 108
 POOL = (
