@@ -479,7 +479,12 @@ class CollectConfig:
         0.8, help="sampling temperature (AutoUI: 1.0; 0.8 matches its success on train tasks)", at_least=0
     )
     n_envs: int = _knob(32, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
-    gamma: float = _knob(0.95, help="discount of the stored Monte-Carlo returns", above=0, at_most=1)
+    gamma: float = _knob(
+        0.95,
+        help="discount of the stored Monte-Carlo returns; the critics' too (critic.gamma): stage 06 refuses two",
+        above=0,
+        at_most=1,
+    )
     seed: int = _seed(1, help="seed of the devices")
     view_hierarchy: bool = _knob(
         True,
@@ -742,7 +747,12 @@ class CriticConfig:
     the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
     """
 
-    gamma: float = _knob(0.95, help="discount (Digi-Q: 0.95)", above=0, at_most=1)
+    gamma: float = _knob(
+        0.95,
+        help="discount (Digi-Q: 0.95); the stored returns' too (collect.gamma): stage 06 refuses two",
+        above=0,
+        at_most=1,
+    )
     tau: float = _knob(0.1, help="soft target update rate (Digi-Q: 0.1)", above=0, at_most=1)
     hidden: int = _knob(256, help="MLP width", at_least=1, at_most=16_384)
     steps: int = _knob(

@@ -59,6 +59,7 @@ __all__ = [
     "DataError",
     "TrajectoryStore",
     "store_made_whole",
+    "returns_discount",
     "mc_returns",
     "observation_text",
     "split_trajectories",
@@ -393,6 +394,13 @@ def _made_with(folder: Path) -> dict[str, typing.Any] | None:
         return json.loads((folder / MADE_WITH).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def returns_discount(root: Path) -> float | None:
+    """The discount of the Monte-Carlo returns stored at ``root``, as the stage that collected them recorded it
+    (``collect.gamma`` in its ``made_with.json``); ``None`` where nothing recorded it (an imported store)."""
+    gamma = ((_made_with(root) or {}).get("collect") or {}).get("gamma")
+    return float(gamma) if gamma is not None else None
 
 
 @contextmanager

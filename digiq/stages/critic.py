@@ -25,10 +25,18 @@ import torch
 
 from digiq import parallel
 from digiq.algos.digiq import fit_critic
-from digiq.config import AblationsConfig, ComputeConfig, CriticConfig, ExperimentConfig, load_section, load_variants
+from digiq.config import (
+    AblationsConfig,
+    ComputeConfig,
+    ConfigError,
+    CriticConfig,
+    ExperimentConfig,
+    load_section,
+    load_variants,
+)
 from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs, load_text_features
-from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets
+from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, returns_discount
 from digiq.io import require
 from digiq.models.critic import Critic, load_critics, per_task_set
 from digiq.paths import Paths
@@ -38,6 +46,7 @@ from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
 __all__ = [
     "run",
+    "check_one_discount",
     "CriticSpec",
     "critic_specs",
     "run_critic",
@@ -239,11 +248,29 @@ def run_critic(specs: dict[str, CriticSpec], paths: Paths, seeds: int = 1,
     return metrics
 
 
+def check_one_discount(specs: dict[str, CriticSpec], returns_gamma: float) -> None:
+    """Refuse critics whose TD discount is not the one the stored Monte-Carlo returns were discounted by
+    (``returns_gamma``, the ``collect.gamma`` stage 01 recorded with its store): each critic's V is judged
+    against those returns (``v_mc_return_corr``), and two discounts would skew that correlation without a word.
+
+    Raises:
+        ConfigError: naming each critic's discount and the returns'.
+    """
+    differ = {name: spec.cfg.gamma for name, spec in specs.items() if spec.cfg.gamma != returns_gamma}
+    if differ:
+        named = ", ".join(f"{name} {gamma}" for name, gamma in differ.items())
+        raise ConfigError(f"critic.gamma differs from {returns_gamma}, the discount (collect.gamma) stage 01 stored "
+                          f"its Monte-Carlo returns with, which every critic is judged against ({named}): one "
+                          "discount, set them equal (a changed collect.gamma reruns stage 01)")  # fmt: skip
+
+
 def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
     """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
     variants = load_variants(params)
     table = all_rows(load_section(AblationsConfig, "ablations", params), list(variants))
     specs = critic_specs(load_section(CriticConfig, "critic", params), variants, table)
+    if (returns_gamma := returns_discount(paths.offline)) is not None:
+        check_one_discount(specs, returns_gamma)
     return run_critic(
         specs,
         paths,

@@ -203,3 +203,22 @@ def test_each_task_set_holds_out_its_own_share_of_trajectories():
         np.testing.assert_array_equal(held[mine], heldout_rows(traj[mine], 0.2, seed=4))  # as its critic drew them
     assert data_task_sets(["webshop", "general", "webshop"]) == ["general", "webshop"]
     assert data_task_sets(["webshop"]) == ["webshop"]
+
+
+def test_a_critic_discount_other_than_the_stored_returns_is_refused(tmp_path):
+    """Stage 01 records the discount of the returns it stores; a critic fit with another one is named, not run."""
+    from digiq.config import ConfigError
+    from digiq.data.trajectories import returns_discount, store_made_whole
+    from digiq.io import StageError
+
+    paths = Paths(tmp_path)
+    with store_made_whole(paths.offline, {"stage": "collect", "collect": {"gamma": 0.95}}):
+        pass
+    assert returns_discount(paths.offline) == 0.95 and returns_discount(tmp_path / "imported") is None
+    params = load_params()
+    params["critic"] = {**params["critic"], "gamma": 0.9}
+    with pytest.raises(ConfigError, match=r"critic\.gamma differs from 0\.95.*\(digiq 0\.9"):
+        critic_stage(params, paths)
+    params["critic"]["gamma"] = 0.95
+    with pytest.raises(StageError, match="features"):  # the same discount: on to the stage's inputs
+        critic_stage(params, paths)
