@@ -65,6 +65,7 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 VALIDATION = ("<!-- validation:start -->", "<!-- validation:end -->")  # in docs/experiments.md
 DIAGNOSTICS = ("<!-- diagnostics:start -->", "<!-- diagnostics:end -->")  # in docs/diagnostics.md
 STAGE_TIMES = ("<!-- stage-times:start -->", "<!-- stage-times:end -->")  # in docs/pipeline-time.md
+RESULTS = ("<!-- results:start -->", "<!-- results:end -->")  # in docs/results.md: every table of the run
 # The stages with a metrics file of their name (their wall time among the metrics), in the pipeline's order.
 STAGES = tuple(s.name for s in pipeline.stages() if f"metrics/{s.name}.json" in s.metrics)
 HEADLINES = {
@@ -187,6 +188,27 @@ def _kind_table(support: dict[str, Any], kept: dict[str, Any]) -> list[str]:
                ("Digi-Q's rows there the expert's (%)", digiq("expert"))]  # fmt: skip
     return grouped_table(support, "expert's action", columns,
                           "The expert's action at each stored state, by kind; Digi-Q's columns pool its seeds.")  # fmt: skip
+
+
+def headline_markdown(paths: Paths) -> str:
+    """The README's results: every row on the test lists, the chart, and the paper's and PAE's claims with their
+    verdicts; every other table is on the results page (:func:`results_markdown`, ``docs/results.md``)."""
+    ev, compared = _load(paths, "eval"), _load(paths, "comparisons")
+    if not ev:
+        return "No `metrics/eval.json` yet: run `make repro`."
+    out = success_table(ev, _load(paths, "eval_train")) + ["", "![results](plots/results.png)"]
+    if compared:
+        out += ["", "The paper's claims, each judged by its comparison's interval:", "", *claims_table(compared)]
+    judged = _load(paths, "pae_eval")
+    if judged and "all" in judged:
+        out += ["", "PAE's claims ([docs/pae.md](docs/pae.md)) on the whole test lists:", "",
+                *claims_table(judged["all"], PAE_CLAIMS)[:-2]]  # fmt: skip
+    return "\n".join(out)
+
+
+def in_docs(markdown: str) -> str:
+    """``markdown`` written for the repository's root, its links made relative to ``docs/``."""
+    return markdown.replace("](plots/", "](../plots/").replace("](docs/", "](")
 
 
 def results_markdown(paths: Paths) -> str:
@@ -380,10 +402,11 @@ def stage_times_markdown(paths: Paths) -> str:
 
 
 def update_readme(readme: Path, paths: Paths, docs: Path | None = None) -> None:
-    """The README's results block and, with ``docs`` (the docs folder), the blocks of its experiments, diagnostics
-    and pipeline-time pages, from the metrics."""
-    fill_block(readme, (START, END), results_markdown(paths))
+    """The README's headline block and, with ``docs`` (the docs folder), the results page's block (every table)
+    and the blocks of its experiments, diagnostics and pipeline-time pages, from the metrics."""
+    fill_block(readme, (START, END), headline_markdown(paths))
     if docs is not None:
+        fill_block(docs / "results.md", RESULTS, in_docs(results_markdown(paths)))
         fill_block(docs / "experiments.md", VALIDATION, validation_markdown(paths))
         fill_block(docs / "diagnostics.md", DIAGNOSTICS, diagnostics_markdown(paths))
         fill_block(docs / "pipeline-time.md", STAGE_TIMES, stage_times_markdown(paths))
@@ -392,8 +415,8 @@ def update_readme(readme: Path, paths: Paths, docs: Path | None = None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", default=str(Paths().root / "README.md"))
-    ap.add_argument("--docs", default=str(Paths().root / "docs"), help="the folder of experiments.md, "
-                    "diagnostics.md and pipeline-time.md")  # fmt: skip
+    ap.add_argument("--docs", default=str(Paths().root / "docs"), help="the folder of results.md, "
+                    "experiments.md, diagnostics.md and pipeline-time.md")  # fmt: skip
     args = ap.parse_args()
     update_readme(Path(args.readme), Paths(), Path(args.docs))
     print(f"updated {args.readme} and the blocks in {args.docs}")

@@ -32,7 +32,15 @@ LAYERS = (
     {"diagnostics", "evaluate"},
     {"tables", "viz"},  # what a person reads: tables, figures, viewers
     {"stages"},  # load, call, save: one module per stage
-    {"report", "rerun", "preset", "scale_study"},  # the README's tables, rerun spreads, presets, studies of stage 07
+    {
+        "report",
+        "rerun",
+        "preset",
+        "reference",
+        "scale_study",
+        "demo",
+    },  # the README's tables, rerun spreads, presets, the
+    # settings reference, studies of stage 07, the demo
 )
 
 

@@ -9,12 +9,15 @@ from digiq.paths import ROOT, Paths
 from digiq.report import (
     DIAGNOSTICS,
     END,
+    RESULTS,
     STAGE_TIMES,
     STAGES,
     START,
     VALIDATION,
     diagnostics_markdown,
     env_steps_table,
+    headline_markdown,
+    in_docs,
     representation_probe_table,
     results_markdown,
     stage_times_markdown,
@@ -143,10 +146,15 @@ def test_report_fills_the_readme_and_experiments_blocks_from_metrics(tmp_path):
     (docs / "experiments.md").write_text(f"{VALIDATION[0]}\nold\n{VALIDATION[1]}\nnotes\n")
     (docs / "diagnostics.md").write_text(f"notes\n{DIAGNOSTICS[0]}\nold\n{DIAGNOSTICS[1]}\n")
     (docs / "pipeline-time.md").write_text(f"notes\n{STAGE_TIMES[0]}\nold\n{STAGE_TIMES[1]}\n")
+    (docs / "results.md").write_text(f"# Results\n{RESULTS[0]}\nold\n{RESULTS[1]}\nreading\n")
     update_readme(readme, paths, docs)
+    page = (docs / "results.md").read_text()
+    assert "old" not in page and "| base | 25.0" in page and page.endswith("reading\n")
+    assert "](../plots/results.png)" in page and "Ablations" in page  # every table, linked from docs/
     assert "run `make val` after `make repro`" in (docs / "experiments.md").read_text()  # no metrics/val/ yet
     text = readme.read_text()
     assert "old" not in text and "| base | 25.0" in text and text.endswith("rest\n")
+    assert "Ablations" not in text  # the README's block is the headline: the rest is on the results page
     diagnostics = (docs / "diagnostics.md").read_text()
     assert "old" not in diagnostics and "| alone | 20.0 | 40.0 |" in diagnostics
     assert "| critic | 12.5 |" in (docs / "pipeline-time.md").read_text()
@@ -355,3 +363,11 @@ def test_results_judge_pae_s_claims_on_all_test_tasks_and_on_those_no_proposal_m
     assert "Every PAE comparison on those tasks:" in md  # the other comparisons there too, as numbers, not claims
     assert "| pae - pae_human | -5.0 [-9.0, -1.0] |" in md
     assert "200 proposals: 80.0% map to a task the simulator can check" in md and "precision 70.0%" in md
+
+
+def test_the_readme_is_one_page_and_its_generated_blocks_are_the_committed_metrics():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert f"{START}\n{headline_markdown(Paths(ROOT))}\n{END}" in readme
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert f"{RESULTS[0]}\n{in_docs(results_markdown(Paths(ROOT)))}\n{RESULTS[1]}" in page
