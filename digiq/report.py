@@ -40,6 +40,7 @@ from digiq.tables import (
     expert_pick_table,
     family_table,
     grouped_table,
+    pae_claims_markdown,
     pct,
     pick_margin_table,
     rate,
@@ -248,26 +249,8 @@ def results_markdown(paths: Paths) -> str:
 
 
 def pae_markdown(paths: Paths) -> list[str]:
-    """PAE's claims (docs/pae.md) judged by stage 12's intervals, on the whole test lists and on the test tasks no
-    proposal matched; the proposals' validity and the learned evaluator's agreement with ground truth (stage 11)."""
-    judged = _load(paths, "pae_eval")
-    if not judged or "all" not in judged:  # not run, or off (pae.rows is [])
-        return []
-    out = ["", "PAE's claims ([docs/pae.md](docs/pae.md)), each judged by its comparison's interval, on the whole test "
-           "lists:", "", *claims_table(judged["all"], PAE_CLAIMS)[:-2]]  # fmt: skip
-    sizes = ", ".join(f"{n} {TASK_SET_NAMES[ts]}" for ts, n in judged["unmatched_tasks"].items())
-    out += ["", f"On the test tasks whose goal no proposal has ({sizes}):", "",
-            *claims_table(judged["unmatched"], PAE_CLAIMS[:1])]  # fmt: skip
-    compared = {row for pairs in judged["unmatched"].values() for name in pairs for row in name.split("-")}
-    out += ["", "Every PAE comparison on those tasks:", "", *comparison_table(judged["unmatched"], compared)]
-    practice = _load(paths, "pae") or {}
-    panel, evaluated = practice.get("proposer_panel"), practice.get("evaluator_panel", {}).get("pae", {}).get("all")
-    if panel and evaluated and evaluated.get("precision") is not None:
-        out += ["", f"The {panel['proposals']} proposals: {pct(panel['valid'])}% map to a task the simulator can check "
-                f"(the scripted expert does {pct(panel['expert_success_on_valid'] or 0)}% of those). The pae row's "
-                f"evaluator against that check over its practice episodes: precision {pct(evaluated['precision'])}%, "
-                f"recall {pct(evaluated['recall'] or 0)}%, agreement {pct(evaluated['agreement'])}%."]  # fmt: skip
-    return out
+    """PAE's claims and panels (:func:`~digiq.tables.pae_claims_markdown`) from stage 12's and stage 11's metrics."""
+    return pae_claims_markdown(_load(paths, "pae_eval"), _load(paths, "pae"))
 
 
 def env_steps_table(online: dict[str, Any], offline_rows: list[str], practice: dict[str, Any] | None = None

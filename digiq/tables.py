@@ -28,6 +28,7 @@ __all__ = [
     "PAPER_CLAIMS",
     "PAE_CLAIMS",
     "claims_table",
+    "pae_claims_markdown",
     "judge_claim",
     "Lead",
     "expert_pick_table",
@@ -374,4 +375,27 @@ def skills_table(skills: dict[str, Any]) -> list[str]:
         if isinstance(res, dict):
             name = "alone" if skill == "none" else f"+ the expert's {skill}"
             out.append(f"| {name} | " + " | ".join(pct(res[ts]["success_rate"]) for ts in sets) + " |")
+    return out
+
+
+def pae_claims_markdown(judged: dict[str, Any] | None, practice: dict[str, Any] | None) -> list[str]:
+    """PAE's claims (docs/pae.md) judged by stage 12's intervals (``judged``: ``metrics/pae_eval.json``), on the
+    whole test lists and on the test tasks no proposal matched; the proposals' validity and the learned evaluator's
+    agreement with ground truth (``practice``: stage 11's ``metrics/pae.json``). Nothing when PAE did not run."""
+    if not judged or "all" not in judged:  # not run, or off (pae.rows is [])
+        return []
+    out = ["", "PAE's claims ([docs/pae.md](docs/pae.md)), each judged by its comparison's interval, on the whole test "
+           "lists:", "", *claims_table(judged["all"], PAE_CLAIMS)[:-2]]  # fmt: skip
+    sizes = ", ".join(f"{n} {TASK_SET_NAMES[ts]}" for ts, n in judged["unmatched_tasks"].items())
+    out += ["", f"On the test tasks whose goal no proposal has ({sizes}):", "",
+            *claims_table(judged["unmatched"], PAE_CLAIMS[:1])]  # fmt: skip
+    compared = {row for pairs in judged["unmatched"].values() for name in pairs for row in name.split("-")}
+    out += ["", "Every PAE comparison on those tasks:", "", *comparison_table(judged["unmatched"], compared)]
+    practice = practice or {}
+    panel, evaluated = practice.get("proposer_panel"), practice.get("evaluator_panel", {}).get("pae", {}).get("all")
+    if panel and evaluated and evaluated.get("precision") is not None:
+        out += ["", f"The {panel['proposals']} proposals: {pct(panel['valid'])}% map to a task the simulator can check "
+                f"(the scripted expert does {pct(panel['expert_success_on_valid'] or 0)}% of those). The pae row's "
+                f"evaluator against that check over its practice episodes: precision {pct(evaluated['precision'])}%, "
+                f"recall {pct(evaluated['recall'] or 0)}%, agreement {pct(evaluated['agreement'])}%."]  # fmt: skip
     return out

@@ -33,7 +33,7 @@ from digiq.io import (  # noqa: E402
 from digiq.kernels import in_use  # noqa: E402
 from digiq.lock import stage_lock  # noqa: E402
 from digiq.paths import Paths  # noqa: E402
-from digiq.viz.charts import row_colours  # noqa: E402
+from digiq.viz.colours import row_colours  # noqa: E402
 
 __all__ = ["write_metrics", "timed", "save_curve_plot", "log_curves", "written_whole",
            "one_run_at_a_time", "online_curves_figure", "seed_curve", "per_seed_total", "save_figure"]  # fmt: skip

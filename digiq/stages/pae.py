@@ -79,7 +79,7 @@ from digiq.stages.common import (
     written_whole,
 )
 from digiq.tables import TASK_SET_NAMES
-from digiq.viz.charts import row_colours
+from digiq.viz.colours import row_colours
 from digiq.workers import IN_PROCESS, job_slots, map_jobs
 
 __all__ = ["practice_task", "proposal_pools", "fit_learned_evaluator", "proposer_panel", "evaluator_panel",

@@ -8,7 +8,8 @@ import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from digiq.stages.common import online_curves_figure, seed_curve  # noqa: E402
-from digiq.viz.charts import ROW_COLOURS, results_chart, row_colours  # noqa: E402
+from digiq.viz.charts import results_chart
+from digiq.viz.colours import ROW_COLOURS, row_colours  # noqa: E402
 
 ROWS = ["base", "digiq", "filtered_bc", "digirl_offline", "digiq_hierarchy", "digirl_online", "digirl_off2on",
         "filtered_bc_online", "pae", "pae_oracle", "pae_human"]  # the committed run's eleven rows  # fmt: skip
