@@ -66,6 +66,7 @@ __all__ = [
     "fit_critic",
     "td_fit",
     "conservative_penalty",
+    "conservative_term",
     "moved_forward",
     "drawn_advantages",
     "drawn_among",
@@ -165,11 +166,7 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
         if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
             pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
             rows = {k: t[pen].to(dev) for k, t in data.items()}
-            marked = rows["scored"]
-            if cfg.conservative_gate:
-                marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
-            term = (conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor)
-                    .sum() if len(pen) else q_loss * 0)  # fmt: skip
+            term = conservative_term(cfg, critic, target, rows) if len(pen) else q_loss * 0
             out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
         return out
 
@@ -210,6 +207,16 @@ def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[
     y_q = critic.joined(q_targets(critic, data, gamma))
     gap = q - critic.joined(critic.v(data["state"]))
     return {"q_td_rmse": float(((q - y_q) ** 2).mean().sqrt()), "q_taken_minus_v": float(gap.mean())}
+
+
+def conservative_term(cfg: CriticConfig, critic: Critic, target: Critic, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The CQL variant's term (beyond the paper; ``cfg.conservative`` > 0) over ``rows``, states whose candidates it
+    scores: :func:`conservative_penalty` summed over them, on the scored candidates, and with
+    ``cfg.conservative_gate`` only at steps the data's action moved forward (:func:`moved_forward`)."""
+    marked = rows["scored"]
+    if cfg.conservative_gate:
+        marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
+    return conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor).sum()
 
 
 def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor, scored: torch.Tensor,
