@@ -205,7 +205,8 @@ def fingerprint_file(stage: str) -> str:
 
 
 def write_fingerprints(root: Path = ROOT) -> list[Path]:
-    """One fingerprint per stage of ``root``'s dvc.yaml but this one, written whole; the files written."""
+    """One fingerprint per stage of ``root``'s dvc.yaml but this one, each written whole, and no other file in their
+    folder (the stage's one output: a stage dropped from dvc.yaml leaves no fingerprint behind); the files written."""
     stages = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     written = []
     for name, stage in stages.items():
@@ -216,6 +217,8 @@ def write_fingerprints(root: Path = ROOT) -> list[Path]:
         # Sorted and indented alike every time: the same code gives the same bytes, which is what DVC compares.
         atomic_write_text(path, json.dumps(stage_code(stage["cmd"], root), indent=1, sort_keys=True) + "\n")
         written.append(path)
+    for stale in set((root / STAGE).iterdir()) - set(written):
+        stale.unlink()
     return written
 
 

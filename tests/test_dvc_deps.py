@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +26,7 @@ from digiq.fingerprint import (
     imported_modules,
     notebook_imports,
     stage_code,
+    write_fingerprints,
 )
 from digiq.paths import ROOT
 
@@ -31,11 +34,19 @@ STAGES: dict[str, dict] = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stage
 COMPUTE = [name for name in STAGES if name != STAGE]
 
 
-def test_the_fingerprint_stage_comes_first_runs_every_time_and_writes_one_file_per_stage() -> None:
+def test_the_fingerprint_stage_comes_first_runs_every_time_and_writes_one_file_per_stage(tmp_path) -> None:
     assert next(iter(STAGES)) == STAGE and STAGES[STAGE]["always_changed"] is True
-    outs = [next(iter(out)) for out in STAGES[STAGE]["outs"]]
-    assert outs == [fingerprint_file(name) for name in COMPUTE]
-    assert all(out[path] == {"cache": False} for out, path in zip(STAGES[STAGE]["outs"], outs, strict=True))
+    # Its one output is the folder: no second list of the stages to keep beside dvc.yaml's.
+    assert STAGES[STAGE]["outs"] == [{STAGE: {"cache": False}}]
+    shutil.copy2(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    for code in ("digiq", "notebooks"):  # what the fingerprints digest, read where it is
+        (tmp_path / code).symlink_to(ROOT / code)
+    (tmp_path / STAGE).mkdir()
+    (tmp_path / STAGE / "a_dropped_stage.json").write_text("{}")
+    write_fingerprints(tmp_path)
+    assert sorted(p.name for p in (tmp_path / STAGE).iterdir()) == sorted(
+        Path(fingerprint_file(name)).name for name in COMPUTE
+    )
 
 
 @pytest.mark.parametrize("name", COMPUTE)
