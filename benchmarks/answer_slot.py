@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from digiq.config import EmbedConfig, VLMFinetuneConfig, VLMPretrainConfig, load_params, load_section
+from digiq.config import load_settings
 from digiq.env import AndroidSimEnv
 from digiq.env.actions import Action, press_back, press_home, tap, type_text
 from digiq.env.taskgen import generate_tasks
@@ -173,10 +173,10 @@ def alternate(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def main() -> None:
-    params = load_params()
-    embed_cfg = load_section(EmbedConfig, "embed", params)
-    finetune_cfg = load_section(VLMFinetuneConfig, "vlm_finetune", params)
-    pretrain_cfg = load_section(VLMPretrainConfig, "vlm_pretrain", params)
+    settings = load_settings()
+    embed_cfg = settings.embed
+    finetune_cfg = settings.vlm_finetune
+    pretrain_cfg = settings.vlm_pretrain
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=embed_cfg.batch_size, help="embed: rows per call")
     ap.add_argument("--calls", type=int, default=4, help="embed: calls per timing")

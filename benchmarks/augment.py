@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from policy_step import policy_module_at
 
-from digiq.config import AugmentConfig, ComputeConfig, load_params, load_section
+from digiq.config import AugmentConfig, load_settings
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
 from digiq.models.policy import AutoUIPolicy
@@ -126,8 +126,8 @@ def main() -> None:
     args = ap.parse_args()
 
     paths = Paths(args.root)
-    params = load_params(paths.root / "params.yaml")
-    cfg, compute = load_section(AugmentConfig, "augment", params), load_section(ComputeConfig, "compute", params)
+    settings = load_settings(paths.root / "params.yaml")
+    cfg, compute = settings.augment, settings.compute
     store = TrajectoryStore(paths.offline)
     columns = ["traj_id", "step_id", "observation", "image_path", "action"]
     steps = store.read().select(columns).to_pylist()[: args.states]

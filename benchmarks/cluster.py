@@ -35,7 +35,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from digiq.cluster import DEVICES
-from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.config import ComputeConfig, DeviceConfig, JudgeConfig, load_settings
 from digiq.env.taskgen import generate_tasks
 from digiq.env.tasks import TASK_SETS, parse_task
 from digiq.evaluate import EvalJob, load_agent, run_jobs
@@ -68,7 +68,7 @@ def main() -> None:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     logging.getLogger("ray").setLevel(logging.WARNING)
 
-    cfg, env = load_section(EvalConfig, "eval"), load_section(EnvConfig, "env")
+    cfg, env = (settings := load_settings()).eval, settings.env
     tasks = {ts: [parse_task(t, ts) for t in generate_tasks(ts, "val", args.tasks)] for ts in TASK_SETS}
     jobs = [EvalJob(args.policy, f"seed {s}", s, {ts: listed}, cfg, env, False)
             for s in range(args.seeds) for ts, listed in tasks.items()]  # fmt: skip

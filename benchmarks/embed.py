@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from digiq.config import EmbedConfig, load_params
+from digiq.config import EmbedConfig, load_settings
 from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import format_action, parse_action, press_back, press_home, tap
@@ -113,7 +113,7 @@ def proposals(taken: str, rng: np.random.Generator) -> list[str]:
 def tiny_root(root: Path) -> Path:
     """Offline data and candidates in ``root`` (a pipeline root) and a tiny VLM beside them; the VLM's folder."""
     paths = Paths(root)
-    width = load_params()["env"]["width"]
+    width = load_settings().env.width
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 12, seed=3)]
     store = TrajectoryStore(paths.offline)
     rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=12, seed=1, width=width, store=store)

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import os
 import subprocess
@@ -83,19 +82,7 @@ from policy_step import states
 
 from digiq.algos.digiq import fit_critic
 from digiq.config import (
-    ActorConfig,
-    AugmentConfig,
-    BasePolicyConfig,
-    CollectConfig,
-    ComputeConfig,
-    CriticConfig,
-    EmbedConfig,
-    EvalConfig,
-    VLMFinetuneConfig,
-    VLMPretrainConfig,
-    load_params,
-    load_section,
-    load_variants,
+    load_settings,
 )
 from digiq.diagnostics.probes import expert_probe
 from digiq.env.actions import format_action
@@ -127,9 +114,9 @@ class Context:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.data: dict[str, Any] = torch.load(folder / "data.pt", weights_only=False)
-        params = load_params()
-        self.cfg = {name: load_section(cls, name, params) for name, cls in CONFIGS.items()}
-        self.variant = load_variants(params)["digiq_hierarchy"]
+        settings = load_settings()
+        self.cfg = {name: getattr(settings, name) for name in CONFIGS}
+        self.variant = settings.variants["digiq_hierarchy"]
         self._policy: AutoUIPolicy | None = None
         self._vlm: ScreenVLM | None = None
 
@@ -146,9 +133,19 @@ class Context:
         return self._vlm
 
 
-CONFIGS = {"base_policy": BasePolicyConfig, "collect": CollectConfig, "augment": AugmentConfig,
-           "vlm_pretrain": VLMPretrainConfig, "vlm_finetune": VLMFinetuneConfig, "embed": EmbedConfig,
-           "critic": CriticConfig, "actor": ActorConfig, "eval": EvalConfig, "compute": ComputeConfig}  # fmt: skip
+# The groups the works read.
+CONFIGS = (
+    "base_policy",
+    "collect",
+    "augment",
+    "vlm_pretrain",
+    "vlm_finetune",
+    "embed",
+    "critic",
+    "actor",
+    "eval",
+    "compute",
+)
 
 
 # ---------------------------------------------------------------- the works
@@ -178,7 +175,7 @@ def sampling(stage: str) -> Callable[[Context], Callable[[], object]]:
     def build(ctx: Context) -> Callable[[], object]:
         d, policy = ctx.data, ctx.policy
         if stage == "augment":
-            cfg = dataclasses.replace(ctx.cfg["augment"], max_resample=0)
+            cfg = ctx.cfg["augment"].but(max_resample=0)
             n = cfg.batch_states
             keys = [noise_key(cfg.seed, i) for i in range(n)]
             return lambda: policy.sample(d["prompts"][:n], policy.screen.prepare(d["shots"][:n]),
@@ -243,7 +240,7 @@ def critic_fit(variant: bool) -> Callable[[Context], Callable[[], object]]:
         feats = ctx.data["variant_feats" if variant else "feats"]
         scored = ctx.data["scored"] if variant else None
         steps = ctx.data["steps"]
-        cfg = dataclasses.replace(cfg, steps=20)
+        cfg = cfg.but(steps=20)
         return lambda: fit_critic(cfg, feats, steps, seed=0, scored=scored)
 
     return build
@@ -307,16 +304,16 @@ def critic_features(rng: np.random.Generator, ds: int, dc: int, n: int) -> dict[
 
 def prepare(folder: Path) -> dict[str, Any]:
     """Saves the policy, the VLM and every work's inputs in ``folder``; what they are, for the header."""
-    params = load_params()
-    base = load_section(BasePolicyConfig, "base_policy", params)
-    pre = load_section(VLMPretrainConfig, "vlm_pretrain", params)
-    fine = load_section(VLMFinetuneConfig, "vlm_finetune", params)
-    augment = load_section(AugmentConfig, "augment", params)
-    critic = load_section(CriticConfig, "critic", params)
-    variant = load_variants(params)["digiq_hierarchy"]
-    actor = load_section(ActorConfig, "actor", params)
-    n_states = max(augment.batch_states, load_section(EvalConfig, "eval", params).n_envs,
-                   load_section(CollectConfig, "collect", params).n_envs, 2 * actor.batch_size)  # fmt: skip
+    settings = load_settings()
+    base = settings.base_policy
+    pre = settings.vlm_pretrain
+    fine = settings.vlm_finetune
+    augment = settings.augment
+    critic = settings.critic
+    variant = settings.variants["digiq_hierarchy"]
+    actor = settings.actor
+    n_states = max(augment.batch_states, settings.eval.n_envs,
+                   settings.collect.n_envs, 2 * actor.batch_size)  # fmt: skip
     tok = train_tokenizer(default_corpus(), base.vocab_size)
     torch.manual_seed(base.seed)
     policy = AutoUIPolicy(PolicyConfig(d_model=base.d_model, num_layers=base.num_layers, d_ff=2 * base.d_model,
@@ -332,7 +329,7 @@ def prepare(folder: Path) -> dict[str, Any]:
     images, _, asked = rows(vlm, pre.batch_size, 200)
     questions = [pretraining_question(t, rng) for t in asked]
     fine_images, fine_prompts, _ = rows(vlm, fine.batch_size, 100)
-    embed_images, embed_prompts, _ = rows(vlm, load_section(EmbedConfig, "embed", params).batch_size, 0)
+    embed_images, embed_prompts, _ = rows(vlm, settings.embed.batch_size, 0)
 
     # The critics' inputs: the VLM's representations, then the text features (digiq.data.features.critic_inputs).
     rep, d = vlm.cfg.representation_size, base.d_model
@@ -446,7 +443,7 @@ def measure(folder: Path, threads: int, names: list[str], repeats: int) -> tuple
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=6, help="timed calls of each work in each setting, alternating")
-    own = load_section(ComputeConfig, "compute", load_params()).threads
+    own = load_settings().compute.threads
     ap.add_argument("--threads", default=f"1,{own}", help="thread counts: 1 for every work, others for the work of "
                     "the stages' own processes (default: 1 and compute.threads)")  # fmt: skip
     ap.add_argument("--works", default=",".join(WORKS), help=f"works to run, of {', '.join(WORKS)}")

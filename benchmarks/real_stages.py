@@ -30,7 +30,7 @@ from transformers import (
     LlavaForConditionalGeneration,
 )
 
-from digiq.config import EmbedConfig, VLMFinetuneConfig, load_params, load_section
+from digiq.config import EmbedConfig, Settings, load_params, load_settings
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import format_action, press_back, tap
 from digiq.env.taskgen import generate_tasks
@@ -46,14 +46,14 @@ from digiq.stages.vlm_finetune import run_vlm_finetune
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def offline_root(root: Path) -> tuple[Paths, dict]:
+def offline_root(root: Path) -> tuple[Paths, Settings]:
     """Stage 01 and 02's outputs in ``root``: noisy-expert rollouts of 8 train tasks, 16 candidates per state."""
-    params = load_params()
-    (root / "params.yaml").write_text(yaml.safe_dump(params))  # one file: the stages read it from root
+    (root / "params.yaml").write_text(yaml.safe_dump(load_params()))  # one file: the stages read it from root
+    settings = load_settings(root / "params.yaml")
     paths = Paths(root)
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 8, seed=3)]
     store = TrajectoryStore(paths.offline)
-    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=8, seed=1, width=params["env"]["width"], store=store)
+    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=8, seed=1, width=settings.env.width, store=store)
     steps = store.read().to_pandas()
     others = [format_action(tap(0.5, 0.5)), format_action(press_back())]
     others += [format_action(tap(0.1 * k, 0.3)) for k in range(1, 14)]
@@ -61,7 +61,7 @@ def offline_root(root: Path) -> tuple[Paths, dict]:
     pq.write_table(pa.table({"traj_id": steps.traj_id, "step_id": steps.step_id,
                              "action_list": [[a, *others] for a in steps.action],
                              "valid_list": [[True] * 16] * len(steps)}), paths.candidates)  # fmt: skip
-    return paths, params
+    return paths, settings
 
 
 def llava_folder(folder: Path, tiny: bool) -> None:
@@ -97,13 +97,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         root.mkdir()
-        paths, params = offline_root(root)
+        paths, settings = offline_root(root)
         folder = Path(tmp) / "llava-1.5-7b-hf"
         t0 = time.perf_counter()
         llava_folder(folder, args.tiny)
         print(f"llava-hf folder written in {time.perf_counter() - t0:.1f} s", flush=True)
         cfg = replace(
-            load_section(VLMFinetuneConfig, "vlm_finetune", params),
+            settings.vlm_finetune,
             checkpoint=str(folder),
             dtype="bfloat16",
             epochs=1,

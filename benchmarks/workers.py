@@ -16,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-from digiq.config import ComputeConfig, DeviceConfig, EnvConfig, EvalConfig, JudgeConfig, load_section
+from digiq.config import ComputeConfig, DeviceConfig, JudgeConfig, load_settings
 from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.evaluate import EvalJob, evaluate_job
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
 
-    cfg, env = load_section(EvalConfig, "eval"), load_section(EnvConfig, "env")
+    cfg, env = (settings := load_settings()).eval, settings.env
     tasks = {ts: read_tasks(Paths(), ts, "test", args.tasks, "benchmark") for ts in TASK_SETS}
     jobs = [EvalJob(args.policy, f"seed {s}", s, tasks, cfg, env, False) for s in range(args.jobs)]
 

@@ -1,68 +1,83 @@
-"""Typed stage configs read from ``params.yaml`` and ``params/*.yaml``.
+"""Every knob of a run, typed: one root of settings (:class:`Settings`) read from ``params.yaml`` and ``params/*.yaml``.
 
-Each group of knobs maps onto a frozen dataclass whose fields carry the
-knob's one-line help and its default: that is where a knob's meaning is
-written. ``params.yaml`` sets the method's knobs, grouped by stage;
-``params/`` holds the settings of the machine rather than of the method
-(devices and the simulator, the success judge, compute, released
-checkpoints). A field that neither file sets takes its default. Every stage
-runs this module, so its fingerprint (:mod:`digiq.fingerprint`) holds this
-module's code, defaults and ranges included but not its docstrings or its
-``help=`` texts: DVC reruns the stages for a changed default and none for a
-reworded help.
-:func:`load_section` checks names and types and names the file and key of
-anything wrong, so a typo stops a stage at once instead of deep in a run.
+Each group of knobs is a frozen pydantic model whose fields carry the
+knob's one-line help, its default and its range: that is where a knob's
+meaning is written. ``params.yaml`` sets the method's knobs, grouped by
+stage; ``params/`` holds the settings of the machine rather than of the
+method (devices and the simulator, the success judge, compute, released
+checkpoints). A field that no file sets takes its default. A stage loads
+the root once (:func:`load_settings`) and passes its groups down.
+
+pydantic checks names, types (strictly: ``"3"`` is no number, ``true`` no
+count) and ranges; :func:`load_settings` names the file, the group and the
+key of anything wrong, so a typo stops a stage at once instead of deep in a
+run. Every stage runs this module, so its fingerprint
+(:mod:`digiq.fingerprint`) holds this module's code, defaults and ranges
+included but not its docstrings or its ``help=`` texts: DVC reruns the
+stages for a changed default and none for a reworded help.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import yaml
-
-from digiq.rows import ABLATION_NAMES, EXTRACTIONS, ONLINE_ROWS, PAE_ROWS
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 __all__ = [
     "ConfigError",
-    "fits_type",
-    "type_name",
+    "Knobs",
     "EnvConfig",
+    "DeviceConfig",
     "JudgeConfig",
     "TasksConfig",
     "BasePolicyConfig",
     "CollectConfig",
     "AugmentConfig",
+    "VLMPretrainConfig",
     "VLMFinetuneConfig",
     "EmbedConfig",
+    "ComputeConfig",
+    "ExperimentConfig",
+    "AblationsConfig",
     "CriticConfig",
-    "load_variants",
     "ActorConfig",
     "DigiRLConfig",
     "DiagnosticsConfig",
+    "ProposeConfig",
+    "PAEConfig",
     "EvalConfig",
+    "Settings",
     "SECTIONS",
+    "EXTRACTIONS",
+    "ONLINE_ROWS",
+    "PAE_ROWS",
     "Params",
     "params_files",
     "load_params",
-    "load_section",
+    "load_settings",
     "with_defaults",
+    "knob_default",
+    "knob_range",
     "help_text",
+    "type_name",
 ]
 
-T = TypeVar("T")
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
 
 BACKENDS = ("sim", "adb-sim", "emulator")  # where collect and eval step their devices
 COMPUTE_BACKENDS = ("local", "ray")  # where independent jobs and rollouts' devices run
+# The rows some knobs switch on (digiq.rows builds the table from them): policy extractions from Digi-Q's critic
+# beside Best-of-N (ablations.extraction); DigiRL's online rows (digirl.online); PAE's practice rows (pae.rows).
+EXTRACTIONS = ("awr", "reinforce")
+ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
+PAE_ROWS = ("pae", "pae_oracle", "pae_human")
 
 
 class ConfigError(ValueError):
@@ -84,15 +99,15 @@ MAX_SEED = 2**31 - 1  # what numpy's, torch's and Python's generators all take, 
 
 def _knob(default: Any, *, help: str, at_least: float | None = None, above: float | None = None,
           at_most: float | None = None, below: float | None = None) -> Any:  # fmt: skip
-    """A knob: its default, its help and the range it must lie in (checked whenever its group is built).
+    """A knob: its default, its help and the range it must lie in (pydantic checks it whenever its group is built).
 
     The help is a ``help=`` keyword so that a stage's fingerprint (:mod:`digiq.fingerprint`) leaves it out:
     rewording it reruns no stage, while a default or a range is code and reruns every stage that imports this.
     """
-    meta = {"help": help, "range": (at_least, above, at_most, below)}
+    bounds = {"ge": at_least, "gt": above, "le": at_most, "lt": below}
     if isinstance(default, list):  # a mutable default needs a factory
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return Field(default_factory=lambda: list(default), description=help, **bounds)
+    return Field(default, description=help, **bounds)
 
 
 def _seed(default: int, *, help: str) -> Any:
@@ -100,42 +115,31 @@ def _seed(default: int, *, help: str) -> Any:
     return _knob(default, help=help, at_least=0, at_most=MAX_SEED)
 
 
-def _out_of_range(f: dataclasses.Field, value: Any) -> str | None:
-    """Why ``value`` is outside ``f``'s range, or None (None values, the "off" of an optional knob, pass).
+class Knobs(BaseModel):
+    """A group of knobs: frozen; unknown keys, a value of another type (strictly: ``"3"`` is no number and ``true``
+    no count, while a whole number is a float), a non-finite float or one outside its range are refused when the
+    group is built, then the group's own rules (:meth:`check_rules`) run.
 
-    A float must be finite whatever its range: NaN fails every comparison, so a NaN threshold would
-    keep nothing, and an infinite rate or count would never end a run.
+    A float must be finite whatever its range: NaN fails every comparison, so a NaN threshold would keep nothing,
+    and an infinite rate or count would never end a run.
     """
-    at_least, above, at_most, below = f.metadata.get("range", (None,) * 4)
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{f.name} must be a finite number, got {value}"
-    if value is None or isinstance(value, (bool, str, list)):
-        return None
-    for bound, ok, word in ((at_least, value >= (at_least or 0), ">="), (above, value > (above or 0), ">"),
-                            (at_most, value <= (at_most or 0), "<="), (below, value < (below or 0), "<")):  # fmt: skip
-        if bound is not None and not ok:
-            return f"{f.name} must be {word} {bound}, got {value}"
-    return None
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    def check_rules(self) -> None:
+        """The group's rules between its own knobs: raise ValueError naming what is wrong."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> Knobs:
+        self.check_rules()
+        return self
+
+    def but(self, **changes: Any) -> Any:
+        """The same knobs with ``changes``, checked as the params files' are."""
+        return type(self).model_validate({**self.model_dump(), **changes})
 
 
-def knobs(cls: type[T]) -> type[T]:
-    """A frozen dataclass of knobs whose every value is checked against its field's range before its own checks."""
-    own = cls.__dict__.get("__post_init__")
-
-    def __post_init__(self: Any) -> None:
-        for f in dataclasses.fields(self):
-            why = _out_of_range(f, getattr(self, f.name))
-            if why:
-                raise ValueError(why)
-        if own is not None:
-            own(self)
-
-    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
-    return dataclass(frozen=True)(cls)
-
-
-@knobs
-class EnvConfig:
+class EnvConfig(Knobs):
     """The simulated device: its screenshot size and its in-the-wild disturbances (docs/simulator.md)."""
 
     width: int = _knob(
@@ -149,8 +153,7 @@ class EnvConfig:
     ad_rate: float = _knob(0.3, help="P(a sponsored entry heads a result list)", at_least=0, at_most=1)
 
 
-@knobs
-class DeviceConfig:
+class DeviceConfig(Knobs):
     """The device backend of stages that step devices (collect, eval)."""
 
     backend: str = _knob(
@@ -171,15 +174,14 @@ class DeviceConfig:
     retries: int = _knob(2, help="retries of a failed adb call, each on a new connection", at_least=0, at_most=100)
     settle_s: float = _knob(1.0, help="emulator: pause after each input before the screenshot, seconds", at_least=0)
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if not 0 <= self.adb_port <= 65535 or (self.adb_port == 0 and self.backend == "emulator"):
             raise ValueError(f"adb_port must be in [1, 65535] (0 only for adb-sim), got {self.adb_port}")
 
 
-@knobs
-class JudgeConfig:
+class JudgeConfig(Knobs):
     """The VLM success judge for real screens (digiq.judge), over an OpenAI-compatible chat endpoint."""
 
     base_url: str = _knob(
@@ -222,13 +224,12 @@ class JudgeConfig:
     )
     on_adb_sim: bool = _knob(False, help="judge adb-sim phones too, instead of the simulator's ground truth")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.bad_reply not in ("retry", "fail"):
             raise ValueError(f"bad_reply must be retry or fail, got {self.bad_reply!r}")
 
 
-@knobs
-class TasksConfig:
+class TasksConfig(Knobs):
     """Train, validation and test task lists from disjoint entities."""
 
     n_train: int = _knob(700, help="tasks per task set in the train lists", at_least=1, at_most=MAX_TASKS)
@@ -255,16 +256,21 @@ class TasksConfig:
     split_seed: int = _seed(1, help="which entities are in which split")
 
 
-def help_text(cls: type) -> str:
-    """One line per field: name, type, default, help."""
-    return "\n".join(
-        f"{f.name} ({type_name(f.type)}, default {_default(f)!r}): {f.metadata.get('help', '')}"
-        for f in dataclasses.fields(cls)
-    )
+def help_text(cls: type[Knobs]) -> str:
+    """One line per knob: name, type, default, help."""
+    return "\n".join(f"{name} ({type_name(f.annotation)}, default {knob_default(f)!r}): {f.description or ''}"
+                     for name, f in cls.model_fields.items())  # fmt: skip
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def knob_default(f: FieldInfo) -> Any:
+    """The value a knob takes when no params file sets it."""
+    return f.get_default(call_default_factory=True)
+
+
+def knob_range(f: FieldInfo) -> tuple[float | None, float | None, float | None, float | None]:
+    """A knob's bounds as :func:`_knob` takes them: (at_least, above, at_most, below), None where there is none."""
+    bounds = {name: getattr(m, name) for m in f.metadata for name in ("ge", "gt", "le", "lt") if hasattr(m, name)}
+    return bounds.get("ge"), bounds.get("gt"), bounds.get("le"), bounds.get("lt")
 
 
 def type_name(tp: Any) -> str:
@@ -330,100 +336,7 @@ def _first(merged: Params, group: str) -> str:
     return next(f.name for (g, _), f in merged.source.items() if g == group)
 
 
-def fits_type(value: Any, tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(fits_type(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin in (list, tuple):
-        (inner, *_) = typing.get_args(tp) or (Any,)
-        return isinstance(value, list) and all(inner is Any or fits_type(v, inner) for v in value)
-    return isinstance(value, tp)
-
-
-def load_section(cls: type[T], name: str, params: dict[str, Any] | None = None, path: Path | str = PARAMS) -> T:
-    """Build ``cls`` from group ``name`` of the params (read from ``path`` unless given).
-
-    Unknown keys, values of the wrong type or out of range, and a group that
-    disagrees with another (:func:`_check_across`) raise :class:`ConfigError`
-    naming the file, the group and the key; missing keys take the default.
-    """
-    params = load_params(path) if params is None else params
-    cfg = _build(cls, name, params, path)
-    _check_across(name, cfg, params, path)
-    return cfg
-
-
-def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
-    """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
-    raw, source = params.get(name, {}), getattr(params, "source", {})
-    keys = [key] if key else list(raw) if isinstance(raw, dict) else []
-    files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
-    return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
-
-
-def _build(cls: type[T], name: str, params: dict[str, Any], path: Path | str) -> T:
-    """Group ``name`` of ``params`` as ``cls``, its keys' names, types and ranges checked."""
-    raw = params.get(name, {})
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{_where(params, name, path)} must be a mapping of keys, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{_where(params, name, path, unknown[0])}: unknown key(s) {unknown}; "
-                          f"known keys: {sorted(known)}")  # fmt: skip
-    values = {}
-    for key, value in raw.items():
-        if not fits_type(value, hints[key]):
-            raise ConfigError(f"{_where(params, name, path, key)} must be {type_name(hints[key])}, "
-                              f"got {value!r} ({type(value).__name__})")  # fmt: skip
-        to_float = value is not None and float in (hints[key], *typing.get_args(hints[key]))  # 1 for 1.0
-        try:
-            values[key] = float(value) if to_float else value
-        except OverflowError:  # a whole number too large for any float
-            raise ConfigError(f"{_where(params, name, path, key)} must be a finite number, got {value}") from None
-    try:
-        return cls(**values)
-    except ValueError as e:  # a dataclass's own range checks
-        raise ConfigError(f"{_where(params, name, path)}: {e}") from None
-
-
-def _check_across(name: str, cfg: Any, params: dict[str, Any], path: Path | str) -> None:
-    """The rules between groups, checked whichever of a rule's groups a stage loads, so that no stage runs on
-    a pair of groups that disagree.
-
-    Best-of-N over N' candidates (``actor.k_candidates``, and each of
-    ``ablations.n_candidates``) draws them from the N that stage 02 sampled per
-    state (``augment.n_candidates``): an N' above N would silently run over N.
-    """
-    if name not in ("augment", "ablations", "actor"):
-        return
-
-    def group(cls: type, key: str) -> Any:
-        return cfg if name == key else _build(cls, key, params, path)
-
-    augment = group(AugmentConfig, "augment")
-    drawn: list[tuple[str, str, list[int]]] = []  # (group, knob, candidate counts)
-    if name in ("augment", "ablations"):
-        drawn.append(("ablations", "n_candidates", group(AblationsConfig, "ablations").n_candidates))
-    if name in ("augment", "actor"):
-        drawn.append(("actor", "k_candidates", [group(ActorConfig, "actor").k_candidates]))
-    for key, knob, counts in drawn:
-        over = [n for n in counts if n > augment.n_candidates]
-        if over:
-            raise ConfigError(f"{_where(params, key, path, knob)} {over} exceed "
-                              f"{_where(params, 'augment', path, 'n_candidates')} ({augment.n_candidates}): "
-                              "Best-of-N over N' candidates draws them from the N that stage 02 sampled per state")  # fmt: skip
-
-
-@knobs
-class BasePolicyConfig:
+class BasePolicyConfig(Knobs):
     """Stage 00: SFT of the base policy on noisy expert demonstrations."""
 
     # The base is weak by its slips more than by what it never saw: many demonstrated tasks, a large share of their
@@ -449,15 +362,14 @@ class BasePolicyConfig:
         "(uiautomator's hierarchy; not AutoUI's input, docs/real-android.md)",
     )
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.checkpoint and self.screen_text:
             raise ValueError("screen_text: the released Auto-UI-Base was trained on prompts without the screen's text")
         if self.checkpoint and not self.blip2:
             raise ValueError("checkpoint (Auto-UI-Base) reads BLIP-2 image features: set blip2 to a BLIP-2 folder")
 
 
-@knobs
-class CollectConfig:
+class CollectConfig(Knobs):
     """Stage 01: roll the base policy out on train tasks: the offline dataset."""
 
     tasks_per_set: int = _knob(
@@ -502,8 +414,7 @@ class CollectConfig:
     )
 
 
-@knobs
-class AugmentConfig:
+class AugmentConfig(Knobs):
     """Stage 02: N candidate actions per state from the base policy."""
 
     n_candidates: int = _knob(
@@ -525,8 +436,7 @@ class AugmentConfig:
 PRETRAIN_OBJECTIVES = ("element", "point", "presence")
 
 
-@knobs
-class VLMPretrainConfig:
+class VLMPretrainConfig(Knobs):
     """Stage 03: pretraining of the tiny VLM: questions about train-split screens whose answers the view hierarchy gives."""
 
     objectives: list[str] = _knob(
@@ -554,15 +464,14 @@ class VLMPretrainConfig:
     )
     seed: int = _seed(3, help="seed")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         unknown = [o for o in self.objectives if o not in PRETRAIN_OBJECTIVES]
         if unknown or len(set(self.objectives)) != len(self.objectives):
             raise ValueError(f"vlm_pretrain.objectives: {self.objectives} must be distinct names from "
                              f"{list(PRETRAIN_OBJECTIVES)}")  # fmt: skip
 
 
-@knobs
-class VLMFinetuneConfig:
+class VLMFinetuneConfig(Knobs):
     """Stage 04: fine-tune the VLM on "does this action change the screen?"."""
 
     threshold: float = _knob(
@@ -615,7 +524,7 @@ class VLMFinetuneConfig:
     )
     seed: int = _seed(3, help="seed")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.recipe not in ("tiny", "tiny_no_point", "original") or self.schedule not in ("constant", "cosine"):
@@ -629,15 +538,13 @@ class VLMFinetuneConfig:
                              f"({self.train_last_layers}) are two ways to cut the trained weights; set one to 0")  # fmt: skip
 
 
-@knobs
-class EmbedConfig:
+class EmbedConfig(Knobs):
     """Stage 05: VLM representations of every (state, candidate) pair."""
 
     batch_size: int = _knob(256, help="pairs per forward pass", at_least=1, at_most=MAX_BATCH)
 
 
-@knobs
-class ComputeConfig:
+class ComputeConfig(Knobs):
     """How stages use the machine, or a cluster: data-parallel processes (stages 00, 04, 06, 07), independent jobs
     (05-10) and the devices of rollouts."""
 
@@ -685,7 +592,7 @@ class ComputeConfig:
         at_most=1024,
     )
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.backend not in COMPUTE_BACKENDS:
             raise ValueError(f"backend must be one of {list(COMPUTE_BACKENDS)}, got {self.backend!r}")
         if self.workers > 1 and self.processes > 1:
@@ -695,8 +602,7 @@ class ComputeConfig:
             raise ValueError("address must name a Ray cluster: auto, or a head node's host:port")
 
 
-@knobs
-class ExperimentConfig:
+class ExperimentConfig(Knobs):
     """Repeats of the learning stages (critic, actors, their evaluation)."""
 
     seeds: int = _knob(
@@ -704,8 +610,7 @@ class ExperimentConfig:
     )
 
 
-@knobs
-class AblationsConfig:
+class AblationsConfig(Knobs):
     """Variants of Digi-Q trained and evaluated beside it, each with its own metrics."""
 
     untuned_vlm: bool = _knob(
@@ -728,7 +633,7 @@ class AblationsConfig:
         "instead: awr (weight exp(A / beta)) | reinforce (weight A); a row digiq_<name> each",
     )
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
         unknown = [e for e in self.extraction if e not in EXTRACTIONS]
@@ -739,8 +644,7 @@ class AblationsConfig:
             raise ValueError(f"extraction: {twice} listed more than once in {self.extraction}")
 
 
-@knobs
-class CriticConfig:
+class CriticConfig(Knobs):
     """Stage 06: double Q and V heads trained by TD on frozen features.
 
     The defaults are Digi-Q's critic (the ``digiq`` row): VLM and text features, plain TD. The CQL term and
@@ -812,7 +716,7 @@ class CriticConfig:
     )
     seed: int = _seed(4, help="seed")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.twin_heads not in TWIN_HEADS:
             raise ValueError(f"twin_heads must be one of {list(TWIN_HEADS)}, got {self.twin_heads!r}")
         for name in ("tap_targets", "typed_match"):
@@ -822,34 +726,7 @@ class CriticConfig:
             raise ValueError("list_entries: true needs tap_targets: true (it reads the same view hierarchy)")
 
 
-# The ablation rows with a name of their own (besides digiq_n<N>), which a variant must not take.
-def load_variants(params: dict[str, Any], path: Path | str = PARAMS) -> dict[str, CriticConfig]:
-    """The named Digi-Q variants of group ``variants``: each is the ``critic`` group with the keys it changes.
-
-    A variant is its own row (``digiq_<name>``), trained and evaluated on the same seeds as ``digiq``;
-    the ``digiq`` row itself stays the paper's method.
-    """
-    raw = params.get("variants") or {}
-    where = f"{Path(path).name}: variants"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must map variant names to critic keys, got {type(raw).__name__}")
-    base = params.get("critic") or {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"{Path(path).name}: critic must be a mapping of keys, got {type(base).__name__}")
-    out = {}
-    for name, changes in raw.items():
-        if not (isinstance(name, str) and name.startswith("digiq_") and name.isidentifier()):
-            raise ConfigError(f"{where}: variant name {name!r} must be an identifier starting with 'digiq_'")
-        if name in ABLATION_NAMES or name.removeprefix("digiq_n").isdigit():
-            raise ConfigError(f"{where}: variant name {name!r} is taken by an ablation row")
-        if not isinstance(changes, dict) or not changes:
-            raise ConfigError(f"{where}.{name} must be a non-empty mapping of critic keys to change")
-        out[name] = load_section(CriticConfig, f"variants.{name}", {f"variants.{name}": {**base, **changes}}, path)
-    return out
-
-
-@knobs
-class ActorConfig:
+class ActorConfig(Knobs):
     """Stage 07: Best-of-N policy extraction and the offline baselines."""
 
     k_candidates: int = _knob(
@@ -890,8 +767,7 @@ class ActorConfig:
         return np.where(np.asarray(task_sets) == "webshop", self.threshold_webshop, self.threshold_general)
 
 
-@knobs
-class DigiRLConfig:
+class DigiRLConfig(Knobs):
     """DigiRL's learning rule: offline on the collected data (stage 07) and online on train tasks (stage 09)."""
 
     lam: float = _knob(
@@ -948,14 +824,13 @@ class DigiRLConfig:
     n_envs: int = _knob(32, help="devices stepped together", at_least=1, at_most=MAX_DEVICES)
     seed: int = _seed(11, help="seed of the task draws, the devices and the fits")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         unknown = [r for r in self.online if r not in ONLINE_ROWS]
         if unknown:
             raise ValueError(f"online: unknown rows {unknown}; known: {list(ONLINE_ROWS)}")
 
 
-@knobs
-class DiagnosticsConfig:
+class DiagnosticsConfig(Knobs):
     """Stage 08: the critic's picks against what only the simulator knows (true values, the expert's choices)."""
 
     oracle_states: int = _knob(
@@ -983,8 +858,7 @@ PROPOSERS = ("builtin", "llm")
 PAE_EVALUATORS = ("learned", "judge", "oracle")
 
 
-@knobs
-class ProposeConfig:
+class ProposeConfig(Knobs):
     """Stage 10: PAE's tasks, proposed once from a crawl of a fresh device (digiq.pae)."""
 
     proposer: str = _knob("builtin", help="builtin (the crawl and the lexicon, offline) | llm (judge's endpoint)")
@@ -998,13 +872,12 @@ class ProposeConfig:
     crawl_screens: int = _knob(30, help="distinct screens the crawl keeps per app", at_least=1, at_most=10_000)
     seed: int = _seed(13, help="seed of the crawl's devices and the proposals' draws")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         if self.proposer not in PROPOSERS:
             raise ValueError(f"proposer must be one of {list(PROPOSERS)}, got {self.proposer!r}")
 
 
-@knobs
-class PAEConfig:
+class PAEConfig(Knobs):
     """Stage 11: PAE's practice on the proposals, judged without ground truth, beside its controls (digiq.pae)."""
 
     rows: list[str] = _knob(
@@ -1029,7 +902,7 @@ class PAEConfig:
     )
     seed: int = _seed(14, help="seed of the evaluator's fine-tune and its threshold episodes")
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         unknown = [r for r in self.rows if r not in PAE_ROWS]
         if unknown:
             raise ValueError(f"rows: unknown rows {unknown}; known: {list(PAE_ROWS)}")
@@ -1041,8 +914,7 @@ class PAEConfig:
 EXPERT_SKILLS = ("type", "tap", "action_type")
 
 
-@knobs
-class EvalConfig:
+class EvalConfig(Knobs):
     """Stage 12: roll every policy out on held-out test tasks, and on the train tasks the offline data hold."""
 
     n_tasks: int | None = _knob(
@@ -1067,35 +939,143 @@ class EvalConfig:
         "from the expert: type | tap | action_type; [] = off",
     )
 
-    def __post_init__(self) -> None:
+    def check_rules(self) -> None:
         unknown = [s for s in self.expert_skills if s not in EXPERT_SKILLS]
         if unknown:
             raise ValueError(f"expert_skills: unknown {unknown}; known: {list(EXPERT_SKILLS)}")
 
 
-# Every group of knobs and the dataclass that reads it; ``variants`` holds named changes of the critic group.
-SECTIONS: dict[str, type] = {
-    "env": EnvConfig,
-    "devices": DeviceConfig,
-    "judge": JudgeConfig,
-    "tasks": TasksConfig,
-    "base_policy": BasePolicyConfig,
-    "collect": CollectConfig,
-    "augment": AugmentConfig,
-    "vlm_pretrain": VLMPretrainConfig,
-    "vlm_finetune": VLMFinetuneConfig,
-    "embed": EmbedConfig,
-    "compute": ComputeConfig,
-    "experiment": ExperimentConfig,
-    "ablations": AblationsConfig,
-    "critic": CriticConfig,
-    "actor": ActorConfig,
-    "digirl": DigiRLConfig,
-    "propose": ProposeConfig,
-    "pae": PAEConfig,
-    "diagnostics": DiagnosticsConfig,
-    "eval": EvalConfig,
+class Settings(BaseModel):
+    """Every knob of a run: one group per stage and per machine setting, and the named critic variants.
+
+    Built once per stage (:func:`load_settings`) and passed down, each group to the code it sets. Its own
+    rules are those between groups (:meth:`_candidates_drawn`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    devices: DeviceConfig = Field(default_factory=DeviceConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig)
+    collect: CollectConfig = Field(default_factory=CollectConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    vlm_pretrain: VLMPretrainConfig = Field(default_factory=VLMPretrainConfig)
+    vlm_finetune: VLMFinetuneConfig = Field(default_factory=VLMFinetuneConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
+    ablations: AblationsConfig = Field(default_factory=AblationsConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    digirl: DigiRLConfig = Field(default_factory=DigiRLConfig)
+    propose: ProposeConfig = Field(default_factory=ProposeConfig)
+    pae: PAEConfig = Field(default_factory=PAEConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    # Named Digi-Q variants, each the critic group with the keys it changes: a row of its own (digiq.rows), trained
+    # and evaluated on the same seeds as digiq, whose critic stays the paper's.
+    variants: dict[str, CriticConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _candidates_drawn(self) -> Settings:
+        """Best-of-N over N' candidates (``actor.k_candidates``, and each of ``ablations.n_candidates``) draws them
+        from the N that stage 02 sampled per state (``augment.n_candidates``): an N' above N would silently run
+        over N."""
+        n = self.augment.n_candidates
+        for knob, counts in (("ablations.n_candidates", self.ablations.n_candidates),
+                             ("actor.k_candidates", [self.actor.k_candidates])):  # fmt: skip
+            if over := [c for c in counts if c > n]:
+                raise ValueError(f"{knob} {over} exceed augment.n_candidates ({n}): Best-of-N over N' candidates "
+                                 "draws them from the N that stage 02 sampled per state")  # fmt: skip
+        return self
+
+
+#: Every group of knobs and the class that reads it.
+SECTIONS: dict[str, type[Knobs]] = {
+    name: f.annotation for name, f in Settings.model_fields.items() if name != "variants"
 }
+
+
+def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Settings:
+    """The settings of the params at ``path`` (and the ``params/*.yaml`` beside it), or of ``params`` already
+    read from there.
+
+    Raises:
+        ConfigError: naming the file, the group and the key of an unknown key, a value of the wrong type or out
+            of range, a broken rule of one group or between groups, or a malformed variant.
+    """
+    params = load_params(path) if params is None else params
+    groups: dict[str, Any] = {}
+    for name in SECTIONS:
+        raw = params.get(name, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{_where(params, name, path)} must be a mapping of keys, got {type(raw).__name__}")
+        groups[name] = raw
+    groups["variants"] = _variants(params, path)
+    try:
+        return Settings.model_validate(groups)
+    except ValidationError as e:
+        raise ConfigError(_explain(e.errors()[0], groups, params, path)) from None
+
+
+def _variants(params: Params, path: Path | str) -> dict[str, dict[str, Any]]:
+    """Group ``variants``: each named variant as the ``critic`` group's keys with its changes over them."""
+    raw = params.get("variants") or {}
+    where = f"{Path(path).name}: variants"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must map variant names to critic keys, got {type(raw).__name__}")
+    out = {}
+    for name, changes in raw.items():
+        if not (isinstance(name, str) and name.startswith("digiq_") and name.isidentifier()):
+            raise ConfigError(f"{where}: variant name {name!r} must be an identifier starting with 'digiq_'")
+        if not isinstance(changes, dict) or not changes:
+            raise ConfigError(f"{where}.{name} must be a non-empty mapping of critic keys to change")
+        out[name] = {**params.get("critic", {}), **changes}
+    return out
+
+
+def _where(params: Params, name: str, path: Path | str, key: str = "") -> str:
+    """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
+    raw, source = params.get(name, {}), getattr(params, "source", {})
+    keys = [key] if key else list(raw) if isinstance(raw, dict) else []
+    files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
+    return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
+
+
+# pydantic's range errors: which bound of knob_range, and its sign.
+_BOUNDS = {"greater_than_equal": (0, ">="), "greater_than": (1, ">"), "less_than_equal": (2, "<="),
+           "less_than": (3, "<")}  # fmt: skip
+
+
+def _explain(error: Any, groups: dict[str, Any], params: Params, path: Path | str) -> str:
+    """One of pydantic's errors as a message that names the file, the group and the key."""
+    loc, kind = error["loc"], error["type"]
+    if kind == "value_error" and not loc:  # a rule between groups: name each group.key's file
+        return re.sub(r"\b([a-z_]+)\.([a-z_]+)\b",
+                      lambda m: _where(params, m[1], path, m[2]) if m[1] in SECTIONS else m[0],
+                      str(error["ctx"]["error"]))  # fmt: skip
+    group = ".".join(str(part) for part in loc[:2]) if loc[0] == "variants" else str(loc[0])
+    raw = groups["variants"][loc[1]] if loc[0] == "variants" else groups[loc[0]]
+    rest = loc[2:] if loc[0] == "variants" else loc[1:]
+    where = _where(params, group, path) if loc[0] != "variants" else f"{Path(path).name}: {group}"
+    if kind == "value_error":  # a group's own rule
+        return f"{where}: {error['ctx']['error']}"
+    key = str(rest[0])
+    cls = CriticConfig if loc[0] == "variants" else SECTIONS[str(loc[0])]
+    if kind == "extra_forbidden":
+        unknown = sorted(set(raw) - set(cls.model_fields))
+        named = where if loc[0] == "variants" else _where(params, group, path, unknown[0])
+        return f"{named}: unknown key(s) {unknown}; known keys: {sorted(cls.model_fields)}"
+    value = raw[key]
+    if kind in _BOUNDS:
+        at, word = _BOUNDS[kind]  # the bound as the knob states it (pydantic's is a float for a float knob)
+        return f"{where}: {key} must be {word} {knob_range(cls.model_fields[key])[at]}, got {value}"
+    if kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):
+        return f"{where}: {key} must be a finite number, got {value}"  # the second: a whole number no float holds
+    named = f"{where}.{key}" if loc[0] == "variants" else _where(params, group, path, key)
+    return f"{named} must be {type_name(cls.model_fields[key].annotation)}, got {value!r} ({type(value).__name__})"
 
 
 def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
@@ -1107,5 +1087,5 @@ def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
     out = {name: dict(value) if isinstance(value, dict) else value for name, value in params.items()}
     for name, cls in SECTIONS.items():
         given = out.get(name) if isinstance(out.get(name), dict) else {}
-        out[name] = {f.name: _default(f) for f in dataclasses.fields(cls)} | given
+        out[name] = {key: knob_default(f) for key, f in cls.model_fields.items()} | given
     return out

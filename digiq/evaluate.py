@@ -19,7 +19,6 @@ already measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import sys
@@ -39,8 +38,7 @@ from digiq.config import (
     EvalConfig,
     ExperimentConfig,
     JudgeConfig,
-    load_params,
-    load_section,
+    load_settings,
 )
 from digiq.env.backends import EnvFactory
 from digiq.env.gym_env import PhoneEnv
@@ -371,18 +369,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # A folder of one checkpoint per task set: they descend from one base, whose prompts they share.
         configs = [read_typed_config(folder / held[0] if (held := _held_task_sets(folder)) else folder, "policy",
                                      PolicyConfig) for folder in args.policy]  # fmt: skip
-        params = load_params(args.params)
-        cfg = load_section(EvalConfig, "eval", params, args.params)
-        env = load_section(EnvConfig, "env", params, args.params)
-        devices = load_section(DeviceConfig, "devices", params, args.params) if args.on_devices else DeviceConfig()
-        judge = load_section(JudgeConfig, "judge", params, args.params)
-        experiment = load_section(ExperimentConfig, "experiment", params, args.params)
-        compute = load_section(ComputeConfig, "compute", params, args.params)
+        settings = load_settings(args.params)
+        cfg, env, judge, experiment, compute = (settings.eval, settings.env, settings.judge, settings.experiment,
+                                                settings.compute)  # fmt: skip
+        devices = settings.devices if args.on_devices else DeviceConfig()
     except (FileNotFoundError, ValueError) as e:  # a ConfigError is a ValueError
         ap.error(str(e))
     if args.workers is not None:
         try:
-            compute = dataclasses.replace(compute, workers=args.workers)
+            compute = compute.but(workers=args.workers)
         except ValueError as e:
             ap.error(f"--workers: {e}")
     seeds = args.seeds if args.seeds is not None else experiment.seeds if len(args.policy) == 1 else len(args.policy)

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from digiq.config import ComputeConfig, load_params, load_section
+from digiq.config import ComputeConfig, load_settings
 
 __all__ = ["PINNED_ISA", "pinned_environ", "is_pinned", "in_use", "pinned_children", "check_cpu", "main"]
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not args.cmd:
         ap.error("give the command to run pinned, e.g. python -m digiq.kernels papermill IN.ipynb OUT.ipynb")
-    compute = load_section(ComputeConfig, "compute", load_params(args.params or Path.cwd() / "params.yaml"))
+    compute = load_settings(args.params or Path.cwd() / "params.yaml").compute
     env = dict(os.environ)
     if compute.pinned_kernels:
         try:

@@ -23,7 +23,6 @@ stages that read them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from digiq.config import PARAMS, SECTIONS, ConfigError, load_params, load_section, params_files
+from digiq.config import PARAMS, SECTIONS, ConfigError, Params, load_params, load_settings, params_files
 from digiq.io import atomic_path
 
 __all__ = ["apply_preset", "read_preset"]
@@ -58,7 +57,7 @@ def read_preset(path: Path | str, params: Path | str = PARAMS) -> dict[Path, dic
         for group, keys in groups.items():
             if group not in SECTIONS or not isinstance(keys, dict):
                 raise ConfigError(f"{path}: {name}: {group!r} is not a group of knobs; one of {sorted(SECTIONS)}")
-            known = {f.name for f in dataclasses.fields(SECTIONS[group])}
+            known = set(SECTIONS[group].model_fields)
             for key in keys:
                 if key not in known:
                     raise ConfigError(f"{path}: {name}: {group}.{key} is no knob; {group} has {sorted(known)}")
@@ -86,7 +85,7 @@ def apply_preset(path: Path | str, params: Path | str = PARAMS) -> list[str]:
         lines = file.read_text().splitlines()
         before = yaml.safe_load("\n".join(lines)) or {}
         for group, keys in groups.items():
-            helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(SECTIONS[group])}
+            helps = {key: f.description or "" for key, f in SECTIONS[group].model_fields.items()}
             for key, value in keys.items():
                 old = (before.get(group) or {}).get(key, "(default)")
                 if old == value:
@@ -137,12 +136,12 @@ def _line(key: str, value: str, comment: str, column: int) -> str:
 
 def _check(params: Path, texts: dict[Path, str]) -> None:
     """The stages' checks on the params as they would be after writing ``texts``, without writing them."""
-    merged: dict[str, Any] = {}
+    merged = Params()
     for f in params_files(params):
         for group, keys in (yaml.safe_load(texts.get(f, f.read_text())) or {}).items():
             merged.setdefault(group, {}).update(keys if isinstance(keys, dict) else {})
-    for group, cls in SECTIONS.items():
-        load_section(cls, group, merged)
+            merged.source.update({(group, key): f for key in (keys if isinstance(keys, dict) else {})})
+    load_settings(params, merged)
 
 
 def main(argv: list[str] | None = None) -> int:

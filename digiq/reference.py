@@ -11,11 +11,10 @@ checks that the committed page is what this module writes.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 from pathlib import Path
 
-from digiq.config import PARAMS, SECTIONS, load_params, load_variants
+from digiq.config import PARAMS, SECTIONS, knob_default, load_params, load_settings
 from digiq.io import atomic_write_text
 from digiq.paths import ROOT
 
@@ -52,15 +51,13 @@ def settings_markdown(params_path: Path | str = PARAMS) -> str:
         files = sorted({params.source[name, key].relative_to(root).as_posix() for key in given})
         out += ["", f"## `{name}`" + (f" ({', '.join(files)})" if files else " (defaults)"), "", _summary(cls), ""]
         out += ["| knob | value | set in | what it does |", "|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            if f.name in given:
-                value, where = given[f.name], params.source[name, f.name].relative_to(root).as_posix()
+        for key, f in cls.model_fields.items():
+            if key in given:
+                value, where = given[key], params.source[name, key].relative_to(root).as_posix()
             else:
-                value, where = default, "default"
-            out.append(f"| `{f.name}` | {_cell(value)} | {where} | {_cell(f.metadata.get('help', ''))} |")
-    variants = load_variants(params, params_path)
-    if variants:
+                value, where = knob_default(f), "default"
+            out.append(f"| `{key}` | {_cell(value)} | {where} | {_cell(f.description or '')} |")
+    if load_settings(params_path, params).variants:
         out += ["", "## `variants` (params.yaml)", "",
                 "Named critics beside the paper's, each the `critic` group with these knobs changed:", ""]  # fmt: skip
         for variant, changes in (params.get("variants") or {}).items():

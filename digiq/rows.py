@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:  # config imports this module's names; the configs are only types here
-    from digiq.config import AblationsConfig
+from digiq.config import EXTRACTIONS, ONLINE_ROWS, PAE_ROWS, AblationsConfig, ConfigError, load_settings
 
 __all__ = [
     "BASE",
@@ -41,15 +40,8 @@ __all__ = [
 
 BASE = "base"  # the base policy itself, stage 00's
 PAPER = ("digiq", "filtered_bc", "digirl_offline")  # the paper's comparison, fit by stage 07
-# Policy extractions from Digi-Q's critic beside Best-of-N (the actor stage): each weighs every drawn candidate.
-EXTRACTIONS = ("awr", "reinforce")
 UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
 ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
-# DigiRL's online rows (stage 09): how each starts and what its actor imitates.
-ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
-# PAE's practice rows (the pae stage): proposed tasks judged by PAE's evaluator, or by the device's own check; and
-# the same practice on the human train lists.
-PAE_ROWS = ("pae", "pae_oracle", "pae_human")
 #: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
 VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
 
@@ -91,7 +83,13 @@ def vlm_rows(ablations: AblationsConfig) -> list[str]:
 def all_rows(ablations: AblationsConfig, variants: Sequence[str] = (), online: Sequence[str] = ()) -> list[Row]:
     """Every row stage 07 fits or stage 09 trains, in the tables' order: the paper's, the named ``variants``,
     the ablations ``ablations`` switches on, the ``online`` rows (``digirl.online``). ``base`` is no row here:
-    it is the policy they all start from."""
+    it is the policy they all start from.
+
+    Raises:
+        ConfigError: a variant takes the name of an ablation row.
+    """
+    if taken := [v for v in variants if v in ABLATION_NAMES or v.removeprefix("digiq_n").isdigit()]:
+        raise ConfigError(f"variants: variant name {taken[0]!r} is taken by an ablation row")
     out = [Row("digiq", "best_of_n", "paper", critic="digiq", vlm=VLM_OF_ROW["digiq"]),
            Row("filtered_bc", "filtered_bc", "paper"), Row("digirl_offline", "digirl_offline", "paper")]  # fmt: skip
     out += [Row(name, "best_of_n", "variant", critic=name, vlm=VLM_OF_ROW["digiq"]) for name in variants]
@@ -113,11 +111,8 @@ def critic_rows(table: Sequence[Row]) -> list[Row]:
 
 
 def main() -> None:
-    from digiq.config import AblationsConfig, DigiRLConfig, load_params, load_section, load_variants
-
-    params = load_params()
-    table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)),
-                     load_section(DigiRLConfig, "digirl", params).online)  # fmt: skip
+    settings = load_settings()
+    table = all_rows(settings.ablations, list(settings.variants), settings.digirl.online)
     for r in table:
         made = ", ".join(f"{k}={v}" for k in ("critic", "vlm", "candidates", "extraction") if (v := getattr(r, k)))
         print(f"{r.name:<22} {r.group:<9} {r.kind:<15} {made}")

@@ -29,7 +29,6 @@ evaluation's JSON (``<fraction>_<updates>_<row>.json``) and ``study.json``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,14 +40,9 @@ import pandas as pd
 from digiq.algos.digiq import best_of_n_picks, fit_critic, imitation_rows
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
-    ActorConfig,
-    CollectConfig,
     ComputeConfig,
-    CriticConfig,
-    EnvConfig,
-    ExperimentConfig,
-    load_params,
-    load_section,
+    Settings,
+    load_settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs
@@ -112,22 +106,22 @@ def _label(fraction: float, updates: int) -> str:
     return f"{fraction:g}_{updates}"
 
 
-def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budgets: Sequence[int],
+def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets: Sequence[int],
           rows: Sequence[str], out_dir: Path, workers: int, critic_setting: str = "released") -> dict[str, Any]:  # fmt: skip
     """Fit and evaluate every (fraction, budget, row) on the validation lists; the figures per task set.
 
     Digi-Q's critics are the params' critic changed by ``critic_setting``, one of
     :data:`~digiq.diagnostics.critic_study.SETTINGS` (``released``: as stage 06 fits them).
     """
-    actor = load_section(ActorConfig, "actor", params)
-    critic_cfg = dataclasses.replace(load_section(CriticConfig, "critic", params), **SETTINGS[critic_setting])
-    seeds = load_section(ExperimentConfig, "experiment", params).seeds
-    collect = load_section(CollectConfig, "collect", params)
+    actor = settings.actor
+    critic_cfg = settings.critic.but(**SETTINGS[critic_setting])
+    seeds = settings.experiment.seeds
+    collect = settings.collect
     every_step = TrajectoryStore(paths.offline).read().to_pandas()
     every_cand = read_candidates(paths).to_pandas()
     every_feat = critic_inputs(paths, text=critic_cfg.text_features, targets=critic_cfg.tap_targets,
                                typed=critic_cfg.typed_match, entries=critic_cfg.list_entries)  # fmt: skip
-    right, _ = expert_matrix(load_section(EnvConfig, "env", params), collect.seed, every_step, every_cand)
+    right, _ = expert_matrix(settings.env, collect.seed, every_step, every_cand)
     val_tasks = out_dir / "val_tasks.txt"
     atomic_write_text(val_tasks, "".join(paths.task_list(ts, "val").read_text()
                                          for ts in data_task_sets(every_step.task_set.to_numpy())))  # fmt: skip
@@ -168,7 +162,7 @@ def study(paths: Paths, params: dict[str, Any], fractions: Sequence[float], budg
             "budgets": {},
         }  # fmt: skip
         for updates in budgets:
-            cfg = dataclasses.replace(actor, updates=updates)
+            cfg = actor.but(updates=updates)
             folder = out_dir / _label(fraction, updates)
             where = paths.writing("actors", folder)
             jobs = []
@@ -210,16 +204,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="Digi-Q's critic: the params' one (released) or a critic study's setting")  # fmt: skip
     args = ap.parse_args(argv)
     paths = Paths(args.root)
-    params = load_params(paths.root / "params.yaml")
-    budgets = args.updates or [load_section(ActorConfig, "actor", params).updates]
+    settings = load_settings(paths.root / "params.yaml")
+    budgets = args.updates or [settings.actor.updates]
     for f in args.fractions:
         if not 0 < f <= 1:
             ap.error(f"--fractions: {f} is not in (0, 1]")
     if min(budgets) < 1:
         ap.error(f"--updates: {min(budgets)} is not a positive number of steps")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = study(paths, params, args.fractions, budgets, args.rows, args.out_dir,
-                   load_section(ComputeConfig, "compute", params).workers, args.critic)  # fmt: skip
+    result = study(paths, settings, args.fractions, budgets, args.rows, args.out_dir,
+                   settings.compute.workers, args.critic)  # fmt: skip
     for fraction, entry in result["fractions"].items():
         pick = entry["critic_heldout_pick"].get("hit_rate", {})
         print(f"fraction {fraction}: critic held-out pick {pick.get('critic')} (uninformed {pick.get('uninformed')})")

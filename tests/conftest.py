@@ -10,7 +10,7 @@ import pytest
 import torch
 from chat_server import ChatServer
 
-from digiq.config import load_params, with_defaults
+from digiq.config import load_settings
 from digiq.data import TrajectoryStore
 from digiq.demo import run_demo
 from digiq.env import parse_task
@@ -74,12 +74,12 @@ def values_root(tmp_path_factory) -> Path:
     on the features alone, and an untrained tiny base policy (the critic's text encoder)."""
     root = tmp_path_factory.mktemp("values")
     shutil.copy(ROOT / "params.yaml", root / "params.yaml")
-    params = with_defaults(load_params(root / "params.yaml"))
+    settings = load_settings(root / "params.yaml")
     paths = Paths(root)
     tasks = [parse_task(t, "general") for t in generate_tasks("general", "train", 5, seed=3)]
     store = TrajectoryStore(paths.offline)
-    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=params["collect"]["seed"],
-            width=params["env"]["width"], store=store, hierarchies=True)  # fmt: skip
+    rollout(ExpertPolicy(noise=0.3, seed=2), tasks, n_envs=5, seed=settings.collect.seed,
+            width=settings.env.width, store=store, hierarchies=True)  # fmt: skip
     steps = store.read().to_pandas()
     S, N = len(steps), 3
     lists = [[a, format_action(tap(*TAP)), format_action(press_back())] for a in steps.action]

@@ -1,4 +1,3 @@
-import dataclasses
 import subprocess
 import sys
 import typing
@@ -10,23 +9,16 @@ from digiq.config import (
     PARAMS,
     SECTIONS,
     AblationsConfig,
-    ActorConfig,
-    AugmentConfig,
-    BasePolicyConfig,
-    ComputeConfig,
     ConfigError,
-    CriticConfig,
-    DeviceConfig,
     EnvConfig,
-    EvalConfig,
-    TasksConfig,
     help_text,
+    knob_range,
     load_params,
-    load_section,
-    load_variants,
+    load_settings,
 )
 from digiq.env.state import Dynamics
 from digiq.paths import Paths
+from digiq.rows import all_rows
 from digiq.stages.actor import run as actor_stage
 from digiq.stages.diagnostics import run as diagnostics_stage
 from digiq.stages.launch import run_stage
@@ -34,9 +26,9 @@ from digiq.stages.launch import run_stage
 
 def test_repository_params_load():
     params = load_params()
-    env = load_section(EnvConfig, "env", params)
-    assert Dynamics.of(env).popup_rate == params["env"]["popup_rate"]
-    assert load_section(TasksConfig, "tasks", params).n_test == params["tasks"]["n_test"]
+    settings = load_settings(params=params)
+    assert Dynamics.of(settings.env).popup_rate == params["env"]["popup_rate"]
+    assert settings.tasks.n_test == params["tasks"]["n_test"]
 
 
 @pytest.mark.parametrize(
@@ -52,7 +44,7 @@ def test_repository_params_load():
         ({"compute": {"workers": 0}}, "workers must be >= 1, got 0"),
         ({"compute": {"workers": 2, "processes": 2}}, "either shares its jobs among workers or each job's batches"),
         ({"actor": {"updates": 0}}, "updates must be >= 1, got 0"),
-        ({"actor": {"awr_beta": 0}}, "awr_beta must be > 0, got 0.0"),
+        ({"actor": {"awr_beta": 0}}, "awr_beta must be > 0, got 0"),
         ({"ablations": {"extraction": ["awr", "ppo"]}}, "extraction: unknown ['ppo']; known: ['awr', 'reinforce']"),
         (
             {"ablations": {"extraction": ["reinforce", "awr", "reinforce"]}},
@@ -62,16 +54,13 @@ def test_repository_params_load():
     ],
 )
 def test_bad_values_name_the_key(group, needle):
-    section = next(iter(group))
-    configs = {"env": EnvConfig, "base_policy": BasePolicyConfig, "compute": ComputeConfig, "actor": ActorConfig,
-               "ablations": AblationsConfig}  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        load_section(configs[section], section, group)
+        load_settings(params=group)
     assert needle in str(e.value) and PARAMS.name in str(e.value)
 
 
 def test_ints_are_accepted_for_floats_and_defaults_fill_in():
-    cfg = load_section(EnvConfig, "env", {"env": {"ad_rate": 0}})
+    cfg = load_settings(params={"env": {"ad_rate": 0}}).env
     assert cfg.ad_rate == 0.0 and isinstance(cfg.ad_rate, float) and cfg.width == EnvConfig().width
 
 
@@ -90,10 +79,11 @@ def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(t
     (tmp_path / "params" / "machine.yaml").write_text("critic:\n  lr: 0.1\ndevices:\n  timeout_s: -1.0\n")
     params = load_params(tmp_path / "params.yaml")
     assert params["critic"] == {"steps": 5, "lr": 0.1}
-    critic = load_section(CriticConfig, "critic", params)
+    params["devices"] = {}
+    critic = load_settings(params=params).critic
     assert (critic.steps, critic.lr) == (5, 0.1)
     with pytest.raises(ConfigError, match=r"machine\.yaml: devices"):
-        load_section(DeviceConfig, "devices", params)
+        load_settings(tmp_path / "params.yaml")
     (tmp_path / "params" / "more.yaml").write_text("critic:\n  steps: 7\n")
     with pytest.raises(ConfigError, match=r"more\.yaml: critic\.steps is also set in params\.yaml"):
         load_params(tmp_path / "params.yaml")
@@ -102,7 +92,7 @@ def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(t
 def test_a_variant_may_not_take_an_extraction_row_s_name():
     for name in ("digiq_awr", "digiq_reinforce"):
         with pytest.raises(ConfigError, match=f"variant name '{name}' is taken by an ablation row"):
-            load_variants({"variants": {name: {"conservative": 0.3}}})
+            all_rows(AblationsConfig(), [name])
 
 
 def test_help_text_lists_every_field():
@@ -118,12 +108,12 @@ def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
     with pytest.raises(ValueError, match="ablations.perfect_critic must be false with devices.backend emulator"):
         run_stage(actor_stage, Paths(tmp_path), tmp_path / "params.yaml")
     with pytest.raises(ValueError, match="diagnostics.oracle_states must be 0 with devices.backend emulator"):
-        diagnostics_stage(params, Paths(tmp_path))
+        diagnostics_stage(load_settings(params=params), Paths(tmp_path))
 
 
 def test_an_unknown_expert_skill_is_named():
     with pytest.raises(ConfigError, match=r"eval: expert_skills: unknown \['swipe'\]"):
-        load_section(EvalConfig, "eval", {"eval": {"expert_skills": ["type", "swipe"]}})
+        load_settings(params={"eval": {"expert_skills": ["type", "swipe"]}})
 
 
 def test_layers_import_downward_only():
@@ -146,98 +136,96 @@ ANY_NUMBER = {"threshold_general", "threshold_webshop", "conservative_floor", "a
 
 def _ranged():
     for group, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            if any(b is not None for b in f.metadata.get("range", ())):
-                yield group, cls, f
+        for key, f in cls.model_fields.items():
+            if any(b is not None for b in knob_range(f)):
+                yield group, cls, key
 
 
-def _outside(f):
-    """A value just outside each bound of ``f``'s range: below the lower one, above the upper one."""
-    at_least, above, at_most, below = f.metadata["range"]
+def _outside(cls, key):
+    """A value just outside each bound of the knob's range: below the lower one, above the upper one."""
+    at_least, above, at_most, below = knob_range(cls.model_fields[key])
     lower = at_least - 1 if at_least is not None else above
     upper = at_most + 1 if at_most is not None else below
     return [b for b in (lower, upper) if b is not None]
 
 
 def _numbers_of(cls):
-    """``cls``'s fields that hold a number (or null): (field, float or int).
+    """``cls``'s knobs that hold a number (or null): (name, float or int).
 
     Not lists: their numbers have their group's own checks (``ablations.n_candidates``: at most ``augment``'s).
     """
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if typing.get_origin(hints[f.name]) is list:
+    for key, f in cls.model_fields.items():
+        if typing.get_origin(f.annotation) is list:
             continue
-        kinds = {hints[f.name]} | set(typing.get_args(hints[f.name]))
+        kinds = {f.annotation} | set(typing.get_args(f.annotation))
         for kind in (float, int):
             if kind in kinds:
-                yield f, kind
+                yield key, kind
 
 
 @pytest.mark.parametrize(
-    ("group", "cls", "f", "bad"),
-    [(group, cls, f, bad) for group, cls, f in _ranged() for bad in _outside(f)],
-    ids=lambda x: getattr(x, "name", str(x)),
+    ("group", "cls", "key", "bad"),
+    [(group, cls, key, bad) for group, cls, key in _ranged() for bad in _outside(cls, key)],
+    ids=lambda x: getattr(x, "__name__", str(x)),
 )
-def test_every_ranged_knob_refuses_a_value_outside_and_names_it(group, cls, f, bad, tmp_path):
-    bad = float(bad) if typing.get_type_hints(cls)[f.name] is float else int(bad)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {f.name: bad}}))
-    with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{f.name} must be"):
-        load_section(cls, group, path=tmp_path / "params.yaml")
+def test_every_ranged_knob_refuses_a_value_outside_and_names_it(group, cls, key, bad, tmp_path):
+    bad = float(bad) if cls.model_fields[key].annotation is float else int(bad)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {key: bad}}))
+    with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{key} must be"):
+        load_settings(tmp_path / "params.yaml")
 
 
 @pytest.mark.parametrize(
-    ("group", "cls", "f"),
-    [(group, cls, f) for group, cls in SECTIONS.items() for f, kind in _numbers_of(cls) if kind is float],
-    ids=lambda x: getattr(x, "name", str(x)),
+    ("group", "key"),
+    [(group, key) for group, cls in SECTIONS.items() for key, kind in _numbers_of(cls) if kind is float],
 )
-def test_every_float_knob_refuses_nan_and_infinity_and_names_it(group, cls, f, tmp_path):
+def test_every_float_knob_refuses_nan_and_infinity_and_names_it(group, key, tmp_path):
     """NaN passes no comparison (a NaN threshold keeps nothing) and an infinity ends no run: both stop at once."""
     for bad in (float("nan"), float("inf"), float("-inf"), 10**400):  # the last: a whole number no float holds
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {f.name: bad}}))
-        with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{f.name} must be a finite number"):
-            load_section(cls, group, path=tmp_path / "params.yaml")
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({group: {key: bad}}))
+        with pytest.raises(ConfigError, match=rf"params.yaml: {group}.*{key} must be a finite number"):
+            load_settings(tmp_path / "params.yaml")
 
 
 def test_every_whole_number_knob_has_an_upper_bound():
     """A count, size or seed with no maximum takes a stray digit as a run of days or an out-of-memory error."""
-    unbounded = [f"{group}.{f.name}" for group, cls in SECTIONS.items() for f, kind in _numbers_of(cls)
-                 if kind is int and f.metadata["range"][2:] == (None, None) and f.name not in ANY_NUMBER]  # fmt: skip
+    unbounded = [f"{group}.{key}" for group, cls in SECTIONS.items() for key, kind in _numbers_of(cls)
+                 if kind is int and knob_range(cls.model_fields[key])[2:] == (None, None)
+                 and key not in ANY_NUMBER]  # fmt: skip
     assert unbounded == []
 
 
 def test_ablation_candidates_may_not_exceed_the_candidates_stage_02_drew(tmp_path):
-    """Best-of-N over N' candidates draws from the N per state stage 02 sampled: every stage that loads either
-    group refuses an N' above N, naming both keys and their files."""
+    """Best-of-N over N' candidates draws from the N per state stage 02 sampled: the settings refuse an N' above N,
+    naming both keys and their files."""
     (tmp_path / "params").mkdir()
     (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\n")
     (tmp_path / "params" / "ablation.yaml").write_text("ablations:\n  n_candidates: [1, 4, 8]\n")
     message = (r"ablation.yaml: ablations.n_candidates \[8\] exceed params.yaml: augment.n_candidates \(4\): "
                "Best-of-N over N' candidates draws them from the N")  # fmt: skip
-    for cls, group in ((AblationsConfig, "ablations"), (AugmentConfig, "augment")):
-        with pytest.raises(ConfigError, match=message):
-            load_section(cls, group, path=tmp_path / "params.yaml")
-    (tmp_path / "params" / "ablation.yaml").write_text("ablations:\n  n_candidates: [1, 4]\n")
-    assert load_section(AblationsConfig, "ablations", path=tmp_path / "params.yaml").n_candidates == [1, 4]
+    with pytest.raises(ConfigError, match=message):
+        load_settings(tmp_path / "params.yaml")
+    (tmp_path / "params" / "ablation.yaml").write_text(
+        "ablations:\n  n_candidates: [1, 4]\nactor:\n  k_candidates: 4\n"
+    )
+    assert load_settings(tmp_path / "params.yaml").ablations.n_candidates == [1, 4]
 
 
 def test_actor_candidates_may_not_exceed_the_candidates_stage_02_drew(tmp_path):
-    """The actor draws k of the N candidates per state: k above N is refused by the stages that load either."""
+    """The actor draws k of the N candidates per state: k above N is refused."""
     (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\nactor:\n  k_candidates: 16\n")
     message = r"params.yaml: actor.k_candidates \[16\] exceed params.yaml: augment.n_candidates \(4\)"
-    for cls, group in ((ActorConfig, "actor"), (AugmentConfig, "augment")):
-        with pytest.raises(ConfigError, match=message):
-            load_section(cls, group, path=tmp_path / "params.yaml")
+    with pytest.raises(ConfigError, match=message):
+        load_settings(tmp_path / "params.yaml")
     (tmp_path / "params.yaml").write_text("augment:\n  n_candidates: 4\nactor:\n  k_candidates: 4\n")
-    assert load_section(ActorConfig, "actor", path=tmp_path / "params.yaml").k_candidates == 4
+    assert load_settings(tmp_path / "params.yaml").actor.k_candidates == 4
 
 
 def test_every_count_rate_and_size_has_a_range():
     """A new numeric knob needs a range unless any number is meaningful for it."""
-    unranged = [f"{group}.{f.name}" for group, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-                if typing.get_type_hints(cls)[f.name] in (int, float)
-                and not any(b is not None for b in f.metadata.get("range", ()))
-                and f.name not in ANY_NUMBER]  # fmt: skip
+    unranged = [f"{group}.{key}" for group, cls in SECTIONS.items() for key, f in cls.model_fields.items()
+                if f.annotation in (int, float) and not any(b is not None for b in knob_range(f))
+                and key not in ANY_NUMBER]  # fmt: skip
     assert unranged == []
 
 
@@ -254,9 +242,8 @@ def test_every_count_rate_and_size_has_a_range():
 )
 def test_out_of_range_values_that_once_passed(params, message, tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    group = next(iter(params))
     with pytest.raises(ConfigError, match=message):
-        load_section(SECTIONS[group], group, path=tmp_path / "params.yaml")
+        load_settings(tmp_path / "params.yaml")
 
 
 def test_a_misspelt_group_is_an_error_not_the_defaults(tmp_path):

@@ -1,6 +1,5 @@
 """dvc.yaml and params.yaml agree with the notebooks and the typed configs."""
 
-import dataclasses
 import json
 import os
 import re
@@ -40,13 +39,14 @@ def test_every_notebook_is_one_stage_that_depends_on_it():
 
 def test_params_match_the_typed_configs_and_their_defaults():
     assert set(PARAMS) == set(config.SECTIONS) | {"variants"}  # variants: named critics, each the critic group changed
-    assert set(config.load_variants(PARAMS)) == {"digiq_hierarchy"}
+    settings = config.load_settings(params=PARAMS)
+    assert set(settings.variants) == {"digiq_hierarchy"}
     for name, cls in config.SECTIONS.items():
-        cfg = config.load_section(cls, name, PARAMS)
-        for f in dataclasses.fields(cls):
+        for key, f in cls.model_fields.items():
             # A value set in a params file is its field's default too, so a knob left out changes nothing.
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            assert getattr(cfg, f.name) == default, f"{name}.{f.name} differs from the config default"
+            assert getattr(getattr(settings, name), key) == config.knob_default(f), (
+                f"{name}.{key} differs from the config default"
+            )
 
 
 def test_params_yaml_holds_the_methods_knobs_and_params_the_machines():
@@ -77,7 +77,7 @@ def test_each_knob_is_explained_once_by_its_config_help():
         seen = list(_commented_keys(path))
         assert seen, path
         for group, key, comment in seen:
-            fields = {f.name: f.metadata["help"] for f in dataclasses.fields(config.SECTIONS[group])}
+            fields = {key: f.description for key, f in config.SECTIONS[group].model_fields.items()}
             assert comment == fields[key], f"{path.name}: {group}.{key}: the comment is not the config's help"
 
 
@@ -97,7 +97,7 @@ def test_stage_params_are_declared():
 def test_no_stage_command_pastes_a_params_value_into_the_shell():
     """DVC pastes ${group.key} into a command before any type check: a params value would run as shell code.
 
-    Stages read their knobs through the typed configs instead (digiq.config.load_section).
+    Stages read their knobs through the typed configs instead (digiq.config.load_settings).
     """
     text = (ROOT / "dvc.yaml").read_text()
     assert "${" not in text, [line.strip() for line in text.splitlines() if "${" in line]
@@ -141,8 +141,9 @@ def test_a_params_value_is_never_run_by_the_shell(tmp_path):
 
 def test_the_digiq_row_is_the_papers_critic_and_the_variants_go_beyond_it():
     """The digiq row is plain TD on VLM and text features; anything more is a named variant."""
-    paper = config.load_section(config.CriticConfig, "critic", PARAMS)
+    settings = config.load_settings(params=PARAMS)
+    paper = settings.critic
     assert paper.conservative == 0 and paper.text_features and (paper.gamma, paper.tau) == (0.95, 0.1)
     assert not (paper.tap_targets or paper.typed_match or paper.list_entries)
-    variants = config.load_variants(PARAMS)
+    variants = settings.variants
     assert variants["digiq_hierarchy"].conservative > 0 and variants["digiq_hierarchy"].list_entries

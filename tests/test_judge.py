@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
+from digiq.config import CollectConfig, DeviceConfig, EnvConfig, JudgeConfig, load_settings
 from digiq.env import AndroidSimEnv, parse_task
 from digiq.judge import (
     NO_KEY,
@@ -305,7 +305,7 @@ def test_params_choose_the_judge_per_backend(monkeypatch):
     monkeypatch.delenv("DIGIQ_TEST_KEY")
     with pytest.raises(JudgeAuthError, match="DIGIQ_TEST_KEY"):  # the missing key stops the stage before any episode
         evaluator_for(DeviceConfig(backend="emulator"), judge)
-    assert load_section(JudgeConfig, "judge") == JudgeConfig()  # params.yaml's group holds the defaults
+    assert load_settings().judge == JudgeConfig()  # params.yaml's group holds the defaults
 
 
 def test_collect_stage_asks_the_judge_from_params(serve, collect_root):

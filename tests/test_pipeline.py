@@ -118,15 +118,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from digiq.config import TaskWordsConfig, load_params, load_section
+from digiq.config import Settings, load_settings
 from digiq.data.task_lists import read_tasks
 from digiq.env.tasks import TASK_SETS
 from digiq.paths import Paths
 from digiq.stages.common import timed, write_metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
-    cfg = load_section(TaskWordsConfig, "task_words", params)
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
+    cfg = settings.task_words
     metrics: dict[str, Any] = {}
     with timed(metrics):
         for ts in TASK_SETS:
@@ -137,20 +137,19 @@ def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run(load_params(), Paths())
+    run(load_settings(), Paths())
 '''
 
-NEW_STAGE_CONFIG = '''
-
-@knobs
-class TaskWordsConfig:
+# Its knobs' class, and their group in the root of settings.
+NEW_STAGE_CONFIG = '''class TaskWordsConfig(Knobs):
     """The task_words stage."""
 
     more_than: int = _knob(6, help="count the tasks of more words than this", at_least=0, at_most=100)
 
 
-SECTIONS["task_words"] = TaskWordsConfig
-'''
+class Settings(BaseModel):'''
+NEW_STAGE_GROUP = """    task_words: TaskWordsConfig = Field(default_factory=TaskWordsConfig)
+    variants: dict[str, CriticConfig]"""
 
 NEW_STAGE_DVC = {
     "desc": "How many train tasks of each task set take more than task_words.more_than words",
@@ -163,8 +162,9 @@ NEW_STAGE_DVC = {
 
 @pytest.mark.slow  # a real dvc repro
 def test_a_stage_is_added_in_dvc_yaml_its_module_and_its_knobs(tmp_path):
-    """dvc.yaml, the stage's module, its knobs' dataclass and their group in params.yaml (a notebook stage adds its
-    notebook): the stage list, its code fingerprint, the stage-time table and DVC follow, and its knob reruns it."""
+    """dvc.yaml, the stage's module, its knobs' class and group in config.py, their group in params.yaml (a notebook
+    stage adds its notebook): the stage list, its code fingerprint, the stage-time table and DVC follow, and its knob
+    reruns it."""
     repo = tmp_path / "repo"
     for folder in ("digiq", "notebooks", "params"):
         shutil.copytree(ROOT / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -181,8 +181,10 @@ def test_a_stage_is_added_in_dvc_yaml_its_module_and_its_knobs(tmp_path):
     (repo / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
     # 2. its module; 3. its knobs
     (repo / "digiq" / "stages" / "task_words.py").write_text(NEW_STAGE_MODULE)
-    with (repo / "digiq" / "config.py").open("a") as f:
-        f.write(NEW_STAGE_CONFIG)
+    config = (repo / "digiq" / "config.py").read_text()
+    config = config.replace("class Settings(BaseModel):", NEW_STAGE_CONFIG, 1)
+    config = config.replace("    variants: dict[str, CriticConfig]", NEW_STAGE_GROUP, 1)
+    (repo / "digiq" / "config.py").write_text(config)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     env = {**os.environ, "PYTHONPATH": str(repo), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
 

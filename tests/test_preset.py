@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from digiq.config import ConfigError, VLMFinetuneConfig, load_params, load_section
+from digiq.config import ConfigError, load_params, load_settings
 from digiq.preset import apply_preset, read_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def test_real_preset_sets_each_value_and_leaves_every_other_line(params):
         for group, keys in groups.items():
             for key, value in keys.items():
                 assert merged[group][key] == value and merged.source[group, key] == file, (group, key)
-    cfg = load_section(VLMFinetuneConfig, "vlm_finetune", merged)
+    cfg = load_settings(params, merged).vlm_finetune
     assert (cfg.recipe, cfg.lr, cfg.epochs, cfg.autocast, cfg.train_last_layers) == ("original", 2e-5, 0.01, True, 0)
     after = _lines(params.parent)
     preset_keys = {key for groups in read_preset(REAL, params).values() for keys in groups.values() for key in keys}

@@ -1,6 +1,5 @@
 """docs/settings.md: every knob a run uses, generated from the configs and the params files, never stale."""
 
-import dataclasses
 import shutil
 
 from digiq.config import SECTIONS
@@ -19,7 +18,7 @@ def test_every_knob_is_listed_with_its_value_and_where_it_comes_from(tmp_path):
     (tmp_path / "params.yaml").write_text(text)
     page = settings_markdown(tmp_path / "params.yaml")
     rows = [line for line in page.splitlines() if line.startswith("| `")]
-    assert len(rows) == sum(len(dataclasses.fields(cls)) for cls in SECTIONS.values())
+    assert len(rows) == sum(len(cls.model_fields) for cls in SECTIONS.values())
     assert "| `gamma` | 0.9 | params.yaml | discount (Digi-Q: 0.95)" in page  # the critic's, as the file sets it
     assert "| `batch_size` | 128 | default |" in page  # the critic's, set in no file
     assert "| `workers` | 2 | params/compute.yaml |" in page

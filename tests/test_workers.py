@@ -10,14 +10,13 @@ import torch
 import yaml
 
 from digiq.config import (
-    CollectConfig,
     ComputeConfig,
     DeviceConfig,
     DiagnosticsConfig,
     EnvConfig,
     EvalConfig,
     JudgeConfig,
-    load_section,
+    load_settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.trajectories import TrajectoryStore
@@ -140,10 +139,10 @@ def test_the_oracle_diagnostic_in_workers_matches_one_process(values_root, monke
     """Stage 08's true values, base log-likelihoods and behaviour values, in chunks over two workers."""
     monkeypatch.setattr(diagnostics, "ORACLE_CHUNK", 3)  # two chunks of the six states below
     paths = Paths(values_root)
-    params = yaml.safe_load((values_root / "params.yaml").read_text())
+    settings = load_settings(values_root / "params.yaml")
     steps, cands = TrajectoryStore(paths.offline).read().to_pandas(), read_candidates(paths).to_pandas()
     cfg = DiagnosticsConfig(oracle_states=6, oracle_rollouts=2, behaviour_rollouts=1)
-    env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
+    env, collect = settings.env, settings.collect
     pool = np.arange(len(steps))
     one, two = (diagnostics.oracle_sample(cfg, env, collect, 0.9, steps, cands, pool, paths, ComputeConfig(workers=w))
                 for w in (1, 2))  # fmt: skip

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from digiq.config import load_params
+from digiq.config import load_settings
 from digiq.data.legacy import IMAGE_PREFIX, import_legacy
 from digiq.data.start import START_STAGES, place_imported, upstream_stages
 from digiq.data.trajectories import DataError
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                                     trust_pickle=args.trust_pickle, gamma=args.gamma)  # fmt: skip
         else:
             paths = Paths(args.root)
-            params = load_params(paths.root / "params.yaml")
-            summary = place_imported(args.folders, paths, args.stage, params)
+            settings = load_settings(paths.root / "params.yaml")
+            summary = place_imported(args.folders, paths, args.stage, settings)
             summary["next"] = [
                 f"dvc repro --single-item {' '.join(upstream_stages(args.stage))}",
                 f"dvc repro --downstream {args.stage}",

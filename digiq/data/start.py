@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from digiq import pipeline
-from digiq.config import CriticConfig, load_section, load_variants
+from digiq.config import Settings
 from digiq.data.candidates import CANDIDATE_FIELDS
 from digiq.data.trajectories import DataError, TrajectoryStore, read_parquet, step_ids, write_parquet
 from digiq.io import atomic_folder
@@ -55,16 +55,16 @@ REPLACED = {
 }
 
 
-def _check_params(stage: str, params: dict[str, Any]) -> None:
+def _check_settings(stage: str, settings: Settings) -> None:
     """Refuse settings that need what imported data cannot give, naming the key to change."""
-    if params.get("diagnostics", {}).get("oracle_states", 0) > 0:
+    if settings.diagnostics.oracle_states > 0:
         raise DataError("diagnostics.oracle_states must be 0 with imported data: the oracle replays each episode in the "
                         "simulator, and imported episodes did not happen there")  # fmt: skip
-    if params.get("ablations", {}).get("perfect_critic", False):
+    if settings.ablations.perfect_critic:
         raise DataError("ablations.perfect_critic must be false with imported data: the simulator's expert picks "
                         "the perfect critic's candidates, and imported episodes did not happen there")  # fmt: skip
-    critics = {"critic": load_section(CriticConfig, "critic", params)}
-    critics.update({f"variants.{name}": cfg for name, cfg in load_variants(params).items()})
+    critics = {"critic": settings.critic}
+    critics.update({f"variants.{name}": cfg for name, cfg in settings.variants.items()})
     for where, cfg in critics.items():
         for key in ("tap_targets", "list_entries"):
             if getattr(cfg, key):
@@ -72,7 +72,7 @@ def _check_params(stage: str, params: dict[str, Any]) -> None:
                                 "the view hierarchy stored beside each screenshot (collect.view_hierarchy), and "
                                 "released files have none")  # fmt: skip
     for ablation in ("untuned_vlm", "blind_vlm"):
-        if stage == "critic" and params.get("ablations", {}).get(ablation, False):
+        if stage == "critic" and getattr(settings.ablations, ablation):
             raise DataError(f"ablations.{ablation} must be false when starting at the critic: the released files "
                             "hold only the fine-tuned VLM's features (start at vlm_finetune to compute others)")  # fmt: skip
 
@@ -135,7 +135,7 @@ def _shift_ids(table: pa.Table, offset: int) -> pa.Table:
     return _with_column(table, "traj_id", pc.add(ids, pa.scalar(offset, ids.type)))
 
 
-def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: dict[str, Any]) -> dict[str, Any]:
+def place_imported(folders: list[Path | str], paths: Paths, stage: str, settings: Settings) -> dict[str, Any]:
     """Write the imported ``folders`` as the outputs of the stages before ``stage``; returns what was placed.
 
     Everything is read and checked first; each output folder is then swapped
@@ -145,7 +145,7 @@ def place_imported(folders: list[Path | str], paths: Paths, stage: str, params: 
         raise DataError(f"the pipeline can start from imported data at {sorted(START_STAGES)}, not {stage!r}")
     if not folders:
         raise DataError("name at least one imported folder (python -m digiq.data import-legacy writes them)")
-    _check_params(stage, params)
+    _check_settings(stage, settings)
     read = [(Path(f), *_read(Path(f), stage)) for f in folders]
     offset, steps_out, cands_out, arrays_out = 0, [], [], []
     for k, (_, steps, cands, arrays) in enumerate(read):

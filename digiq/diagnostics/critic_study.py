@@ -27,7 +27,6 @@ tasks, never a validation or test list.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ import pandas as pd
 import torch
 
 from digiq.algos.digiq import fit_critic
-from digiq.config import CollectConfig, CriticConfig, EnvConfig, load_params, load_section
+from digiq.config import CriticConfig, EnvConfig, load_settings
 from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
@@ -112,7 +111,7 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
     out: dict[str, Any] = {"states": {name: int(m.sum()) for name, m in masks.items()}, "settings": {}}
     masks = {name: m for name, m in masks.items() if m.any()}  # a stratum without states has no rate
     for name, changes in settings.items():
-        cfg = dataclasses.replace(base, **changes)
+        cfg = base.but(**changes)
         per_seed: list[dict[str, Any]] = []
         for s in range(seeds):
             q = np.zeros(valid.shape, np.float32)
@@ -153,10 +152,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=3, help="critics per setting and task set")
     args = ap.parse_args(argv)
     paths = Paths(args.root)
-    params = load_params(paths.root / "params.yaml")
-    result = study(paths, load_section(CriticConfig, "critic", params), {n: SETTINGS[n] for n in args.settings},
-                   args.seeds, load_section(EnvConfig, "env", params),
-                   load_section(CollectConfig, "collect", params).seed)  # fmt: skip
+    run = load_settings(paths.root / "params.yaml")
+    result = study(paths, run.critic, {n: SETTINGS[n] for n in args.settings}, args.seeds, run.env, run.collect.seed)
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     for name, entry in result["settings"].items():
         rates = entry["strata"]["heldout"].get("hit_rate", {})

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from digiq.config import ConfigError, TasksConfig, load_section
+from digiq.config import ConfigError, TasksConfig, load_settings
 from digiq.env.adb_server import IDLE_TIMEOUT_S, AdbSimServer
 from digiq.env.expert import Expert, run_episode
 from digiq.env.gym_env import AndroidSimEnv
@@ -84,7 +84,7 @@ def check_tasks(files: list[str], task_set: str | None, seed: int, metrics: str 
 def generate_task_lists(root: Path) -> None:
     """The tasks stage: every task list as ``params.yaml``'s ``tasks`` group sets it, then their check.
 
-    The group is read through its typed config (:func:`digiq.config.load_section`), never pasted into a
+    The group is read through its typed config (:func:`digiq.config.load_settings`), never pasted into a
     shell command: a value that is not a number in its range stops the stage, naming the file and the key,
     before anything runs. Writes ``data/tasks/{general,webshop}_{train,val,test}.txt`` and, from
     :func:`check_tasks`, ``metrics/tasks.json``, holding the stage's lock (:mod:`digiq.lock`) meanwhile.
@@ -94,7 +94,7 @@ def generate_task_lists(root: Path) -> None:
     """
     paths = Paths(root)
     try:
-        cfg = load_section(TasksConfig, "tasks", path=paths.root / "params.yaml")
+        cfg = load_settings(paths.root / "params.yaml").tasks
         with stage_lock(paths.lock("tasks"), "tasks"):
             clear_leftovers(paths.tasks)  # what runs cut short left beside the lists: the lock says they are dead
             lists = []

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from digiq.config import fits_type, type_name  # the params file's type rule: a checkpoint's config is held to it too
+from digiq.config import type_name
 from digiq.io import atomic_folder, interrupted_swap_note, write_error
 
 __all__ = ["save_checkpoint", "write_config", "part_digest", "checkpoint_digest", "check_part", "read_config",
@@ -175,12 +176,14 @@ def read_typed_config(folder: Path | str, kind: str, cls: type[C]) -> C:
     unknown = sorted(set(section) - {f.name for f in fields(cls)})  # type: ignore[arg-type]
     if unknown:
         raise ValueError(f"corrupt checkpoint config {path}: unknown key(s) {kind}.{unknown}")
-    for key, value in section.items():
-        if not fits_type(value, hints[key]):
-            raise ValueError(f"corrupt checkpoint config {path}: {kind}.{key} must be {type_name(hints[key])}, "
-                             f"got {value!r}")  # fmt: skip
     values = {k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
               for k, v in section.items()}  # fmt: skip
+    for key, value in values.items():
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError:
+            raise ValueError(f"corrupt checkpoint config {path}: {kind}.{key} must be {type_name(hints[key])}, "
+                             f"got {section[key]!r}") from None  # fmt: skip
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:  # TypeError: a key without a default missing; ValueError: cls's own checks

@@ -69,16 +69,12 @@ from digiq.algos.digirl import (
 )
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
-    AblationsConfig,
     ActorConfig,
     CollectConfig,
     ComputeConfig,
-    DeviceConfig,
     DigiRLConfig,
     EnvConfig,
-    ExperimentConfig,
-    load_section,
-    load_variants,
+    Settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, write_picks, write_stored
@@ -337,14 +333,14 @@ def _of_task_set(picks: Picks, of_set: np.ndarray, task_set: str) -> Picks:
     return Picks(picks.states[mine], picks.columns[mine], None if picks.weights is None else picks.weights[mine])
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 07 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    actor, ablations = load_section(ActorConfig, "actor", params), load_section(AblationsConfig, "ablations", params)
-    if load_section(DeviceConfig, "devices", params).backend == "emulator" and ablations.perfect_critic:
+    actor, ablations = settings.actor, settings.ablations
+    if settings.devices.backend == "emulator" and ablations.perfect_critic:
         raise ValueError("ablations.perfect_critic must be false with devices.backend emulator: the perfect critic "
                          "replays the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
-    return run_actor(actor, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-                     table=all_rows(ablations, list(load_variants(params))), env=load_section(EnvConfig, "env", params),
-                     collect=load_section(CollectConfig, "collect", params),
-                     digirl=load_section(DigiRLConfig, "digirl", params),
-                     compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+    return run_actor(actor, paths, seeds=settings.experiment.seeds,
+                     table=all_rows(ablations, list(settings.variants)), env=settings.env,
+                     collect=settings.collect,
+                     digirl=settings.digirl,
+                     compute=settings.compute)  # fmt: skip

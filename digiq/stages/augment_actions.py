@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from digiq.config import AugmentConfig, ComputeConfig, load_section
+from digiq.config import AugmentConfig, ComputeConfig, Settings
 from digiq.data.candidates import write_candidates
 from digiq.data.trajectories import TrajectoryStore
 from digiq.env.actions import parse_action
@@ -133,7 +133,7 @@ def run_augment(cfg: AugmentConfig, paths: Paths, compute: ComputeConfig = IN_PR
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 02 as ``params.yaml`` sets it, on ``compute``'s workers."""
-    return run_augment(load_section(AugmentConfig, "augment", params), paths,
-                       compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+    return run_augment(settings.augment, paths,
+                       compute=settings.compute)  # fmt: skip

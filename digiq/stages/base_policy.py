@@ -13,7 +13,7 @@ import re
 import shutil
 import string
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from digiq import parallel
-from digiq.config import BasePolicyConfig, EnvConfig, TasksConfig, load_section
+from digiq.config import BasePolicyConfig, EnvConfig, Settings
 from digiq.data.task_lists import read_tasks, tasks_digest
 from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.actions import ActionType, parse_action
@@ -105,7 +105,7 @@ def run_base_policy(cfg: BasePolicyConfig, env: EnvConfig, paths: Paths, split_s
         pid = parallel.broadcast(os.getpid())  # the main process's: one run's processes share the folder
         staged = paths.base_policy.with_name(f".{paths.base_policy.name}.tmp-tokenizer-{pid}")
         if parallel.is_main():  # the demonstrations and the tokenizer are made once; other processes read them
-            made_with = {"stage": "base_policy", "base_policy": asdict(cfg), "env": asdict(env),
+            made_with = {"stage": "base_policy", "base_policy": cfg.model_dump(), "env": env.model_dump(),
                          "tasks": tasks_digest(tasks)}  # fmt: skip
             with store_made_whole(paths.demos, made_with) as filling:
                 rollout(ExpertPolicy(cfg.expert_noise, cfg.seed), tasks, n_envs=32, seed=cfg.seed,
@@ -176,7 +176,7 @@ def _load_released(cfg: BasePolicyConfig, paths: Paths) -> dict[str, Any]:
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 00 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    return run_base_policy(load_section(BasePolicyConfig, "base_policy", params), load_section(EnvConfig, "env", params),
-                           paths, split_seed=load_section(TasksConfig, "tasks", params).split_seed)  # fmt: skip
+    return run_base_policy(settings.base_policy, settings.env,
+                           paths, split_seed=settings.tasks.split_seed)  # fmt: skip

@@ -7,12 +7,11 @@ devices' seeds.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from digiq.config import CollectConfig, ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig, load_section
+from digiq.config import CollectConfig, ComputeConfig, DeviceConfig, EnvConfig, JudgeConfig, Settings
 from digiq.data.task_lists import read_tasks, tasks_digest
 from digiq.data.trajectories import TrajectoryStore, store_made_whole
 from digiq.env.catalog import stable_int
@@ -75,8 +74,8 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
         first = _first_tasks(cfg, paths)
         tasks = [t for ts in TASK_SETS for t in episode_tasks(cfg, ts, _rollout_tasks(cfg, paths, ts, first[ts]))]
         # What decides the episodes: a run with other settings, or another base policy, starts the store anew.
-        made_with = {"stage": "collect", "collect": asdict(cfg), "env": asdict(env), "tasks": tasks_digest(tasks),
-                     "devices": devices.backend, "judge": asdict(judge or JudgeConfig()),
+        made_with = {"stage": "collect", "collect": cfg.model_dump(), "env": env.model_dump(), "tasks": tasks_digest(tasks),
+                     "devices": devices.backend, "judge": (judge or JudgeConfig()).model_dump(),
                      "policy": checkpoint_digest(paths.base_policy)}  # fmt: skip
         with (
             store_made_whole(paths.offline, made_with) as store,
@@ -108,9 +107,9 @@ def run_collect(cfg: CollectConfig, env: EnvConfig, paths: Paths, devices: Devic
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 01 as ``params.yaml`` sets it."""
-    return run_collect(load_section(CollectConfig, "collect", params), load_section(EnvConfig, "env", params), paths,
-                       devices=load_section(DeviceConfig, "devices", params),
-                       judge=load_section(JudgeConfig, "judge", params),
-                       compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+    return run_collect(settings.collect, settings.env, paths,
+                       devices=settings.devices,
+                       judge=settings.judge,
+                       compute=settings.compute)  # fmt: skip

@@ -26,13 +26,10 @@ import torch
 from digiq import parallel
 from digiq.algos.digiq import fit_critic
 from digiq.config import (
-    AblationsConfig,
     ComputeConfig,
     ConfigError,
     CriticConfig,
-    ExperimentConfig,
-    load_section,
-    load_variants,
+    Settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs, load_text_features
@@ -264,16 +261,16 @@ def check_one_discount(specs: dict[str, CriticSpec], returns_gamma: float) -> No
                           "discount, set them equal (a changed collect.gamma reruns stage 01)")  # fmt: skip
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 06 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    variants = load_variants(params)
-    table = all_rows(load_section(AblationsConfig, "ablations", params), list(variants))
-    specs = critic_specs(load_section(CriticConfig, "critic", params), variants, table)
+    variants = settings.variants
+    table = all_rows(settings.ablations, list(variants))
+    specs = critic_specs(settings.critic, variants, table)
     if (returns_gamma := returns_discount(paths.offline)) is not None:
         check_one_discount(specs, returns_gamma)
     return run_critic(
         specs,
         paths,
-        seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-        compute=load_section(ComputeConfig, "compute", params),
+        seeds=settings.experiment.seeds,
+        compute=settings.compute,
     )

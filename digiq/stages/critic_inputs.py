@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from digiq import parallel
-from digiq.config import load_params
+from digiq.config import Settings, load_settings
 from digiq.data.candidates import read_candidates
 from digiq.data.features import TEXT_OPTIONAL, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
@@ -118,7 +118,7 @@ def write_critic_inputs(paths: Paths) -> dict[str, Any]:
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """The stage as ``params.yaml`` sets it: it reads no knob."""
     return write_critic_inputs(paths)
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=".", help="pipeline root: params.yaml and data/ (default: where DVC runs it)")
     args = ap.parse_args(argv)
     paths = Paths(Path(args.root))
-    run(load_params(paths.root / "params.yaml"), paths)
+    run(load_settings(paths.root / "params.yaml"), paths)
     return 0
 
 

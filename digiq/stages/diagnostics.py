@@ -49,16 +49,11 @@ import pandas as pd
 import torch
 
 from digiq.config import (
-    AblationsConfig,
     CollectConfig,
     ComputeConfig,
-    DeviceConfig,
     DiagnosticsConfig,
     EnvConfig,
-    ExperimentConfig,
-    VLMFinetuneConfig,
-    load_section,
-    load_variants,
+    Settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
@@ -375,16 +370,16 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 08 as ``params.yaml`` sets it."""
-    cfg = load_section(DiagnosticsConfig, "diagnostics", params)
-    if load_section(DeviceConfig, "devices", params).backend == "emulator" and cfg.oracle_states:
+    cfg = settings.diagnostics
+    if settings.devices.backend == "emulator" and cfg.oracle_states:
         raise ValueError("diagnostics.oracle_states must be 0 with devices.backend emulator: the diagnostics "
                          "replay the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
-    table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
-    return run_diagnostics(cfg, paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
+    table = all_rows(settings.ablations, list(settings.variants))
+    return run_diagnostics(cfg, paths, seeds=settings.experiment.seeds,
                            policies=[r.name for r in table],
-                           threshold=load_section(VLMFinetuneConfig, "vlm_finetune", params).threshold,
-                           env=load_section(EnvConfig, "env", params),
-                           collect=load_section(CollectConfig, "collect", params),
-                           compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+                           threshold=settings.vlm_finetune.threshold,
+                           env=settings.env,
+                           collect=settings.collect,
+                           compute=settings.compute)  # fmt: skip

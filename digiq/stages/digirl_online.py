@@ -47,9 +47,8 @@ from digiq.config import (
     DeviceConfig,
     DigiRLConfig,
     EnvConfig,
-    ExperimentConfig,
     JudgeConfig,
-    load_section,
+    Settings,
 )
 from digiq.data.picks import DIGIRL_STEP_FEATURES, stored_path
 from digiq.data.trajectories import TrajectoryStore
@@ -130,11 +129,11 @@ def run_digirl_online(cfg: DigiRLConfig, actor: ActorConfig, env: EnvConfig, pat
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 09 as ``params.yaml`` sets it."""
     return run_digirl_online(
-        load_section(DigiRLConfig, "digirl", params), load_section(ActorConfig, "actor", params),
-        load_section(EnvConfig, "env", params), paths, seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-        devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
-        compute=load_section(ComputeConfig, "compute", params),
+        settings.digirl, settings.actor,
+        settings.env, paths, seeds=settings.experiment.seeds,
+        devices=settings.devices, judge=settings.judge,
+        compute=settings.compute,
     )  # fmt: skip

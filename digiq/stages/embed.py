@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from digiq import parallel
-from digiq.config import AblationsConfig, ComputeConfig, EmbedConfig, load_section
+from digiq.config import ComputeConfig, EmbedConfig, Settings
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore
@@ -236,8 +236,8 @@ def run_embed(cfg: EmbedConfig, paths: Paths, vlms: Sequence[str] = ("finetuned"
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 05 as ``params.yaml`` sets it: the features of the VLMs the rows' critics read, the paper's first."""
-    vlms = [VLM_OF_ROW[row] for row in vlm_rows(load_section(AblationsConfig, "ablations", params))]
-    return run_embed(load_section(EmbedConfig, "embed", params), paths, vlms,
-                     compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+    vlms = [VLM_OF_ROW[row] for row in vlm_rows(settings.ablations)]
+    return run_embed(settings.embed, paths, vlms,
+                     compute=settings.compute)  # fmt: skip

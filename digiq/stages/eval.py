@@ -54,17 +54,12 @@ from typing import Any
 import numpy as np
 
 from digiq.config import (
-    AblationsConfig,
     ComputeConfig,
     DeviceConfig,
-    DigiRLConfig,
     EnvConfig,
     EvalConfig,
-    ExperimentConfig,
     JudgeConfig,
-    PAEConfig,
-    load_section,
-    load_variants,
+    Settings,
 )
 from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
@@ -255,13 +250,13 @@ def run_eval(cfg: EvalConfig, env: EnvConfig, paths: Paths, *, seeds: int, main:
     return summary
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 12 as ``params.yaml`` sets it: the base and every row, the ablations into their own table."""
-    table = all_rows(load_section(AblationsConfig, "ablations", params), list(load_variants(params)))
+    table = all_rows(settings.ablations, list(settings.variants))
     main, variants, ablations = ([r.name for r in table if r.group == g] for g in ("paper", "variant", "ablation"))
-    return run_eval(load_section(EvalConfig, "eval", params), load_section(EnvConfig, "env", params), paths,
-                    seeds=load_section(ExperimentConfig, "experiment", params).seeds, main=main, variants=variants,
-                    online=load_section(DigiRLConfig, "digirl", params).online, ablations=ablations,
-                    practice=load_section(PAEConfig, "pae", params).rows,
-                    devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
-                    compute=load_section(ComputeConfig, "compute", params))  # fmt: skip
+    return run_eval(settings.eval, settings.env, paths,
+                    seeds=settings.experiment.seeds, main=main, variants=variants,
+                    online=settings.digirl.online, ablations=ablations,
+                    practice=settings.pae.rows,
+                    devices=settings.devices, judge=settings.judge,
+                    compute=settings.compute)  # fmt: skip

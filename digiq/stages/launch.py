@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from digiq.config import ComputeConfig, load_params, load_section
+from digiq.config import ComputeConfig, Settings, load_settings
 from digiq.kernels import check_cpu, is_pinned, pinned_children, pinned_environ
 from digiq.paths import Paths
 
 __all__ = ["StageFunction", "run_stage", "main"]
 
-# A stage: its module's ``run(params, paths)``, which returns the metrics it also writes.
-StageFunction = Callable[[dict[str, Any], Paths], dict[str, Any]]
+# A stage: its module's ``run(settings, paths)``, which returns the metrics it also writes.
+StageFunction = Callable[[Settings, Paths], dict[str, Any]]
 
 
 def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> dict[str, Any]:
@@ -49,8 +49,8 @@ def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> di
     module, name = stage.__module__, stage.__module__.rsplit(".", 1)[-1]
     if stage.__name__ != "run" or not module.startswith("digiq.stages."):
         raise ValueError(f"run_stage takes a stage module's run, got {module}.{stage.__name__}")
-    params = load_params(params_file)
-    compute = load_section(ComputeConfig, "compute", params)
+    settings = load_settings(params_file)
+    compute = settings.compute
     parallel = compute.processes > 1 and getattr(sys.modules[module], "DATA_PARALLEL", False)
     if compute.pinned_kernels:
         check_cpu()
@@ -58,7 +58,7 @@ def run_stage(stage: StageFunction, paths: Paths, params_file: Path | str) -> di
             return _in_pinned_process(module, paths, params_file, compute)
         torch.set_num_threads(compute.threads)
     if not parallel:
-        return stage(params, paths)
+        return stage(settings, paths)
     # accelerate's multi-process launcher (torchrun underneath; "multi_gpu" in name only): every process
     # joins one group, on the GPUs or, without GPUs or with compute.cpu, on the CPU (digiq.parallel.state).
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
@@ -83,7 +83,7 @@ def _in_pinned_process(module: str, paths: Paths, params_file: Path | str, compu
 
 def _run_module(module: str, paths: Paths, params_file: Path, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
-    return importlib.import_module(module).run(load_params(params_file), paths)
+    return importlib.import_module(module).run(load_settings(params_file), paths)
 
 
 def _run(compute: ComputeConfig, cmd: list[str], env: dict[str, str], name: str) -> None:
@@ -111,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default=None, help="params file (default: ROOT/params.yaml)")
     args = ap.parse_args(argv)
     paths = Paths(Path(args.root)) if args.root else Paths()
-    params = load_params(Path(args.params) if args.params else paths.root / "params.yaml")
-    compute = load_section(ComputeConfig, "compute", params)
+    settings = load_settings(Path(args.params) if args.params else paths.root / "params.yaml")
+    compute = settings.compute
     if compute.pinned_kernels and compute.processes == 1:
         torch.set_num_threads(compute.threads)
     try:
-        importlib.import_module(args.module).run(params, paths)
+        importlib.import_module(args.module).run(settings, paths)
     except Exception as e:  # marked, so that run_stage can pick the cause out of N processes' logs
         print(f"{_FAILED}{type(e).__name__}: {e}", file=sys.stderr)
         raise

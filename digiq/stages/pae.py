@@ -45,10 +45,9 @@ from digiq.config import (
     DeviceConfig,
     DigiRLConfig,
     EnvConfig,
-    ExperimentConfig,
     JudgeConfig,
     PAEConfig,
-    load_section,
+    Settings,
 )
 from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
@@ -317,12 +316,12 @@ def run_pae(cfg: PAEConfig, digirl: DigiRLConfig, actor: ActorConfig, env: EnvCo
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 11 as ``params.yaml`` sets it."""
     return run_pae(
-        load_section(PAEConfig, "pae", params), load_section(DigiRLConfig, "digirl", params),
-        load_section(ActorConfig, "actor", params), load_section(EnvConfig, "env", params), paths,
-        seeds=load_section(ExperimentConfig, "experiment", params).seeds,
-        devices=load_section(DeviceConfig, "devices", params), judge=load_section(JudgeConfig, "judge", params),
-        compute=load_section(ComputeConfig, "compute", params),
+        settings.pae, settings.digirl,
+        settings.actor, settings.env, paths,
+        seeds=settings.experiment.seeds,
+        devices=settings.devices, judge=settings.judge,
+        compute=settings.compute,
     )  # fmt: skip

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, ProposeConfig, load_section
+from digiq.config import DeviceConfig, EnvConfig, JudgeConfig, ProposeConfig, Settings
 from digiq.env.backends import EnvFactory
 from digiq.env.state import Dynamics
 from digiq.pae.crawl import crawl, nothing_done
@@ -64,8 +64,8 @@ def run_propose(cfg: ProposeConfig, env: EnvConfig, paths: Paths, devices: Devic
     return metrics
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 10 as ``params.yaml`` sets it."""
-    return run_propose(load_section(ProposeConfig, "propose", params), load_section(EnvConfig, "env", params), paths,
-                       devices=load_section(DeviceConfig, "devices", params),
-                       judge=load_section(JudgeConfig, "judge", params))  # fmt: skip
+    return run_propose(settings.propose, settings.env, paths,
+                       devices=settings.devices,
+                       judge=settings.judge)  # fmt: skip

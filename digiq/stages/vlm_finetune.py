@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from digiq import parallel
-from digiq.config import AblationsConfig, VLMFinetuneConfig, load_section
+from digiq.config import Settings, VLMFinetuneConfig
 from digiq.data.trajectories import TrajectoryStore, split_trajectories
 from digiq.env.actions import parse_action
 from digiq.io import require
@@ -225,7 +225,7 @@ def _finetune(cfg: VLMFinetuneConfig, vlm: ScreenVLM, paths: Paths, out: Path) -
     return metrics, curve
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 04 as ``params.yaml`` sets it (:func:`digiq.stages.launch.run_stage` runs it in one process or several)."""
-    return run_vlm_finetune(load_section(VLMFinetuneConfig, "vlm_finetune", params), paths,
-                            blind=load_section(AblationsConfig, "ablations", params).blind_vlm)  # fmt: skip
+    return run_vlm_finetune(settings.vlm_finetune, paths,
+                            blind=settings.ablations.blind_vlm)  # fmt: skip

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from digiq import parallel
-from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_section
+from digiq.config import EnvConfig, Settings, VLMFinetuneConfig, VLMPretrainConfig
 from digiq.data.screen_corpus import LabelledScreen, labelled_screens, screen_images
 from digiq.data.task_lists import read_tasks
 from digiq.data.trajectories import TrajectoryStore
@@ -169,8 +169,8 @@ def _train(vlm: ScreenVLM, cfg: VLMPretrainConfig, screens: list[LabelledScreen]
     return curve
 
 
-def run(params: dict[str, Any], paths: Paths) -> dict[str, Any]:
+def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     """Stage 03 as ``params.yaml`` sets it."""
-    return run_vlm_pretrain(load_section(VLMPretrainConfig, "vlm_pretrain", params),
-                            load_section(VLMFinetuneConfig, "vlm_finetune", params),
-                            load_section(EnvConfig, "env", params), paths)  # fmt: skip
+    return run_vlm_pretrain(settings.vlm_pretrain,
+                            settings.vlm_finetune,
+                            settings.env, paths)  # fmt: skip

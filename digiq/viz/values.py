@@ -22,7 +22,12 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from digiq.config import ActorConfig, CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
+from digiq.config import (
+    ActorConfig,
+    DiagnosticsConfig,
+    EnvConfig,
+    load_settings,
+)
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
 from digiq.data.trajectories import TrajectoryStore, data_task_sets
@@ -133,8 +138,8 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
     """Score the pipeline's data with seed ``seed``'s critic of ``row`` (stage 06: ``digiq``, a variant...) in one call."""
     paths = Paths(Path(root) if root else ROOT)
     require("viewer", paths.critics / f"seed{seed}" / row, paths.offline, paths.candidates)
-    params = load_params(paths.root / "params.yaml")
-    actor = load_section(ActorConfig, "actor", params)
+    settings = load_settings(paths.root / "params.yaml")
+    actor = settings.actor
     store = TrajectoryStore(paths.offline)
     steps = store.read().to_pandas()
     cands = read_candidates(paths).to_pandas()
@@ -172,6 +177,6 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
         "kept": ((np.arange(N)[None, :] == chosen[:, None]) & (adv > threshold[:, None])).ravel(),
     })  # fmt: skip
     gamma = float(meta["gamma"])  # the discount the critic was trained with
-    return ValueData(steps, table, store, load_section(EnvConfig, "env", params), actor,
-                     load_section(DiagnosticsConfig, "diagnostics", params),
-                     load_section(CollectConfig, "collect", params).seed, gamma)  # fmt: skip
+    return ValueData(steps, table, store, settings.env, actor,
+                     settings.diagnostics,
+                     settings.collect.seed, gamma)  # fmt: skip

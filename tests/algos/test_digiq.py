@@ -1,8 +1,6 @@
 """Digi-Q's learning rule (digiq.algos.digiq): the twin heads' two conventions, the critic's optimiser, and the
 critic's scoring of every stored candidate (each state's share of the first layer once, each distinct candidate once)."""
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -77,7 +75,7 @@ def _moved(cfg: CriticConfig, seed: int = 3) -> float:
 def test_the_critic_s_gradient_is_clipped_to_its_norm():
     """Clipped to a norm far below Adam's epsilon, every step is about epsilon's share of a full one."""
     cfg = CriticConfig(steps=9, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0)
-    free, clipped = _moved(cfg), _moved(dataclasses.replace(cfg, grad_clip=1e-12))
+    free, clipped = _moved(cfg), _moved(cfg.but(grad_clip=1e-12))
     assert free > 1e-2 and clipped < free / 100
 
 
@@ -87,7 +85,7 @@ def test_every_seed_s_critic_holds_out_the_same_trajectories():
     cfg = CriticConfig(steps=2, batch_size=4, hidden=8, holdout=0.3)
     fits = [fit_critic(cfg, feats, steps, seed) for seed in (1, 2)]
     assert np.array_equal(fits[0]["train_rows"], fits[1]["train_rows"]) and fits[0]["heldout"] == 6  # 3 of 10
-    other = fit_critic(dataclasses.replace(cfg, seed=cfg.seed + 1), feats, steps, 1)
+    other = fit_critic(cfg.but(seed=cfg.seed + 1), feats, steps, 1)
     assert not np.array_equal(other["train_rows"], fits[0]["train_rows"])  # drawn by critic.seed
 
 

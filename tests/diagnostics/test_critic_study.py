@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from digiq.config import CollectConfig, CriticConfig, EnvConfig, load_params, load_section
+from digiq.config import CriticConfig, load_settings
 from digiq.diagnostics.critic_study import SETTINGS, main, strata, study
 from digiq.paths import Paths
 
@@ -25,9 +25,9 @@ def test_strata_split_the_held_out_states_by_outcome_and_by_the_taken_action():
 
 def test_every_setting_is_judged_on_the_same_states_against_the_same_levels(values_root, tmp_path):
     paths = Paths(values_root)
-    params = load_params(values_root / "params.yaml")
+    settings = load_settings(values_root / "params.yaml")
     base = CriticConfig(steps=5, hidden=16, batch_size=8)
-    env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
+    env, collect = settings.env, settings.collect
     out = study(paths, base, {"released": {}, "twin_min": {"twin_heads": "min"}}, 2, env, collect.seed)
     states = out["states"]
     assert states["heldout"] + states["train"] == states["heldout, episode succeeded"] + states[

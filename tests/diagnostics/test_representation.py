@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from digiq.config import CollectConfig, DiagnosticsConfig, EnvConfig, load_params, load_section
+from digiq.config import DiagnosticsConfig, load_settings
 from digiq.data import TrajectoryStore
 from digiq.data.features import load_features
 from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, stored_path, write_picks, write_stored
@@ -150,12 +150,12 @@ def _stage_07_outputs(paths: Paths) -> None:
 
 def test_the_diagnostics_stage_probes_every_feature_folder(probe_root):
     paths = probe_root
-    params = load_params(Path(paths.root) / "params.yaml")
+    settings = load_settings(Path(paths.root) / "params.yaml")
     S = len(load_features(paths)["state"])
     _stage_07_outputs(paths)
     cfg = DiagnosticsConfig(oracle_states=2, oracle_rollouts=1, behaviour_rollouts=0)
-    m = run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
-                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+    m = run_diagnostics(cfg, paths, seeds=1, env=settings.env, policies=["digiq"],
+                        collect=settings.collect, threshold=30.0)  # fmt: skip
     probes = m["probes"]
     assert set(probes) == {"blind", "finetuned", "untuned", "control"}
     rows = {name: {probe: (r[probe]["n_train"], r[probe]["n_test"]) for probe in r} for name, r in probes.items()}
@@ -180,7 +180,7 @@ def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_
     root = tmp_path / "root"
     shutil.copytree(probe_root.root, root)
     paths = Paths(root)
-    params = load_params(root / "params.yaml")
+    settings = load_settings(root / "params.yaml")
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     S = len(steps)
     write_picks(paths, {("digiq", 0): Picks.taken(np.arange(S))})
@@ -196,8 +196,8 @@ def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_
     monkeypatch.setattr(Critic, "advantage", computed_again)
     monkeypatch.setattr(diagnostics, "expert_matrix", computed_again)
     cfg = DiagnosticsConfig(oracle_states=2, oracle_rollouts=1, behaviour_rollouts=0)
-    m = run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
-                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+    m = run_diagnostics(cfg, paths, seeds=1, env=settings.env, policies=["digiq"],
+                        collect=settings.collect, threshold=30.0)  # fmt: skip
     for part in ("expert_pick", "expert_pick_train"):  # the stored tap, always picked, always right
         assert m[part]["informative_states"] > 0 and m[part]["hit_rate"]["critic_digiq"] == 1.0, part
     assert {kind for by_kind in m["expert_support_by_kind"].values() for kind in by_kind} == {"STORED_KIND"}
@@ -206,12 +206,12 @@ def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_
     write_stored(paths, critic_scores_name("digiq", 0), steps.iloc[1:], {"q": np.zeros((S - 1, 3), np.float32),
                                                                           "v": np.zeros(S - 1, np.float32)})  # fmt: skip
     with pytest.raises(DataError, match="critic_digiq_seed0.npz are not the stored steps"):
-        run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
-                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+        run_diagnostics(cfg, paths, seeds=1, env=settings.env, policies=["digiq"],
+                        collect=settings.collect, threshold=30.0)  # fmt: skip
     stored_path(paths, critic_scores_name("digiq", 0)).unlink()
     with pytest.raises(StageError, match=r"stage diagnostics: missing input .*critic_digiq_seed0\.npz"):
-        run_diagnostics(cfg, paths, seeds=1, env=load_section(EnvConfig, "env", params), policies=["digiq"],
-                        collect=load_section(CollectConfig, "collect", params), threshold=30.0)  # fmt: skip
+        run_diagnostics(cfg, paths, seeds=1, env=settings.env, policies=["digiq"],
+                        collect=settings.collect, threshold=30.0)  # fmt: skip
 
 
 def test_without_stored_hierarchies_the_goal_element_probe_is_absent(probe_root, tmp_path):

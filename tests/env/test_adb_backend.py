@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from digiq.config import ConfigError, load_section
+from digiq.config import ConfigError, load_settings
 from digiq.data import TrajectoryStore
 from digiq.env import AndroidSimEnv, Dynamics, Expert, generate_tasks, parse_task
 from digiq.env import actions as A
@@ -274,10 +274,10 @@ def test_emulator_backend_resets_by_snapshot_over_the_console(tmp_path):
 
 
 def test_device_config_checks_and_loads_from_params():
-    cfg = load_section(DeviceConfig, "devices", {"devices": {"backend": "emulator", "serials": ["emulator-5554"]}})
+    cfg = load_settings(params={"devices": {"backend": "emulator", "serials": ["emulator-5554"]}}).devices
     assert cfg.serials == ["emulator-5554"]
     with pytest.raises(ConfigError, match="backend must be one of"):
-        load_section(DeviceConfig, "devices", {"devices": {"backend": "phone"}})
+        load_settings(params={"devices": {"backend": "phone"}})
     with pytest.raises(ValueError, match="0 only for adb-sim"):
         DeviceConfig(backend="emulator", adb_port=0)
     assert isinstance(EnvFactory(DeviceConfig())(), AndroidSimEnv)

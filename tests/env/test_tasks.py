@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from digiq.config import TasksConfig, load_section
+from digiq.config import load_settings
 from digiq.env import catalog, taskgen
 from digiq.env.__main__ import main as env_cli
 from digiq.env.taskgen import POOLS, PROTOCOL_TASKS, SPLITS, TEMPLATES, family_counts, generate_tasks, split_pool
@@ -151,7 +151,7 @@ def test_every_pool_splits_into_three_disjoint_non_empty_parts(split_seed):
 
 def _pipeline_lists() -> dict[tuple[str, str], list[str]]:
     """The task lists stage ``tasks`` writes with the repository's params.yaml."""
-    cfg = load_section(TasksConfig, "tasks")
+    cfg = load_settings().tasks
     sizes = {"train": cfg.n_train, "val": cfg.n_val, "test": cfg.n_test}
     return {(ts, split): generate_tasks(ts, split, sizes[split], cfg.seed, cfg.split_seed)
             for ts in ("general", "webshop") for split in SPLITS}  # fmt: skip
@@ -159,7 +159,7 @@ def _pipeline_lists() -> dict[tuple[str, str], list[str]]:
 
 def test_pipeline_splits_share_no_task_and_no_entity():
     lists = _pipeline_lists()
-    cfg = load_section(TasksConfig, "tasks")
+    cfg = load_settings().tasks
     for ts in ("general", "webshop"):
         for a, b in [("train", "val"), ("train", "test"), ("val", "test")]:
             shared = set(lists[ts, a]) & set(lists[ts, b])

@@ -235,14 +235,14 @@ def test_blip2_policy_reads_screenshots_or_precomputed_features(blip2_folder, to
 def test_stage_00_saves_the_released_autoui_as_the_base_policy(tok, tmp_path, blip2_folder):
     import json
 
-    from digiq.config import BasePolicyConfig, ConfigError, EnvConfig, load_section
+    from digiq.config import BasePolicyConfig, ConfigError, EnvConfig, load_settings
     from digiq.paths import Paths
     from digiq.stages.base_policy import run_base_policy
 
     folder, _, _ = blip2_folder
     _released(tok, tmp_path / "Auto-UI-Base", vocab_size=len(tok))
     with pytest.raises(ConfigError, match="set blip2"):
-        load_section(BasePolicyConfig, "base_policy", {"base_policy": {"checkpoint": str(tmp_path / "Auto-UI-Base")}})
+        load_settings(params={"base_policy": {"checkpoint": str(tmp_path / "Auto-UI-Base")}})
     cfg = BasePolicyConfig(checkpoint=str(tmp_path / "Auto-UI-Base"), blip2=str(folder))
     paths = Paths(tmp_path / "repo")
     metrics = run_base_policy(cfg, EnvConfig(), paths)

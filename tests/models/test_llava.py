@@ -8,12 +8,10 @@ is SentencePiece-style, as llava-hf's is: answers are "▁Yes" / "▁No").
 import json
 import math
 import shutil
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-import yaml
 from transformers import (
     CLIPImageProcessor,
     CLIPVisionConfig,
@@ -23,7 +21,7 @@ from transformers import (
     LlavaProcessor,
 )
 
-from digiq.config import EmbedConfig, VLMFinetuneConfig, load_section
+from digiq.config import EmbedConfig, VLMFinetuneConfig, load_settings
 from digiq.data.features import load_features
 from digiq.env.actions import press_home, tap, type_text
 from digiq.models.tokenizer import llava_style_tokenizer
@@ -83,8 +81,9 @@ def _stage_03(llava_hf, values_root, tmp_path, **changes) -> tuple[Paths, VLMFin
     """A copy of the small pipeline root and stage 04's params for one quick epoch on the llava-hf folder."""
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
-    cfg = replace(load_section(VLMFinetuneConfig, "vlm_finetune", yaml.safe_load((root / "params.yaml").read_text())),
-                  **{"checkpoint": str(llava_hf), "epochs": 1, "batch_size": 8, **changes})  # fmt: skip
+    cfg = load_settings(root / "params.yaml").vlm_finetune.but(
+        **{"checkpoint": str(llava_hf), "epochs": 1, "batch_size": 8, **changes}
+    )
     return Paths(root), cfg
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from digiq.config import EnvConfig, VLMFinetuneConfig, VLMPretrainConfig, load_params, load_section
+from digiq.config import VLMFinetuneConfig, VLMPretrainConfig, load_settings
 from digiq.data.screen_corpus import LabelledScreen, labelled_screens
 from digiq.env import parse_task
 from digiq.env.hierarchy import Element, screen_elements
@@ -111,9 +111,9 @@ def test_stage_pretrains_and_measures_on_heldout_screens(tmp_path):
             paths.task_list(ts, split).parent.mkdir(parents=True, exist_ok=True)
             paths.task_list(ts, split).write_text("\n".join(generate_tasks(ts, split, 2, seed=3)) + "\n")
     train_tokenizer(default_corpus(n_tasks=50), vocab_size=400).save_pretrained(paths.base_policy / "tokenizer")
-    params = load_params(ROOT / "params.yaml")
+    settings = load_settings(ROOT / "params.yaml")
     cfg = VLMPretrainConfig(steps=4, batch_size=4, eval_questions=6, image_size=32, hidden=32)
-    env = load_section(EnvConfig, "env", params)
+    env = settings.env
     metrics = run_vlm_pretrain(cfg, VLMFinetuneConfig(), env, paths)
     assert metrics["steps"] == 4 and metrics["screens_train"] > 0 and metrics["screens_heldout"] > 0
     assert set(metrics["accuracy_heldout"]) == {"element", "point", "presence"}

@@ -18,7 +18,7 @@ from digiq.algos.digiq import (
     extraction_weights,
 )
 from digiq.algos.digirl import read_offline_step_features, step_features
-from digiq.config import ActorConfig, CollectConfig, EnvConfig, load_params, load_section, with_defaults
+from digiq.config import ActorConfig, load_params, load_settings
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import EXPERT_MATRIX, critic_scores_name, read_picks, read_stored
 from digiq.data.trajectories import TrajectoryStore
@@ -150,7 +150,7 @@ def actor_root(values_root, tmp_path):
 def test_the_actor_stage_fits_awr_and_reinforce_on_digiq_s_critic_and_candidates_for_every_seed(actor_root):
     paths = actor_root
     metrics = run_stage(actor_stage, paths, paths.root / "params.yaml")
-    cfg = ActorConfig(**{k: v for k, v in load_params(paths.root / "params.yaml")["actor"].items()})
+    cfg = load_settings(paths.root / "params.yaml").actor
     names = {"digiq", "filtered_bc", "digirl_offline", "digiq_awr", "digiq_reinforce"}
     for s in (0, 1):
         assert {p.name for p in (paths.actors / f"seed{s}").iterdir()} == names
@@ -210,10 +210,10 @@ def test_the_stage_scores_each_critic_once_a_seed_and_stores_what_later_stages_w
     real = Critic.advantage
     monkeypatch.setattr(Critic, "advantage", lambda self, state, actions: asked.append(len(state))
                         or real(self, state, actions))  # fmt: skip
-    params = load_params(paths.root / "params.yaml")
-    actor_stage(with_defaults(params), paths)  # in this process, whose kernels compute the references below
+    settings = load_settings(paths.root / "params.yaml")
+    actor_stage(settings, paths)  # in this process, whose kernels compute the references below
     monkeypatch.undo()
-    cfg = ActorConfig(**params["actor"])
+    cfg = settings.actor
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     cands = read_candidates(paths).to_pandas()
     valid = np.stack(cands.valid_list.to_numpy())
@@ -240,7 +240,7 @@ def test_the_stage_scores_each_critic_once_a_seed_and_stores_what_later_stages_w
             mine = picks[(picks.policy == name) & (picks.seed == s)]
             assert mine.state.tolist() == want.states.tolist() and mine.column.tolist() == want.columns.tolist()
 
-    env, collect = load_section(EnvConfig, "env", params), load_section(CollectConfig, "collect", params)
+    env, collect = settings.env, settings.collect
     right, kinds = expert_matrix(env, collect.seed, steps, cands)  # what stage 08 computed for itself
     stored = read_stored(paths, EXPERT_MATRIX, steps, ("right", "kinds"), "test")
     assert np.array_equal(stored["right"], right) and np.array_equal(stored["kinds"], kinds)

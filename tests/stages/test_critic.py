@@ -10,7 +10,7 @@ import yaml
 
 import digiq.stages.critic as critic_module
 from digiq.algos.digiq import conservative_penalty, moved_forward, td_fit, td_losses
-from digiq.config import load_params, with_defaults
+from digiq.config import load_settings
 from digiq.data.trajectories import data_task_sets, heldout_rows
 from digiq.models.critic import Critic, CriticNetConfig, per_task_set
 from digiq.paths import Paths
@@ -150,7 +150,7 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
             str(f.relative_to(paths.critics)): f.read_bytes() for f in sorted(paths.critics.rglob("*")) if f.is_file()
         }
 
-    critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+    critic_stage(load_settings(root / "params.yaml"), paths)
     first = weights()
     assert {f"seed{s}/digiq/general/config.json" for s in (0, 1)} <= set(first)  # one critic per task set
     real_fit = critic_module.fit_critic_job
@@ -164,10 +164,10 @@ def test_a_critic_stage_cut_short_leaves_the_previous_run_whole(values_root, tmp
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setattr(critic_module, "fit_critic_job", dies_at_seed_1)
     with pytest.raises(KeyboardInterrupt):
-        critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+        critic_stage(load_settings(root / "params.yaml"), paths)
     assert weights() == first
     monkeypatch.setattr(critic_module, "fit_critic_job", real_fit)
-    critic_stage(with_defaults(load_params(root / "params.yaml")), paths)  # a whole run replaces it, and tidies up
+    critic_stage(load_settings(root / "params.yaml"), paths)  # a whole run replaces it, and tidies up
     assert set(weights()) == set(first) and weights() != first
     assert [p.name for p in paths.critics.parent.iterdir() if p.name.startswith(".")] == []
 
@@ -215,10 +215,8 @@ def test_a_critic_discount_other_than_the_stored_returns_is_refused(tmp_path):
     with store_made_whole(paths.offline, {"stage": "collect", "collect": {"gamma": 0.95}}):
         pass
     assert returns_discount(paths.offline) == 0.95 and returns_discount(tmp_path / "imported") is None
-    params = load_params()
-    params["critic"] = {**params["critic"], "gamma": 0.9}
+    settings = load_settings()
     with pytest.raises(ConfigError, match=r"critic\.gamma differs from 0\.95.*\(digiq 0\.9"):
-        critic_stage(params, paths)
-    params["critic"]["gamma"] = 0.95
+        critic_stage(settings.model_copy(update={"critic": settings.critic.but(gamma=0.9)}), paths)
     with pytest.raises(StageError, match="features"):  # the same discount: on to the stage's inputs
-        critic_stage(params, paths)
+        critic_stage(settings, paths)

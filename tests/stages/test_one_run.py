@@ -26,8 +26,7 @@ from digiq.config import (
     ProposeConfig,
     VLMFinetuneConfig,
     VLMPretrainConfig,
-    load_params,
-    with_defaults,
+    load_settings,
 )
 from digiq.io import StageError
 from digiq.lock import stage_lock
@@ -53,11 +52,11 @@ from digiq.stages.vlm_pretrain import run_vlm_pretrain
 CRITIC_RUN = """
 import sys
 from pathlib import Path
-from digiq.config import load_params, with_defaults
+from digiq.config import load_settings
 from digiq.paths import Paths
 from digiq.stages.critic import run
 root = Path(sys.argv[1])
-run(with_defaults(load_params(root / "params.yaml")), Paths(root))
+run(load_settings(root / "params.yaml"), Paths(root))
 """
 
 
@@ -92,12 +91,12 @@ def test_a_second_run_refuses_while_the_first_lives_and_runs_whole_once_it_was_k
         with pytest.raises(
             StageError, match=rf"stage critic: another run of this stage is still going \(PID {first.pid},"
         ):
-            critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+            critic_stage(load_settings(root / "params.yaml"), paths)
         assert all(p.is_dir() for p in left)  # a live run's folder is never cleared
     finally:
         first.kill()  # SIGKILL: no handler runs, only the kernel releases what the run held
         first.wait()
-    critic_stage(with_defaults(load_params(root / "params.yaml")), paths)
+    critic_stage(load_settings(root / "params.yaml"), paths)
     assert (paths.critic(0, "digiq", "general") / "config.json").is_file()
     assert [p.name for p in paths.critics.parent.iterdir() if p.name.startswith(".")] == []
 
