@@ -114,9 +114,8 @@ class Context:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.data: dict[str, Any] = torch.load(folder / "data.pt", weights_only=False)
-        settings = load_settings()
-        self.cfg = {name: getattr(settings, name) for name in CONFIGS}
-        self.variant = settings.variants["digiq_hierarchy"]
+        self.settings = load_settings()
+        self.variant = self.settings.variants["digiq_hierarchy"]
         self._policy: AutoUIPolicy | None = None
         self._vlm: ScreenVLM | None = None
 
@@ -133,21 +132,6 @@ class Context:
         return self._vlm
 
 
-# The groups the works read.
-CONFIGS = (
-    "base_policy",
-    "collect",
-    "augment",
-    "vlm_pretrain",
-    "vlm_finetune",
-    "embed",
-    "critic",
-    "actor",
-    "eval",
-    "compute",
-)
-
-
 # ---------------------------------------------------------------- the works
 
 
@@ -160,9 +144,9 @@ def fit_step(stage: str) -> Callable[[Context], Callable[[], object]]:
         screens = dict(zip(d["screen_names"], ctx.policy.screen.prepare(d["shots"]), strict=True))
         fit_rows = [FitRow(p, n, a) for p, n, a in zip(d["prompts"], d["screen_names"], d["actions"], strict=True)]
         if stage == "base_policy":
-            c = ctx.cfg["base_policy"]
+            c = ctx.settings.base_policy
             return lambda: fit_policy(model, fit_rows, screens, updates=2, batch_size=c.batch_size, lr=c.lr, seed=0)
-        a = ctx.cfg["actor"]
+        a = ctx.settings.actor
         return lambda: fit_policy(model, fit_rows, screens, updates=1, batch_size=a.batch_size, lr=a.lr, seed=0,
                                   weight_decay=a.weight_decay, grad_clip=a.grad_clip, one_cycle=False)  # fmt: skip
 
@@ -175,12 +159,12 @@ def sampling(stage: str) -> Callable[[Context], Callable[[], object]]:
     def build(ctx: Context) -> Callable[[], object]:
         d, policy = ctx.data, ctx.policy
         if stage == "augment":
-            cfg = ctx.cfg["augment"].but(max_resample=0)
+            cfg = ctx.settings.augment.but(max_resample=0)
             n = cfg.batch_states
             keys = [noise_key(cfg.seed, i) for i in range(n)]
             return lambda: policy.sample(d["prompts"][:n], policy.screen.prepare(d["shots"][:n]),
                                          n=cfg.n_candidates - 1, temperature=cfg.temperature, noise=keys)  # fmt: skip
-        cfg = ctx.cfg[stage]
+        cfg = getattr(ctx.settings, stage)
         n = cfg.n_envs
         keys = [noise_key(cfg.seed, i) for i in range(n)]
         return lambda: policy.sample(d["prompts"][:n], d["shots"][:n], temperature=cfg.temperature, noise=keys)
@@ -196,12 +180,12 @@ def vlm_step(stage: str) -> Callable[[Context], Callable[[], object]]:
         vlm.model.train()
         if stage == "vlm_pretrain":
             images, prompts, answers = ctx.data["pretrain"]
-            opt = torch.optim.AdamW(vlm.model.parameters(), lr=ctx.cfg["vlm_pretrain"].lr)
+            opt = torch.optim.AdamW(vlm.model.parameters(), lr=ctx.settings.vlm_pretrain.lr)
 
             def loss() -> torch.Tensor:
                 return vlm.text_loss(images, prompts, answers)
         else:
-            cfg = ctx.cfg["vlm_finetune"]
+            cfg = ctx.settings.vlm_finetune
             images, prompts, labels = ctx.data["finetune"]
             opt = torch.optim.AdamW(trainable(vlm, cfg.train_last_layers), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -236,7 +220,7 @@ def critic_fit(variant: bool) -> Callable[[Context], Callable[[], object]]:
     """Stage 06: ``fit_critic`` of 20 TD steps (and its held-out check) on ``critic``'s or the variant's features."""
 
     def build(ctx: Context) -> Callable[[], object]:
-        cfg = ctx.variant if variant else ctx.cfg["critic"]
+        cfg = ctx.variant if variant else ctx.settings.critic
         feats = ctx.data["variant_feats" if variant else "feats"]
         scored = ctx.data["scored"] if variant else None
         steps = ctx.data["steps"]
@@ -250,7 +234,7 @@ def critic_scores(ctx: Context) -> Callable[[], object]:
     """Stages 07 and 08: the critic's Q, V and A of every stored state's candidates."""
     feats = ctx.data["feats"]
     torch.manual_seed(0)
-    cfg = ctx.cfg["critic"]
+    cfg = ctx.settings.critic
     critic = Critic(CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
                                     action_dim=feats["candidates"].shape[2], text=True, twin=cfg.twin_heads)).eval()  # fmt: skip
     state, cands = torch.from_numpy(feats["state"]), torch.from_numpy(feats["candidates"])

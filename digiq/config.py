@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 
 __all__ = [
     "ConfigError",
+    "KnobError",
     "Knobs",
     "EnvConfig",
     "DeviceConfig",
@@ -84,6 +85,16 @@ class ConfigError(ValueError):
     """A params file or key is missing or has the wrong type."""
 
 
+class KnobError(ValueError):
+    """What is wrong with a group's knobs (:class:`Knobs`): ``key`` is the knob that :func:`load_settings` names as
+    ``group.key`` with its file (a value of the wrong type, an unknown key), None where the message names the knob
+    itself (a range, a rule between knobs)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 # Upper bounds of the counts: far above what any run of this pipeline asks for (the released-model runs of
 # docs/real-models.md included) but finite, so that a stray digit stops the stage at once, naming its key,
 # instead of running for days or out of memory.
@@ -126,6 +137,17 @@ class Knobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
+    def __init__(self, **knobs: Any) -> None:
+        """The group of ``knobs``, the rest at their defaults.
+
+        Raises:
+            KnobError: naming the first knob that is wrong, as :func:`load_settings` does without the file.
+        """
+        try:
+            super().__init__(**knobs)
+        except ValidationError as e:
+            raise _problem(type(self), e.errors()[0], knobs) from None
+
     def check_rules(self) -> None:
         """The group's rules between its own knobs: raise ValueError naming what is wrong."""
 
@@ -136,7 +158,7 @@ class Knobs(BaseModel):
 
     def but(self, **changes: Any) -> Any:
         """The same knobs with ``changes``, checked as the params files' are."""
-        return type(self).model_validate({**self.model_dump(), **changes})
+        return type(self)(**{**self.model_dump(), **changes})
 
 
 class EnvConfig(Knobs):
@@ -1017,7 +1039,7 @@ def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Se
     try:
         return Settings.model_validate(groups)
     except ValidationError as e:
-        raise ConfigError(_explain(e.errors()[0], groups, params, path)) from None
+        raise ConfigError(_explain(e.errors()[0], params, path)) from None
 
 
 def _variants(params: Params, path: Path | str) -> dict[str, dict[str, Any]]:
@@ -1049,33 +1071,42 @@ _BOUNDS = {"greater_than_equal": (0, ">="), "greater_than": (1, ">"), "less_than
            "less_than": (3, "<")}  # fmt: skip
 
 
-def _explain(error: Any, groups: dict[str, Any], params: Params, path: Path | str) -> str:
-    """One of pydantic's errors as a message that names the file, the group and the key."""
-    loc, kind = error["loc"], error["type"]
-    if kind == "value_error" and not loc:  # a rule between groups: name each group.key's file
+def _explain(error: Any, params: Params, path: Path | str) -> str:
+    """One of pydantic's errors in building the settings as a message that names the file, the group and the key."""
+    loc, cause = error["loc"], error.get("ctx", {}).get("error")
+    if not loc:  # a rule between groups: name each group.key's file
         return re.sub(r"\b([a-z_]+)\.([a-z_]+)\b",
-                      lambda m: _where(params, m[1], path, m[2]) if m[1] in SECTIONS else m[0],
-                      str(error["ctx"]["error"]))  # fmt: skip
-    group = ".".join(str(part) for part in loc[:2]) if loc[0] == "variants" else str(loc[0])
-    raw = groups["variants"][loc[1]] if loc[0] == "variants" else groups[loc[0]]
-    rest = loc[2:] if loc[0] == "variants" else loc[1:]
-    where = _where(params, group, path) if loc[0] != "variants" else f"{Path(path).name}: {group}"
+                      lambda m: _where(params, m[1], path, m[2]) if m[1] in SECTIONS else m[0], str(cause))  # fmt: skip
+    # Each group is built by Knobs.__init__, whose KnobError names what is wrong.
+    variant = loc[0] == "variants"
+    group = f"variants.{loc[1]}" if variant else str(loc[0])
+    key = getattr(cause, "key", None)
+    if key is None:
+        where = f"{Path(path).name}: {group}" if variant else _where(params, group, path)
+        return f"{where}: {cause or error['msg']}"
+    named = f"{Path(path).name}: {group}.{key}" if variant else _where(params, group, path, key)
+    message = str(cause)
+    return f"{named}{message.removeprefix(key)}" if message.startswith(f"{key} ") else f"{named}: {message}"
+
+
+def _problem(cls: type[Knobs], error: Any, values: dict[str, Any]) -> KnobError:
+    """What is wrong with the knobs ``values`` of ``cls``, from the first of pydantic's errors: the knob, the rule
+    it breaks and the value it was given."""
+    kind = error["type"]
     if kind == "value_error":  # a group's own rule
-        return f"{where}: {error['ctx']['error']}"
-    key = str(rest[0])
-    cls = CriticConfig if loc[0] == "variants" else SECTIONS[str(loc[0])]
+        return KnobError(str(error["ctx"]["error"]))
     if kind == "extra_forbidden":
-        unknown = sorted(set(raw) - set(cls.model_fields))
-        named = where if loc[0] == "variants" else _where(params, group, path, unknown[0])
-        return f"{named}: unknown key(s) {unknown}; known keys: {sorted(cls.model_fields)}"
-    value = raw[key]
+        unknown = sorted(set(values) - set(cls.model_fields))
+        return KnobError(f"unknown key(s) {unknown}; known keys: {sorted(cls.model_fields)}", unknown[0])
+    key = str(error["loc"][0])
+    value = values[key]
     if kind in _BOUNDS:
         at, word = _BOUNDS[kind]  # the bound as the knob states it (pydantic's is a float for a float knob)
-        return f"{where}: {key} must be {word} {knob_range(cls.model_fields[key])[at]}, got {value}"
+        return KnobError(f"{key} must be {word} {knob_range(cls.model_fields[key])[at]}, got {value}")
     if kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):
-        return f"{where}: {key} must be a finite number, got {value}"  # the second: a whole number no float holds
-    named = f"{where}.{key}" if loc[0] == "variants" else _where(params, group, path, key)
-    return f"{named} must be {type_name(cls.model_fields[key].annotation)}, got {value!r} ({type(value).__name__})"
+        return KnobError(f"{key} must be a finite number, got {value}")  # the second: a whole number no float holds
+    annotation = cls.model_fields[key].annotation
+    return KnobError(f"{key} must be {type_name(annotation)}, got {value!r} ({type(value).__name__})", key)
 
 
 def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
