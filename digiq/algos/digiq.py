@@ -42,6 +42,7 @@ gated to steps that moved forward (:func:`moved_forward`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -59,8 +60,10 @@ from digiq.progress import progress
 from digiq.rows import EXTRACTIONS
 
 __all__ = [
+    "twin_targets",
     "q_targets",
     "td_losses",
+    "batch_losses",
     "transition_tensors",
     "build_critic",
     "fit_critic",
@@ -82,10 +85,18 @@ __all__ = [
 # ---------------------------------------------------------------- the critic
 
 
+def twin_targets(rule: str, heads: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each head j regresses on, from the target critic's pair of heads (``critic.twin_heads``): with ``min``
+    both their minimum (clipped double Q), with ``each`` head j's own, as released Digi-Q trains them."""
+    if rule == "min":
+        low = torch.minimum(*heads)
+        return low, low
+    return heads
+
+
 def q_targets(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y_Q_j = r + gamma (1 - done) Vbar_j(s') for each head j, Vbar_j by the target critic's convention
-    (:meth:`~digiq.models.critic.Critic.head_targets`: min_i Vbar_i for both heads, or head j's own)."""
-    v1, v2 = target.head_targets(target.v(batch["next_state"]))
+    """y_Q_j = r + gamma (1 - done) Vbar_j(s') for each head j, Vbar_j by the twin-head rule (:func:`twin_targets`)."""
+    v1, v2 = twin_targets(target.cfg.twin, target.v(batch["next_state"]))
     return (batch["reward"] + gamma * (1 - batch["done"]) * v1, batch["reward"] + gamma * (1 - batch["done"]) * v2)
 
 
@@ -94,12 +105,14 @@ def td_losses(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Q and V losses of one batch of transitions: each head's squared error to its target, summed over heads.
 
-    Q_j's target is :func:`q_targets`'; V_j's is y_V_j = Qbar_j(s, a), the target critic's Q of the action taken
-    (both heads' minimum, or head j's own).
+    y_Q_j = r + gamma (1 - done) Vbar_j(s') and y_V_j = Qbar_j(s, a), the target critic's heads by the twin-head
+    rule (:func:`twin_targets`).
     """
     with torch.no_grad():
-        y_q1, y_q2 = q_targets(target, batch, gamma)
-        y_v1, y_v2 = target.head_targets(target.q(batch["state"], batch["action"]))
+        r, not_done = batch["reward"], 1 - batch["done"]
+        v1_next, v2_next = twin_targets(target.cfg.twin, target.v(batch["next_state"]))
+        y_q1, y_q2 = r + gamma * not_done * v1_next, r + gamma * not_done * v2_next
+        y_v1, y_v2 = twin_targets(target.cfg.twin, target.q(batch["state"], batch["action"]))
     q1, q2 = critic.q(batch["state"], batch["action"])
     v1, v2 = critic.v(batch["state"])
     return F.mse_loss(q1, y_q1) + F.mse_loss(q2, y_q2), F.mse_loss(v1, y_v1) + F.mse_loss(v2, y_v2)
@@ -157,26 +170,14 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def share_losses(mine: list[tuple[int, bool]]) -> dict[str, torch.Tensor]:
-        """This process's share of a batch (rows, and whether the conservative term scores each): TD on every row;
-        with ``cfg.conservative``, the CQL term on the scored rows, scaled so that the shares sum to the batch's mean."""
-        idx = torch.as_tensor([i for i, _ in mine])
-        q_loss, v_loss = td_losses(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
-        out = {"q": q_loss, "v": v_loss}
-        if cfg.conservative > 0:  # the mean over all rows of (penalty * batch / penalised) on penalised rows
-            pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
-            rows = {k: t[pen].to(dev) for k, t in data.items()}
-            term = conservative_term(cfg, critic, target, rows) if len(pen) else q_loss * 0
-            out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
-        return out
-
     curves: dict[str, list[float]] = {name: [] for name in names}
     rng = np.random.default_rng(seed)
     for _ in progress(range(cfg.steps), desc=f"TD steps (seed {seed})"):
         opt.zero_grad()  # every process draws the same batch and takes its share of it (digiq.parallel)
         batch = train_idx[rng.integers(0, len(train_idx), cfg.batch_size)]
         rows = [(int(i), pos < penalised) for pos, i in enumerate(batch)]
-        loss = parallel.backward_share(rows, share_losses, critic.parameters(), names=names)
+        loss = parallel.backward_share(rows, partial(batch_losses, cfg, critic, target, data, penalised),
+                                       critic.parameters(), names=names)  # fmt: skip
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
         opt.step()
@@ -192,6 +193,24 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     fit = td_fit(critic, transitions, cfg.gamma)
     return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx),
             "train_rows": train_idx, **fit}  # fmt: skip
+
+
+def batch_losses(cfg: CriticConfig, critic: Critic, target: Critic, data: dict[str, torch.Tensor], penalised: int,
+                 mine: list[tuple[int, bool]]) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The losses of this process's share of a batch (``mine``: rows of ``data``, and whether the conservative term
+    scores each; :func:`digiq.parallel.backward_share`): TD on every row (:func:`td_losses`); with
+    ``cfg.conservative``, the CQL term on the scored rows (:func:`conservative_term`), scaled so that the shares sum
+    to the mean over the batch's ``penalised`` scored states times the batch."""
+    dev = parallel.device()
+    idx = torch.as_tensor([i for i, _ in mine])
+    q_loss, v_loss = td_losses(critic, target, {k: t[idx].to(dev) for k, t in data.items()}, cfg.gamma)
+    out = {"q": q_loss, "v": v_loss}
+    if cfg.conservative > 0:
+        pen = torch.as_tensor([i for i, p in mine if p], dtype=torch.long)
+        rows = {k: t[pen].to(dev) for k, t in data.items()}
+        term = conservative_term(cfg, critic, target, rows) if len(pen) else q_loss * 0
+        out["conservative"] = cfg.conservative * term * cfg.batch_size / penalised / len(mine)
+    return out
 
 
 @torch.no_grad()

@@ -160,14 +160,6 @@ class Critic(nn.Module):
         maximum (released Digi-Q's A = max(Q1, Q2) - max(V1, V2))."""
         return torch.minimum(*heads) if self.cfg.twin == "min" else torch.maximum(*heads)
 
-    def head_targets(self, heads: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """What each head regresses on, from this (target) critic's pair: both their minimum, or with ``twin``
-        "each" head j its own."""
-        if self.cfg.twin == "min":
-            low = torch.minimum(*heads)
-            return low, low
-        return heads
-
     @torch.no_grad()
     def advantage(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q (B, N), V (B,) and A = Q - V for N candidate representations per state, the heads :meth:`joined`.

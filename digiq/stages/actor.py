@@ -47,10 +47,12 @@ task set at a time as off-to-online DigiRL's runs read them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import pandas as pd
 
 from digiq import parallel
 from digiq.algos.digiq import (
@@ -92,6 +94,8 @@ from digiq.workers import IN_PROCESS, map_jobs, process_cached
 __all__ = [
     "run",
     "run_actor",
+    "PICKS",
+    "PickInputs",
     "ActorFitJob",
     "fit_actor_job",
     "ScoreJob",
@@ -176,11 +180,85 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
     return [p["loss"] for p in curve]
 
 
+@dataclass
+class PickInputs:
+    """What the rows of every kind are picked from at one seed: the stored steps, their candidates and task sets,
+    what stage 07 computed once for all rows (each critic's scores, offline DigiRL's step features, the perfect
+    critic's expert matrix), and the knobs."""
+
+    cfg: ActorConfig
+    digirl: DigiRLConfig
+    steps: pd.DataFrame
+    valid: np.ndarray  # (S, N): the candidates that parse
+    of_set: np.ndarray  # each stored step's task set
+    task_sets: list[str]
+    scored: dict[tuple[str, int], dict[str, np.ndarray]]  # (critic row, seed index): Q and V of every candidate
+    digirl_feats: dict[str, StepFeatures]  # per task set
+    right: np.ndarray | None  # the expert matrix, where a perfect-critic row asks for it
+    index: int  # the seed's index, from 0
+    seed: int  # actor.seed + index
+    _drawn: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    def drawn(self, critic: str, k: int) -> np.ndarray:
+        """(S, N): A = Q - V by ``critic``'s critics at the K candidates drawn per state (:func:`drawn_per_task_set`),
+        -inf elsewhere; one draw per (critic, K) and seed, so that the extractions see the candidates Best-of-N
+        drew."""
+        if (critic, k) not in self._drawn:
+            self._drawn[critic, k] = drawn_per_task_set(self.scored[(critic, self.index)], self.valid, self.of_set,
+                                                        self.task_sets, k, np.random.default_rng(self.seed))  # fmt: skip
+        return self._drawn[critic, k]
+
+
+def best_of_n_row(row: Row, at: PickInputs) -> tuple[Picks, dict[str, Any]]:
+    """Digi-Q's Best-of-N on ``row``'s critic over its K candidates (:func:`~digiq.algos.digiq.best_of_n_picks`)."""
+    k = at.cfg.k_candidates if row.candidates is None else row.candidates
+    return best_of_n_picks(at.cfg, at.drawn(row.critic, k), at.steps)
+
+
+def extraction_row(row: Row, at: PickInputs) -> tuple[Picks, dict[str, Any]]:
+    """The paper's extraction ablation on the very candidates Best-of-N drew with ``row``'s critic
+    (:func:`~digiq.algos.digiq.extraction_picks`)."""
+    return extraction_picks(at.cfg, row.extraction, at.drawn(row.critic, at.cfg.k_candidates))
+
+
+def perfect_critic_row(row: Row, at: PickInputs) -> tuple[Picks, dict[str, Any]]:
+    """Best-of-N on a perfect critic: the expert's candidates (:func:`~digiq.algos.digiq.perfect_critic_picks`)."""
+    return perfect_critic_picks(at.right), {}
+
+
+def filtered_bc_row(row: Row, at: PickInputs) -> tuple[Picks, dict[str, Any]]:
+    """Every step of the episodes that succeeded (:func:`~digiq.algos.filtered_bc.filtered_bc_picks`)."""
+    return filtered_bc_picks(at.steps), {}
+
+
+def digirl_offline_row(row: Row, at: PickInputs) -> tuple[Picks, dict[str, Any]]:
+    """DigiRL's rule on the stored steps, its value functions fit per task set
+    (:func:`~digiq.algos.digirl.digirl_offline_picks`); its statistics by task set."""
+    states, stats = [], {}
+    for ts in at.task_sets:
+        mine = np.flatnonzero(at.of_set == ts)  # the rows of store_steps(ts), in its order
+        picked, stats[ts] = digirl_offline_picks(at.digirl, at.digirl_feats[ts],
+                                                 at.steps.iloc[mine].reset_index(drop=True), at.seed)  # fmt: skip
+        states.append(mine[picked.states])
+    return Picks.taken(np.sort(np.concatenate(states))), stats
+
+
+#: Each kind of offline row (:data:`digiq.rows.Kind`) and what picks its rows at one seed: a new kind is its
+#: function and one line here.
+PICKS: dict[str, Callable[[Row, PickInputs], tuple[Picks, dict[str, Any]]]] = {
+    "best_of_n": best_of_n_row,
+    "extraction": extraction_row,
+    "perfect_critic": perfect_critic_row,
+    "filtered_bc": filtered_bc_row,
+    "digirl_offline": digirl_offline_row,
+}
+
+
 @one_run_at_a_time("actor")
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row], env: EnvConfig,
               collect: CollectConfig, digirl: DigiRLConfig | None = None, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
     """Train the policy of every offline row of ``table`` (:func:`digiq.rows.all_rows`: the paper's comparison,
-    the named variants, the ablations) for every seed.
+    the named variants, the ablations) for every seed: each row's picks by its kind (:data:`PICKS`), then its fits.
 
     The fits, all with the same number of updates, are shared as ``compute`` says (:mod:`digiq.workers`).
     ``digirl`` sets offline DigiRL's rule (default: the paper's values).
@@ -189,9 +267,9 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
     """
     digirl = digirl or DigiRLConfig()
     offline = [r for r in table if r.group != "online"]
-    best_of_n = [r for r in offline if r.kind == "best_of_n"]
-    perfect_row = next((r for r in offline if r.kind == "perfect_critic"), None)
-    critic_rows = sorted({r.critic for r in best_of_n})  # the stage-06 critics the Best-of-N policies use
+    if unknown := sorted({r.kind for r in offline} - set(PICKS)):
+        raise ValueError(f"no picks function for row kind(s) {unknown}; known: {list(PICKS)}")
+    critic_rows = sorted({r.critic for r in offline if r.critic})  # the stage-06 critics the rows read
     require("actor", paths.base_policy / "config.json",
             *(paths.critics / f"seed{s}" / row for s in range(seeds) for row in critic_rows))  # fmt: skip
     metrics: dict[str, Any] = {}
@@ -203,7 +281,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         task_sets = data_task_sets(of_set)
         cands = read_candidates(paths).to_pandas()
         valid = np.stack(cands.valid_list.to_numpy())
-        # Each critic's scores of every state, once per row and seed: Best-of-N rows reading one critic share them.
+        # Each critic's scores of every state, once per row and seed: the rows reading one critic share them.
         with timed(parts, "scores"):
             score_jobs = [ScoreJob(paths, row, s, of_set) for row in critic_rows for s in range(seeds)]
             scored = {(job.row, job.seed): q_and_v
@@ -211,92 +289,51 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         with timed(parts, "digirl_features"):
             digirl_jobs = [StepFeaturesJob(paths, ts) for ts in task_sets]
             digirl_feats = dict(zip(task_sets, map_jobs(step_features_job, digirl_jobs, compute), strict=True))
-        digirl_stats: dict[str, list[dict[str, Any]]] = {}  # per task set, per seed
-        if perfect_row:
+        right = None
+        if any(r.kind == "perfect_critic" for r in offline):
             with timed(parts, "expert_matrix"):
                 right, expert_kinds = expert_matrix(env, collect.seed, steps, cands)
-            perfect = perfect_critic_picks(right)
-            metrics["perfect_critic"] = {"states_with_expert_candidate": round(len(perfect.states) / len(steps), 4),
+            metrics["perfect_critic"] = {"states_with_expert_candidate": round(float(right.any(1).mean()), 4),
                                          "taken_action_is_expert": round(float(right[:, 0].mean()), 4)}  # fmt: skip
         if parallel.is_main():  # for the stages after this one, which would compute them again
             for (row, s), q_and_v in scored.items():
                 write_stored(paths, critic_scores_name(row, s), steps, q_and_v)
             write_offline_step_features(paths, steps, digirl_feats)
-            if perfect_row:
+            if right is not None:
                 write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": expert_kinds})
-        kept: dict[str, list[int]] = {r.name: [] for r in offline}
-        kept_states: dict[str, list[int]] = {name: [] for name in kept}  # states with a row
-        not_taken: dict[str, list[float]] = {}
-        by_set: dict[str, list[dict[str, float]]] = {}  # Best-of-N's kept share per task set, per seed
-        weighting: dict[str, list[dict[str, float]]] = {}  # the extraction ablation's weights, per seed
         every: dict[tuple[str, int], Picks] = {}
-        kinds = {r.name: r.kind for r in offline}
+        stats: dict[str, list[dict[str, Any]]] = {r.name: [] for r in offline}  # per row, per seed
         passes: dict[str, dict[str, list[float]]] = {}  # each fit's expected passes over its rows, per task set
-        fits: list[ActorFitJob] = []  # every (method, seed, task set) fit, run once all seeds' rows are picked
+        fits: list[ActorFitJob] = []  # every (row, seed, task set) fit, run once all seeds' rows are picked
         for s in range(seeds):
-            seed = cfg.seed + s
-            plans: dict[str, Picks] = {}
-            for row in best_of_n:
-                k = cfg.k_candidates if row.candidates is None else row.candidates
-                adv = drawn_per_task_set(scored[(row.critic, s)], valid, of_set, task_sets, k,
-                                         np.random.default_rng(seed))  # fmt: skip
-                plans[row.name], stats = best_of_n_picks(cfg, adv, steps)
-                not_taken.setdefault(row.name, []).append(stats.pop("kept_not_taken_fraction"))
-                by_set.setdefault(row.name, []).append({k: round(v, 4) for k, v in stats.items()})
-                # The extraction ablation: this row's critic and the very candidates Best-of-N drew here.
-                for other in (r for r in offline if r.kind == "extraction" and r.critic == row.name):
-                    plans[other.name], weights = extraction_picks(cfg, other.extraction, adv)
-                    weighting.setdefault(other.name, []).append(weights)
-            if perfect_row:
-                plans[perfect_row.name] = perfect
+            at = PickInputs(cfg, digirl, steps, valid, of_set, task_sets, scored, digirl_feats, right, s, cfg.seed + s)
             for row in offline:
-                if row.kind == "filtered_bc":
-                    plans[row.name] = filtered_bc_picks(steps)
-            for row in offline:
-                if row.kind == "digirl_offline":  # its value functions, too, one per task set
-                    parts_by_set = {}
-                    for ts in task_sets:
-                        mine = np.flatnonzero(of_set == ts)  # the rows of store_steps(ts), in its order
-                        picked, stats = digirl_offline_picks(digirl, digirl_feats[ts],
-                                                             steps.iloc[mine].reset_index(drop=True), seed)  # fmt: skip
-                        parts_by_set[ts] = mine[picked.states]
-                        digirl_stats.setdefault(ts, []).append(stats)
-                    plans[row.name] = Picks.taken(np.sort(np.concatenate(list(parts_by_set.values()))))
-            for name, picks in plans.items():
-                every[(name, s)] = picks
-                kept[name].append(len(picks.states))
-                kept_states[name].append(len(np.unique(picks.states)))
+                every[(row.name, s)], stat = PICKS[row.kind](row, at)
+                stats[row.name].append(stat)
                 for ts in task_sets:
-                    mine = _of_task_set(picks, of_set, ts)
-                    rows = imitation_rows(steps, cands, mine)
+                    rows = imitation_rows(steps, cands, _of_task_set(every[(row.name, s)], of_set, ts))
                     # Digi-Q's rows draw among all the task set's states, as released; the baselines among their rows.
-                    pool = int((of_set == ts).sum()) if kinds[name] in DRAW_FROM_STATES else len(rows)
+                    pool = int((of_set == ts).sum()) if row.kind in DRAW_FROM_STATES else len(rows)
                     if rows:
-                        passes.setdefault(name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
-                    fits.append(ActorFitJob(paths, name, s, ts, seed, rows, pool, cfg))
+                        passes.setdefault(row.name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
+                    fits.append(ActorFitJob(paths, row.name, s, ts, at.seed, rows, pool, cfg))
         with timed(parts, "fits"):
             losses = map_jobs(fit_actor_job, fits, compute)
         curves = {f"{job.name} ({job.task_set})": curve for job, curve in zip(fits, losses, strict=True)
                   if job.seed == 0 and curve}  # fmt: skip
         if parallel.is_main():
             write_picks(paths, every)
+    kept = {r.name: [len(every[(r.name, s)].states) for s in range(seeds)] for r in offline}
     metrics["states"] = len(steps)
     metrics["part_time_s"] = parts
     metrics["kept_rows"] = {name: round(float(np.mean(v)), 1) for name, v in kept.items()}
     # Row visits (updates x batch, the draws landing on the rows) over the rows: how often each fit saw each row.
     metrics["passes"] = {name: {ts: round(float(np.mean(v)), 2) for ts, v in by_ts.items()}
                          for name, by_ts in passes.items()}  # fmt: skip
-    metrics["kept_fraction"] = {
-        name: round(float(np.mean(v)) / max(1, len(steps)), 4) for name, v in kept_states.items()
-    }
-    # Per extraction row, means over seeds: the rows it imitates and their weights (no key where it kept no row).
-    metrics["extraction"] = {name: {"rows": round(float(np.mean(kept[name])), 1),
-                                    **{k: round(float(np.mean([p[k] for p in per_seed if k in p])), 4)
-                                       for k in dict.fromkeys(k for p in per_seed for k in p)}}
-                             for name, per_seed in weighting.items()}  # fmt: skip
-    metrics["best_of_n_kept_not_taken_fraction"] = {name: round(float(np.mean(v)), 4) for name, v in not_taken.items()}
-    metrics["best_of_n_kept_fraction_per_seed"] = by_set
-    metrics["digirl_offline_per_seed"] = digirl_stats  # value losses, mean advantage, what the filter kept
+    metrics["kept_fraction"] = {r.name: round(float(np.mean([len(np.unique(every[(r.name, s)].states))
+                                                             for s in range(seeds)])) / max(1, len(steps)), 4)
+                                for r in offline}  # fmt: skip
+    metrics |= _picks_metrics(offline, stats, kept)
     if parallel.is_main():
         # Always drawn (a declared output); empty when no method kept a row, e.g. a tiny base policy whose
         # candidates are all invalid.
@@ -305,6 +342,30 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
         write_metrics(paths, "actor", metrics)
     parallel.barrier()
     return metrics
+
+
+def _picks_metrics(offline: Sequence[Row], stats: dict[str, list[dict[str, Any]]], kept: dict[str, list[int]]
+                   ) -> dict[str, Any]:  # fmt: skip
+    """What the picks functions said of their rows, per seed, as the stage's metrics: Best-of-N's share of kept
+    rows whose candidate the data did not take and its kept share per task set; the extraction ablation's rows and
+    weights, means over seeds (no key where it kept no row); offline DigiRL's value losses, mean advantage and what
+    its filter kept, per task set and seed."""
+    of_kind = {kind: [r.name for r in offline if r.kind == kind] for kind in PICKS}
+    best_of_n = {name: [dict(stat) for stat in stats[name]] for name in of_kind["best_of_n"]}
+    return {
+        "best_of_n_kept_not_taken_fraction": {name: round(float(np.mean([stat.pop("kept_not_taken_fraction")
+                                                                         for stat in per_seed])), 4)
+                                              for name, per_seed in best_of_n.items()},
+        "best_of_n_kept_fraction_per_seed": {name: [{k: round(v, 4) for k, v in stat.items()} for stat in per_seed]
+                                             for name, per_seed in best_of_n.items()},
+        "extraction": {name: {"rows": round(float(np.mean(kept[name])), 1),
+                              **{k: round(float(np.mean([p[k] for p in stats[name] if k in p])), 4)
+                                 for k in dict.fromkeys(k for p in stats[name] for k in p)}}
+                       for name in of_kind["extraction"]},
+        "digirl_offline_per_seed": {ts: [stat[ts] for name in of_kind["digirl_offline"] for stat in stats[name]]
+                                    for ts in dict.fromkeys(ts for name in of_kind["digirl_offline"]
+                                                            for stat in stats[name] for ts in stat)},
+    }  # fmt: skip
 
 
 def advantages(critics: dict[str, Critic], data: dict[str, np.ndarray], valid: np.ndarray, of_set: np.ndarray,

@@ -20,13 +20,15 @@ from digiq.algos.digiq import (
 from digiq.algos.digirl import read_offline_step_features, step_features
 from digiq.config import ActorConfig, load_params, load_settings
 from digiq.data.candidates import read_candidates
-from digiq.data.picks import EXPERT_MATRIX, critic_scores_name, read_picks, read_stored
+from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, read_picks, read_stored
 from digiq.data.trajectories import TrajectoryStore
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.models.critic import Critic, CriticNetConfig, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import load_screens
 from digiq.paths import Paths
+from digiq.rows import Row, all_rows
+from digiq.stages.actor import PICKS, PickInputs, run_actor
 from digiq.stages.actor import run as actor_stage
 from digiq.stages.launch import run_stage
 
@@ -254,3 +256,27 @@ def test_the_stage_scores_each_critic_once_a_seed_and_stores_what_later_stages_w
     got = read_offline_step_features(paths, "general", "test")
     for name in ("state", "next_state", "instruction"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
+
+
+def _first_candidate(row: Row, at: PickInputs) -> tuple[Picks, dict]:
+    """A new kind of row: every stored state's first valid candidate that the data did not take."""
+    other = at.valid[:, 1:].any(1)
+    return Picks(np.flatnonzero(other), 1 + at.valid[other, 1:].argmax(1)), {}
+
+
+def test_a_new_row_kind_is_its_picks_function_and_one_registry_line(actor_root, monkeypatch):
+    """Stage 07 is a loop over rows, each picked by its kind's function: a kind it does not know is named, and a
+    new one registered in PICKS is picked, fit, saved and counted like the rest."""
+    paths, settings = actor_root, load_settings(actor_root.root / "params.yaml")
+    table = [*all_rows(settings.ablations), Row("digiq_first", "first_candidate", "ablation")]
+    run = {"seeds": 1, "table": table, "env": settings.env, "collect": settings.collect}
+    with pytest.raises(ValueError, match=r"no picks function for row kind\(s\) \['first_candidate'\]"):
+        run_actor(settings.actor, paths, **run)
+    monkeypatch.setitem(PICKS, "first_candidate", _first_candidate)  # the registry line
+    metrics = run_actor(settings.actor, paths, **run)
+    valid = np.stack(read_candidates(paths).to_pandas().valid_list.to_numpy())
+    picks = read_picks(paths)
+    mine = picks[picks.policy == "digiq_first"]
+    assert mine.state.tolist() == np.flatnonzero(valid[:, 1:].any(1)).tolist() and (mine.column >= 1).all()
+    assert metrics["kept_rows"]["digiq_first"] == len(mine) > 0
+    AutoUIPolicy.load(paths.actor("digiq_first", 0, "general"))  # fit and saved as every row is
