@@ -443,7 +443,7 @@ class AugmentConfig(Knobs):
         16, help="candidates per state, index 0 = the action taken (Digi-Q: 16)", at_least=1, at_most=MAX_CANDIDATES
     )
     # As released Digi-Q samples AutoUI. The tiny base spreads its probability wider than AutoUI, so at 0.8 the
-    # candidates hold the expert's action more often (docs/experiments.md); the row follows the release.
+    # candidates hold the expert's action more often (docs/experiment-log.md); the row follows the release.
     temperature: float = _knob(
         1.2, help="sampling temperature of the candidates (released Digi-Q with AutoUI: 1.2)", at_least=0
     )

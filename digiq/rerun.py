@@ -8,7 +8,8 @@ checkout's results (``metrics/``, ``params.yaml``) with another whole run's,
 kept in ``DIR`` as that run's ``eval.json``, ``comparisons.json`` and
 ``params.yaml``: every row both runs have, per task set, and every
 comparison of both, with its interval in each run. The table goes into the
-experiments page between ``<!-- rerun:start -->`` and ``<!-- rerun:end -->``.
+reruns page, docs/experiments-reruns.md, between ``<!-- rerun:start -->``
+and ``<!-- rerun:end -->``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from digiq.tables import TASK_SET_NAMES, pct
 
 __all__ = ["params_differences", "rerun_markdown", "RERUN"]
 
-RERUN = ("<!-- rerun:start -->", "<!-- rerun:end -->")  # in docs/experiments.md
+RERUN = ("<!-- rerun:start -->", "<!-- rerun:end -->")  # in docs/experiments-reruns.md
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -100,7 +101,7 @@ def rerun_markdown(first: Path, first_params: Path, second: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--other", required=True, help="the other run's eval.json, comparisons.json and params.yaml")
-    ap.add_argument("--experiments", default=str(Paths().root / "docs" / "experiments.md"))
+    ap.add_argument("--experiments", default=str(Paths().root / "docs" / "experiments-reruns.md"))
     args = ap.parse_args()
     paths = Paths()
     body = rerun_markdown(paths.metrics, paths.root / "params.yaml", Path(args.other))

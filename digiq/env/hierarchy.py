@@ -3,7 +3,7 @@
 AutoUI reads the screen through pretrained BLIP-2 features, which carry some
 of the text on it. Our tiny policy sees a 114x54 screenshot on which no label
 is legible, so it cannot tap an app or a list entry it never saw in training
-(the expert-skill diagnostic, docs/experiments.md). Android exposes what is on the
+(the expert-skill diagnostic, docs/diagnostics.md). Android exposes what is on the
 screen as an accessibility hierarchy (``uiautomator dump``), which agents in
 this field commonly read; the policy can be given the same in its prompt
 (``base_policy.screen_text``): each element that can be tapped or typed into,

@@ -42,7 +42,8 @@ __all__ = ["Recipe", "TinyRecipe", "OriginalRecipe", "RECIPES", "TINY_RECIPES", 
            "LLAVA_TEMPLATE", "VICUNA_SYSTEM", "ANSWER_ONLY"]  # fmt: skip
 
 # tiny_no_point: the tiny recipe with a tap's or swipe's point left out of the question, so that only the marker
-# shows where (the question the tiny recipe asked before it followed Digi-Q's); docs/experiments.md measures it.
+# shows where (the question the tiny recipe asked before it followed Digi-Q's); docs/experiments-critic-actor.md
+# measures it.
 TINY_RECIPES = ("tiny", "tiny_no_point")
 RECIPES = (*TINY_RECIPES, "original")
 _RED = np.array([230, 30, 60], np.uint8)
