@@ -10,6 +10,12 @@ then runs every stage there, and the run ends with its results table
 metrics, notebooks and data are never touched. Run again, the demo copies
 the code anew and ``dvc repro`` reruns only what changed.
 
+The run is committed in the workspace's own git repository, so that a
+setting is tried there as a DVC experiment, beside the run::
+
+    dvc exp run -S eval.temperature=0      (reruns only the stages that read it)
+    dvc exp show --only-changed
+
 The demo's numbers show what each stage makes on a handful of tasks, not
 what the method does: ``make repro`` is the run at the paper's scale.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,13 +36,15 @@ from digiq.paths import ROOT, Paths
 from digiq.preset import apply_preset
 from digiq.report import results_markdown
 
-__all__ = ["DEMO_PRESET", "make_workspace", "run_demo", "main"]
+__all__ = ["DEMO_PRESET", "make_workspace", "workspace_environ", "run_demo", "main"]
 
 DEMO_PRESET = ROOT / "params" / "presets" / "demo.yaml"
 DEFAULT_WORKSPACE = Path(tempfile.gettempdir()) / "digiq-demo"
 MARK = ".digiq-demo"  # in a workspace this module made: the only kind of folder it writes over
-COPIED = ("digiq", "notebooks", "params", "dvc.yaml", "params.yaml", ".dvcignore", ".dvc/config")
+# .gitignore: the workspace's commits leave out what the checkout's do (bytecode, checkpoints, data/ in DVC's cache).
+COPIED = ("digiq", "notebooks", "params", "dvc.yaml", "params.yaml", ".dvcignore", ".dvc/config", ".gitignore")
 RESULTS = "RESULTS.md"
+BIN = Path(sys.executable).parent  # the stages' `python` and `papermill` are this interpreter's
 
 
 class DemoError(RuntimeError):
@@ -66,12 +75,38 @@ def make_workspace(workspace: Path, preset: Path = DEMO_PRESET, source: Path = R
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
         else:
             shutil.copy2(src, dst)
-    if not (workspace / ".git").exists():  # a clone's commit: dvclive logs its curves against one
-        git = ["git", "-c", "user.name=digiq demo", "-c", "user.email=demo@localhost"]
-        subprocess.run(["git", "init", "-q"], cwd=workspace, check=True)
-        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "digiq demo workspace"], cwd=workspace,
-                       check=True)  # fmt: skip
+    fresh = not (workspace / ".git").exists()
+    if fresh:
+        _git(workspace, "init", "-q")
+    # The workspace's own committer: `dvc exp run` commits each experiment and stops where git knows no user.
+    _git(workspace, "config", "user.name", "digiq demo")
+    _git(workspace, "config", "user.email", "demo@localhost")
+    if fresh:  # a clone's commit: dvclive logs its curves against one
+        _git(workspace, "commit", "-q", "--allow-empty", "-m", "digiq demo workspace")
     return apply_preset(preset, workspace / "params.yaml")
+
+
+def _git(workspace: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=workspace, check=True)
+
+
+def _commit_run(workspace: Path) -> None:
+    """Commit what the run left in ``workspace`` (its params, ``dvc.lock``, metrics, notebooks; data/ stays in
+    DVC's cache): the baseline ``dvc exp run`` starts from and ``dvc exp show`` compares with. A rerun that changed
+    nothing commits nothing, so the experiments made on the run stay listed under it."""
+    _git(workspace, "add", "-A")
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=workspace).returncode:
+        _git(workspace, "commit", "-q", "-m", "digiq demo run")
+
+
+def workspace_environ(workspace: Path) -> dict[str, str]:
+    """The environment a stage runs in within ``workspace``: :data:`BIN` first on ``PATH``, and the workspace's copy
+    of the package imported before any other."""
+    # Every stage process imports the workspace's copy of the package (a notebook's kernel would otherwise put an
+    # inherited PYTHONPATH first), so its outputs land in the workspace, whose root that copy knows.
+    python_path = os.pathsep.join(p for p in (str(workspace.resolve()), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": python_path,
+            "TQDM_DISABLE": "1"}  # fmt: skip
 
 
 def run_demo(workspace: Path, preset: Path = DEMO_PRESET, source: Path = ROOT) -> str:
@@ -83,26 +118,24 @@ def run_demo(workspace: Path, preset: Path = DEMO_PRESET, source: Path = ROOT) -
     """
     for line in make_workspace(workspace, preset, source):
         print(f"  {line}")
-    bin_dir = os.path.dirname(sys.executable)  # the stages' `python` and `papermill` are this interpreter's
-    # Every stage process imports the workspace's copy of the package (a notebook's kernel would otherwise put an
-    # inherited PYTHONPATH first), so its outputs land in the workspace, whose root that copy knows.
-    python_path = os.pathsep.join(p for p in (str(workspace.resolve()), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": python_path,
-           "TQDM_DISABLE": "1"}  # fmt: skip
     print(f"dvc repro in {workspace} ...", flush=True)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=workspace, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=workspace, env=workspace_environ(workspace),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     if done.returncode != 0:
         raise DemoError(f"dvc repro failed in {workspace} (rc {done.returncode}):\n{done.stdout[-4000:]}")
     results = results_markdown(Paths(workspace)).replace("](plots/", f"]({workspace / 'plots'}/")
     (workspace / RESULTS).write_text(results + "\n", encoding="utf-8")
+    _commit_run(workspace)
     figures = sorted((workspace / "plots").glob("*.png"))
     return "\n".join([
         f"The demo's whole pipeline ran in {time.perf_counter() - start:.0f} s in {workspace}.",
         "Its numbers show what each stage makes on a handful of tasks, not what the method does.", "",
         results, "", f"Figures ({len(figures)}):", *(f"  {f}" for f in figures), "",
-        f"Executed notebooks: {workspace / 'docs' / 'notebooks'}",
+        f"Executed notebooks: {workspace / 'docs' / 'notebooks'}", "",
+        "Try a setting as a DVC experiment beside this run (only the stages that read it rerun):",
+        f"  cd {shlex.quote(str(workspace))} && export PATH={shlex.quote(str(BIN))}:$PATH PYTHONPATH=$PWD",
+        "  dvc exp run -S eval.temperature=0 && dvc exp show --only-changed",
     ])  # fmt: skip
 
 

@@ -1,5 +1,7 @@
 """`make demo`: the whole pipeline at the demo preset in a scratch copy, the checkout left as it was."""
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -7,7 +9,7 @@ import pytest
 import yaml
 from conftest import checkout_digests
 
-from digiq.demo import DEMO_PRESET, RESULTS, DemoError, make_workspace
+from digiq.demo import DEMO_PRESET, RESULTS, DemoError, make_workspace, workspace_environ
 from digiq.paths import ROOT
 from digiq.preset import read_preset
 
@@ -52,4 +54,32 @@ def test_the_demo_runs_every_stage_and_ends_with_its_results(demo_run):
                               if not p.name.startswith("13_"))  # fmt: skip
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=workspace, capture_output=True, text=True)
     assert "changed" not in status.stdout.replace("always changed", ""), status.stdout
+    assert checkout_digests() == before
+
+
+@pytest.mark.slow  # stage 12 rerun under `dvc exp run`, in a copy of the demo's run
+def test_a_setting_is_tried_as_a_dvc_experiment_beside_the_demos_run(demo_run, tmp_path):
+    before = checkout_digests()
+    workspace = tmp_path / "workspace"  # a copy: the session's run stays as other tests read it
+    shutil.copytree(demo_run.workspace, workspace, symlinks=True)
+    git_status = subprocess.run(["git", "status", "--porcelain"], cwd=workspace, capture_output=True, text=True)
+    assert git_status.stdout == "", git_status.stdout  # the run is committed: the experiments' baseline
+    assert "dvc exp run -S eval.temperature=0" in demo_run.shown
+
+    dvc, env = [sys.executable, "-m", "dvc"], workspace_environ(workspace)
+    done = subprocess.run([*dvc, "exp", "run", "-S", "eval.temperature=0"], cwd=workspace, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = [line for line in done.stdout.splitlines() if line.startswith("Running stage")]
+    assert ran == ["Running stage 'fingerprints':", "Running stage 'eval':"], ran  # only what reads eval
+
+    shown = subprocess.run([*dvc, "exp", "show", "--json"], cwd=workspace, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    (baseline,) = [row for row in json.loads(shown.stdout) if row["rev"] != "workspace"]
+    (experiment,) = baseline["experiments"]
+    tried = experiment["revs"][0]["data"]
+    for data, temperature in ((baseline["data"], 0.8), (tried, 0)):
+        assert data["params"]["params.yaml"]["data"]["eval"]["temperature"] == temperature
+        eval_metrics = data["metrics"]["metrics/eval.json"]["data"]
+        assert 0 <= eval_metrics["digiq"]["general"]["success_rate"] <= 1
     assert checkout_digests() == before
