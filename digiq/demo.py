@@ -23,20 +23,26 @@ what the method does: ``make repro`` is the run at the paper's scale.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+from digiq.io import atomic_write_text
 from digiq.paths import ROOT, Paths
 from digiq.preset import apply_preset
 from digiq.report import results_markdown
 
-__all__ = ["DEMO_PRESET", "make_workspace", "workspace_environ", "run_demo", "main"]
+__all__ = ["DEMO_PRESET", "make_workspace", "workspace_environ", "run_demo", "output_digests", "environment", "main"]
 
 DEMO_PRESET = ROOT / "params" / "presets" / "demo.yaml"
 DEFAULT_WORKSPACE = Path(tempfile.gettempdir()) / "digiq-demo"
@@ -139,14 +145,62 @@ def run_demo(workspace: Path, preset: Path = DEMO_PRESET, source: Path = ROOT) -
     ])  # fmt: skip
 
 
+# The libraries whose versions decide the demo's bits, beside the kernels every stage runs pinned to.
+LIBRARIES = ("torch", "numpy", "pyarrow", "pandas", "pillow", "transformers", "tokenizers", "safetensors",
+             "matplotlib", "dvclive", "pydantic")  # fmt: skip
+
+
+def environment() -> dict[str, str]:
+    """What, beside the code, decides the demo's outputs bit for bit: the machine's kind, Python, the libraries."""
+    return {"machine": platform.machine(), "python": platform.python_version(),
+            **{name: metadata.version(name) for name in LIBRARIES}}  # fmt: skip
+
+
+def _steady(value: Any) -> Any:
+    """Parsed JSON without what differs from one run of the same code to the next: wall times, speeds and the CPU
+    kernels a stage ran (the same under pinned kernels, but the machine's own name for them)."""
+    if isinstance(value, dict):
+        return {k: _steady(v) for k, v in value.items() if not k.endswith(("time_s", "_per_s")) and k != "cpu_kernels"}
+    return [_steady(v) for v in value] if isinstance(value, list) else value
+
+
+def output_digests(workspace: Path) -> dict[str, str]:
+    """A SHA-256 per output of the run in ``workspace``: each metrics file, and each folder under ``data/`` and
+    ``plots/`` as one digest of its files' paths and digests; JSON without its wall times and speeds
+    (:func:`_steady`). Left out: the stages' lock files and the PNG figures (two draw wall times; every curve's
+    values are in the metrics and dvclive's logs, which count).
+
+    The same code and :func:`environment` give the same digests: what a change that moves no result must leave
+    as it was.
+    """
+    parts: dict[str, list[str]] = {}
+    for folder in ("data", "metrics", "plots"):
+        for path in sorted(p for p in (workspace / folder).rglob("*") if p.is_file()):
+            rel = path.relative_to(workspace)
+            if path.suffix in (".lock", ".png") or path.name.startswith("."):
+                continue
+            data = path.read_bytes()
+            if path.suffix == ".json":
+                data = json.dumps(_steady(json.loads(data)), sort_keys=True).encode()
+            unit = rel.as_posix() if folder == "metrics" or len(rel.parts) == 2 else "/".join(rel.parts[:2])
+            parts.setdefault(unit, []).append(f"{rel.as_posix()} {hashlib.sha256(data).hexdigest()}")
+    return {unit: hashlib.sha256("\n".join(lines).encode()).hexdigest() for unit, lines in parts.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m digiq.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE,
                     help=f"scratch folder of the demo's run, outside this checkout (default {DEFAULT_WORKSPACE})")  # fmt: skip
     ap.add_argument("--preset", type=Path, default=DEMO_PRESET, help="the settings written into the copy's params")
+    ap.add_argument("--record", type=Path, default=None,
+                    help="also write the run's output digests and environment to this file (tests/demo_outputs.json: "
+                    "what the tests hold a later run to)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         print(run_demo(args.workspace, args.preset))
+        if args.record:
+            record = {"environment": environment(), "digests": output_digests(args.workspace)}
+            atomic_write_text(args.record, json.dumps(record, indent=1, sort_keys=True) + "\n")
     except DemoError as e:
         print(f"digiq.demo: {e}", file=sys.stderr)
         sys.exit(2)

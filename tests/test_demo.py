@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import checkout_digests
 
-from digiq.demo import DEMO_PRESET, RESULTS, DemoError, make_workspace, workspace_environ
+from digiq.demo import DEMO_PRESET, RESULTS, DemoError, environment, make_workspace, output_digests, workspace_environ
 from digiq.paths import ROOT
 from digiq.preset import read_preset
 
@@ -55,6 +55,40 @@ def test_the_demo_runs_every_stage_and_ends_with_its_results(demo_run):
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=workspace, capture_output=True, text=True)
     assert "changed" not in status.stdout.replace("always changed", ""), status.stdout
     assert checkout_digests() == before
+
+
+# What the demo's run made before the last change meant to move no result (python -m digiq.demo --record): a change
+# that moves one records it anew, in the commit that says why.
+RECORDED = ROOT / "tests" / "demo_outputs.json"
+
+
+@pytest.mark.slow  # every stage under `dvc repro` (the session's demo run)
+def test_the_demo_s_outputs_are_the_recorded_ones_bit_for_bit(demo_run):
+    """Every data folder, metrics file and learning-curve log of the demo, without wall times, as recorded: a
+    refactor leaves each bit where it was. Bits are promised for the same libraries (the kernels are pinned)."""
+    recorded = json.loads(RECORDED.read_text())
+    if (mine := environment()) != recorded["environment"]:
+        other = {k: (v, mine.get(k)) for k, v in recorded["environment"].items() if mine.get(k) != v}
+        pytest.skip(f"{RECORDED.name} was recorded with other libraries (recorded, here): {other}")
+    digests = output_digests(demo_run.workspace)
+    moved = sorted(k for k in {**digests, **recorded["digests"]} if digests.get(k) != recorded["digests"].get(k))
+    assert moved == [], f"these outputs differ from {RECORDED.name}'s: {moved}"
+
+
+def test_the_digests_leave_out_wall_times_and_see_any_other_change(tmp_path):
+    """The digests a run is held to move with a result's bits, and not with its wall times."""
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "data" / "offline").mkdir(parents=True)
+    (tmp_path / "metrics" / "actor.json").write_text('{"kept_rows": {"digiq": 3}, "wall_time_s": 1.5}')
+    (tmp_path / "data" / "offline" / "part-0.parquet").write_bytes(b"rows")
+    first = output_digests(tmp_path)
+    assert set(first) == {"metrics/actor.json", "data/offline"}
+    (tmp_path / "metrics" / "actor.json").write_text('{"kept_rows": {"digiq": 3}, "wall_time_s": 9.0}')
+    assert output_digests(tmp_path) == first
+    (tmp_path / "data" / "offline" / "part-0.parquet").write_bytes(b"rowz")
+    assert output_digests(tmp_path)["data/offline"] != first["data/offline"]
+    (tmp_path / "metrics" / "actor.json").write_text('{"kept_rows": {"digiq": 4}, "wall_time_s": 9.0}')
+    assert output_digests(tmp_path)["metrics/actor.json"] != first["metrics/actor.json"]
 
 
 @pytest.mark.slow  # stage 12 rerun under `dvc exp run`, in a copy of the demo's run
