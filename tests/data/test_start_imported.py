@@ -12,6 +12,7 @@ import pytest
 import yaml
 from released import released, save_released
 
+from digiq.config import load_settings
 from digiq.data import DataError, TrajectoryStore
 from digiq.data.candidates import read_candidates
 from digiq.data.features import load_features
@@ -43,7 +44,7 @@ def test_two_released_files_become_the_inputs_of_the_critic(tmp_path):
     general, g_steps = _imported(tmp_path, "g", "general")
     webshop, w_steps = _imported(tmp_path, "w", "webshop", reverse=True)
     paths = Paths(tmp_path / "root")
-    placed = place_imported([general, webshop], paths, "critic", OFF)
+    placed = place_imported([general, webshop], paths, "critic", load_settings(params=OFF))
     assert placed["steps"] == 18 and placed["features"] == str(paths.features())
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     # Distinct trajectory ids (both files use 10..12), each folder's screenshots readable from the merged store.
@@ -70,21 +71,38 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
     digirl, _ = _imported(tmp_path, "r", "general", digiq=False)
     paths = Paths(tmp_path / "root")
     with pytest.raises(DataError, match="lacks candidates.parquet, which starting at vlm_finetune needs"):
-        place_imported([digirl], paths, "vlm_finetune", OFF)
+        place_imported([digirl], paths, "vlm_finetune", load_settings(params=OFF))
     with pytest.raises(DataError, match="diagnostics.oracle_states must be 0"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "diagnostics": {"oracle_states": 200}})
+        place_imported(
+            [digirl], paths, "augment_actions", load_settings(params={**OFF, "diagnostics": {"oracle_states": 200}})
+        )
     with pytest.raises(DataError, match="critic.tap_targets must be false"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "critic": {"tap_targets": True}})
+        place_imported(
+            [digirl], paths, "augment_actions", load_settings(params={**OFF, "critic": {"tap_targets": True}})
+        )
     with pytest.raises(DataError, match="variants.digiq_hierarchy.tap_targets must be false"):
         place_imported(
-            [digirl], paths, "augment_actions", {**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}}
+            [digirl],
+            paths,
+            "augment_actions",
+            load_settings(params={**OFF, "variants": {"digiq_hierarchy": {"tap_targets": True}}}),
         )
     with pytest.raises(DataError, match="ablations.untuned_vlm must be false"):
-        place_imported([digirl], paths, "critic", {**OFF, "ablations": {"untuned_vlm": True}})
+        place_imported(
+            [digirl],
+            paths,
+            "critic",
+            load_settings(params={**OFF, "ablations": {**OFF["ablations"], "untuned_vlm": True}}),
+        )
     with pytest.raises(DataError, match="ablations.perfect_critic must be false"):
-        place_imported([digirl], paths, "augment_actions", {**OFF, "ablations": {"perfect_critic": True}})
+        place_imported(
+            [digirl],
+            paths,
+            "augment_actions",
+            load_settings(params={**OFF, "ablations": {**OFF["ablations"], "perfect_critic": True}}),
+        )
     with pytest.raises(DataError, match="not 'embed'"):
-        place_imported([digirl], paths, "embed", OFF)
+        place_imported([digirl], paths, "embed", load_settings(params=OFF))
     assert not paths.offline.exists()  # nothing written by a refused call
     # The fine-tune starts from stage 03's VLM, which no import holds; the critic on imported features does not.
     # dvc repro --downstream runs nothing above the start: the embed stage after augment_actions needs the VLM's
@@ -101,18 +119,20 @@ def test_what_imported_data_cannot_give_is_refused_by_name(tmp_path):
         assert upstream_stages(stage)[4:] == ["critic_inputs", "propose", "pae"]
     with pytest.raises(DataError, match="cannot start at 'embed'"):
         upstream_stages("embed")
-    placed = place_imported([digirl], paths, "augment_actions", OFF)  # a DigiRL file starts at stage 02
+    placed = place_imported(
+        [digirl], paths, "augment_actions", load_settings(params=OFF)
+    )  # a DigiRL file starts at stage 02
     assert placed["steps"] == 9 and "candidates" not in placed
 
 
 def test_a_broken_feature_file_leaves_the_previous_outputs_whole(tmp_path):
     general, _ = _imported(tmp_path, "g", "general")
     paths = Paths(tmp_path / "root")
-    place_imported([general], paths, "critic", OFF)
+    place_imported([general], paths, "critic", load_settings(params=OFF))
     before = sorted(p.name for p in paths.offline.rglob("*"))
     np.save(general / "q_rep_out_list.npy", np.zeros((5, 3, 8), np.float32))  # rows no longer match the steps
     with pytest.raises(DataError, match="q_rep_out_list.npy has 5 rows for 9 steps"):
-        place_imported([general], paths, "critic", OFF)
+        place_imported([general], paths, "critic", load_settings(params=OFF))
     assert sorted(p.name for p in paths.offline.rglob("*")) == before
 
 
