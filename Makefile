@@ -46,7 +46,7 @@ repro-from: venv
 # After `make repro`: the base, the paper's rows and the variants on the validation lists, where every
 # choice is made (docs/experiments.md); one JSON per row in metrics/val/, read by `python -m digiq.report`.
 VAL_ROWS ?= base digiq filtered_bc digirl_offline digiq_hierarchy
-SEEDS = $$($(BIN)/python -c 'from digiq.config import ExperimentConfig, load_section; print(load_section(ExperimentConfig, "experiment").seeds)')
+SEEDS = $$($(BIN)/python -c 'from digiq.config import load_settings; print(load_settings().experiment.seeds)')
 val: venv
 	cat data/tasks/general_val.txt data/tasks/webshop_val.txt > data/val_tasks.txt
 	for row in $(VAL_ROWS); do \

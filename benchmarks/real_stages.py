@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -102,8 +101,7 @@ def main() -> None:
         t0 = time.perf_counter()
         llava_folder(folder, args.tiny)
         print(f"llava-hf folder written in {time.perf_counter() - t0:.1f} s", flush=True)
-        cfg = replace(
-            settings.vlm_finetune,
+        cfg = settings.vlm_finetune.but(
             checkpoint=str(folder),
             dtype="bfloat16",
             epochs=1,

@@ -56,6 +56,7 @@ __all__ = [
     "Settings",
     "SECTIONS",
     "EXTRACTIONS",
+    "ABLATION_NAMES",
     "ONLINE_ROWS",
     "PAE_ROWS",
     "Params",
@@ -77,6 +78,9 @@ COMPUTE_BACKENDS = ("local", "ray")  # where independent jobs and rollouts' devi
 # The rows some knobs switch on (digiq.rows builds the table from them): policy extractions from Digi-Q's critic
 # beside Best-of-N (ablations.extraction); DigiRL's online rows (digirl.online); PAE's practice rows (pae.rows).
 EXTRACTIONS = ("awr", "reinforce")
+# The rows the ablations switch on, besides digiq_n<N>: names a named variant may not take.
+UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
+ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
 ONLINE_ROWS = ("digirl_online", "digirl_off2on", "filtered_bc_online")
 PAE_ROWS = ("pae", "pae_oracle", "pae_human")
 
@@ -86,13 +90,13 @@ class ConfigError(ValueError):
 
 
 class KnobError(ValueError):
-    """What is wrong with a group's knobs (:class:`Knobs`): ``key`` is the knob that :func:`load_settings` names as
-    ``group.key`` with its file (a value of the wrong type, an unknown key), None where the message names the knob
-    itself (a range, a rule between knobs)."""
+    """What is wrong with a group's knobs (:class:`Knobs`): the knob ``key`` (None: a rule between knobs), whose file
+    :func:`load_settings` names; with ``dotted`` it names the knob as ``group.key`` (a value of the wrong type, an
+    unknown key), else after the group (a range)."""
 
-    def __init__(self, message: str, key: str | None = None) -> None:
+    def __init__(self, message: str, key: str | None = None, dotted: bool = False) -> None:
         super().__init__(message)
-        self.key = key
+        self.key, self.dotted = key, dotted
 
 
 # Upper bounds of the counts: far above what any run of this pipeline asks for (the released-model runs of
@@ -656,7 +660,7 @@ class AblationsConfig(Knobs):
     )
 
     def check_rules(self) -> None:
-        if not all(isinstance(n, int) and n >= 1 for n in self.n_candidates):
+        if not all(n >= 1 for n in self.n_candidates):
             raise ValueError(f"n_candidates must be positive integers, got {self.n_candidates}")
         unknown = [e for e in self.extraction if e not in EXTRACTIONS]
         if unknown:
@@ -1034,6 +1038,7 @@ def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Se
         raw = params.get(name, {})
         if not isinstance(raw, dict):
             raise ConfigError(f"{_where(params, name, path)} must be a mapping of keys, got {type(raw).__name__}")
+        _named_keys(raw, _where(params, name, path))
         groups[name] = raw
     groups["variants"] = _variants(params, path)
     try:
@@ -1052,10 +1057,19 @@ def _variants(params: Params, path: Path | str) -> dict[str, dict[str, Any]]:
     for name, changes in raw.items():
         if not (isinstance(name, str) and name.startswith("digiq_") and name.isidentifier()):
             raise ConfigError(f"{where}: variant name {name!r} must be an identifier starting with 'digiq_'")
+        if name in ABLATION_NAMES or name.removeprefix("digiq_n").isdigit():
+            raise ConfigError(f"{where}: variant name {name!r} is taken by an ablation row")
         if not isinstance(changes, dict) or not changes:
             raise ConfigError(f"{where}.{name} must be a non-empty mapping of critic keys to change")
+        _named_keys(changes, f"{where}.{name}")
         out[name] = {**params.get("critic", {}), **changes}
     return out
+
+
+def _named_keys(group: dict[Any, Any], where: str) -> None:
+    """Refuse a key that is no name: YAML reads an unquoted ``on``, ``yes`` or ``no`` as a boolean, ``1`` as a number."""
+    if odd := [key for key in group if not isinstance(key, str)]:
+        raise ConfigError(f"{where}: key {odd[0]!r} is not a knob's name (quote it if it is one)")
 
 
 def _where(params: Params, name: str, path: Path | str, key: str = "") -> str:
@@ -1080,12 +1094,11 @@ def _explain(error: Any, params: Params, path: Path | str) -> str:
     # Each group is built by Knobs.__init__, whose KnobError names what is wrong.
     variant = loc[0] == "variants"
     group = f"variants.{loc[1]}" if variant else str(loc[0])
-    key = getattr(cause, "key", None)
-    if key is None:
-        where = f"{Path(path).name}: {group}" if variant else _where(params, group, path)
-        return f"{where}: {cause or error['msg']}"
-    named = f"{Path(path).name}: {group}.{key}" if variant else _where(params, group, path, key)
-    message = str(cause)
+    key, message = getattr(cause, "key", None), str(cause or error["msg"])
+    files = Path(path).name if variant else _where(params, group, path, key or "").split(":")[0]
+    if key is None or not cause.dotted:
+        return f"{files}: {group}: {message}"
+    named = f"{files}: {group}.{key}"
     return f"{named}{message.removeprefix(key)}" if message.startswith(f"{key} ") else f"{named}: {message}"
 
 
@@ -1097,16 +1110,16 @@ def _problem(cls: type[Knobs], error: Any, values: dict[str, Any]) -> KnobError:
         return KnobError(str(error["ctx"]["error"]))
     if kind == "extra_forbidden":
         unknown = sorted(set(values) - set(cls.model_fields))
-        return KnobError(f"unknown key(s) {unknown}; known keys: {sorted(cls.model_fields)}", unknown[0])
+        return KnobError(f"unknown key(s) {unknown}; known keys: {sorted(cls.model_fields)}", unknown[0], dotted=True)
     key = str(error["loc"][0])
     value = values[key]
     if kind in _BOUNDS:
         at, word = _BOUNDS[kind]  # the bound as the knob states it (pydantic's is a float for a float knob)
-        return KnobError(f"{key} must be {word} {knob_range(cls.model_fields[key])[at]}, got {value}")
+        return KnobError(f"{key} must be {word} {knob_range(cls.model_fields[key])[at]}, got {value}", key)
     if kind == "finite_number" or (kind == "float_type" and isinstance(value, int) and not isinstance(value, bool)):
-        return KnobError(f"{key} must be a finite number, got {value}")  # the second: a whole number no float holds
+        return KnobError(f"{key} must be a finite number, got {value}", key)  # the second: a whole no float holds
     annotation = cls.model_fields[key].annotation
-    return KnobError(f"{key} must be {type_name(annotation)}, got {value!r} ({type(value).__name__})", key)
+    return KnobError(f"{key} must be {type_name(annotation)}, got {value!r} ({type(value).__name__})", key, True)
 
 
 def with_defaults(params: dict[str, Any]) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def _commit_run(workspace: Path) -> None:
     DVC's cache): the baseline ``dvc exp run`` starts from and ``dvc exp show`` compares with. A rerun that changed
     nothing commits nothing, so the experiments made on the run stay listed under it."""
     _git(workspace, "add", "-A")
-    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=workspace).returncode:
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=workspace).returncode == 1:  # 1: changes staged
         _git(workspace, "commit", "-q", "-m", "digiq demo run")
 
 

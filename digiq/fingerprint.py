@@ -217,7 +217,7 @@ def write_fingerprints(root: Path = ROOT) -> list[Path]:
         # Sorted and indented alike every time: the same code gives the same bytes, which is what DVC compares.
         atomic_write_text(path, json.dumps(stage_code(stage["cmd"], root), indent=1, sort_keys=True) + "\n")
         written.append(path)
-    for stale in set((root / STAGE).iterdir()) - set(written):
+    for stale in set((root / STAGE).glob("*.json")) - set(written):
         stale.unlink()
     return written
 

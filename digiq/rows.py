@@ -18,7 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from digiq.config import EXTRACTIONS, ONLINE_ROWS, PAE_ROWS, AblationsConfig, ConfigError, load_settings
+from digiq.config import (
+    ABLATION_NAMES,
+    BLIND_ROW,
+    EXTRACTIONS,
+    ONLINE_ROWS,
+    PAE_ROWS,
+    PERFECT_CRITIC_ROW,
+    UNTUNED_ROW,
+    AblationsConfig,
+    load_settings,
+)
 
 __all__ = [
     "BASE",
@@ -40,8 +50,6 @@ __all__ = [
 
 BASE = "base"  # the base policy itself, stage 00's
 PAPER = ("digiq", "filtered_bc", "digirl_offline")  # the paper's comparison, fit by stage 07
-UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW = "digiq_untuned", "digiq_blind", "digiq_perfect_critic"
-ABLATION_NAMES = (UNTUNED_ROW, BLIND_ROW, PERFECT_CRITIC_ROW, *(f"digiq_{e}" for e in EXTRACTIONS))
 #: Whose features each Best-of-N row's critic reads: the embed stage's folder (``data/features/<name>``).
 VLM_OF_ROW = {"digiq": "finetuned", UNTUNED_ROW: "untuned", BLIND_ROW: "blind"}
 
@@ -83,13 +91,7 @@ def vlm_rows(ablations: AblationsConfig) -> list[str]:
 def all_rows(ablations: AblationsConfig, variants: Sequence[str] = (), online: Sequence[str] = ()) -> list[Row]:
     """Every row stage 07 fits or stage 09 trains, in the tables' order: the paper's, the named ``variants``,
     the ablations ``ablations`` switches on, the ``online`` rows (``digirl.online``). ``base`` is no row here:
-    it is the policy they all start from.
-
-    Raises:
-        ConfigError: a variant takes the name of an ablation row.
-    """
-    if taken := [v for v in variants if v in ABLATION_NAMES or v.removeprefix("digiq_n").isdigit()]:
-        raise ConfigError(f"variants: variant name {taken[0]!r} is taken by an ablation row")
+    it is the policy they all start from."""
     out = [Row("digiq", "best_of_n", "paper", critic="digiq", vlm=VLM_OF_ROW["digiq"]),
            Row("filtered_bc", "filtered_bc", "paper"), Row("digirl_offline", "digirl_offline", "paper")]  # fmt: skip
     out += [Row(name, "best_of_n", "variant", critic=name, vlm=VLM_OF_ROW["digiq"]) for name in variants]

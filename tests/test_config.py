@@ -8,7 +8,6 @@ import yaml
 from digiq.config import (
     PARAMS,
     SECTIONS,
-    AblationsConfig,
     ConfigError,
     EnvConfig,
     help_text,
@@ -18,7 +17,6 @@ from digiq.config import (
 )
 from digiq.env.state import Dynamics
 from digiq.paths import Paths
-from digiq.rows import all_rows
 from digiq.stages.actor import run as actor_stage
 from digiq.stages.diagnostics import run as diagnostics_stage
 from digiq.stages.launch import run_stage
@@ -92,7 +90,7 @@ def test_params_merge_group_by_group_and_errors_name_the_file_that_set_the_key(t
 def test_a_variant_may_not_take_an_extraction_row_s_name():
     for name in ("digiq_awr", "digiq_reinforce"):
         with pytest.raises(ConfigError, match=f"variant name '{name}' is taken by an ablation row"):
-            all_rows(AblationsConfig(), [name])
+            load_settings(params={"variants": {name: {"conservative": 0.3}}})
 
 
 def test_help_text_lists_every_field():

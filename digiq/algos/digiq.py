@@ -109,9 +109,7 @@ def td_losses(
     rule (:func:`twin_targets`).
     """
     with torch.no_grad():
-        r, not_done = batch["reward"], 1 - batch["done"]
-        v1_next, v2_next = twin_targets(target.cfg.twin, target.v(batch["next_state"]))
-        y_q1, y_q2 = r + gamma * not_done * v1_next, r + gamma * not_done * v2_next
+        y_q1, y_q2 = q_targets(target, batch, gamma)
         y_v1, y_v2 = twin_targets(target.cfg.twin, target.q(batch["state"], batch["action"]))
     q1, q2 = critic.q(batch["state"], batch["action"])
     v1, v2 = critic.v(batch["state"])

@@ -152,8 +152,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=3, help="critics per setting and task set")
     args = ap.parse_args(argv)
     paths = Paths(args.root)
-    run = load_settings(paths.root / "params.yaml")
-    result = study(paths, run.critic, {n: SETTINGS[n] for n in args.settings}, args.seeds, run.env, run.collect.seed)
+    configured = load_settings(paths.root / "params.yaml")
+    result = study(paths, configured.critic, {n: SETTINGS[n] for n in args.settings}, args.seeds, configured.env,
+                   configured.collect.seed)  # fmt: skip
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     for name, entry in result["settings"].items():
         rates = entry["strata"]["heldout"].get("hit_rate", {})

@@ -39,7 +39,7 @@ actors (:mod:`digiq.data.picks`); the diagnostics stage judges them.
 What the stage computes over every stored state is computed once and kept
 beside them too (:func:`digiq.data.picks.write_stored`), for the stages
 after it to read: each critic's Q and V of every candidate, once per row
-and seed however many Best-of-N rows read that critic (:func:`score_job`);
+and seed however many rows read that critic (:func:`score_job`);
 the perfect critic's expert matrix; offline DigiRL's step features, one
 task set at a time as off-to-online DigiRL's runs read them
 (:func:`step_features_job`).

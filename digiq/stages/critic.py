@@ -130,7 +130,7 @@ def critic_specs(critic: CriticConfig, variants: dict[str, CriticConfig], table:
     """Every critic of the stage, by the row whose actor uses it (:func:`digiq.rows.critic_rows`).
 
     ``digiq`` is the paper's critic; the VLM ablations are the paper's critic on another VLM's features; each
-    named variant changes some of its keys (``variants``, :func:`digiq.config.load_variants`).
+    named variant changes some of its keys (``variants``, :attr:`digiq.config.Settings.variants`).
     """
     return {r.name: CriticSpec(r.vlm, variants.get(r.name, critic)) for r in critic_rows(table)}
 
