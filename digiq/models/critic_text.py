@@ -1,0 +1,98 @@
+"""The critic's text encoders, trained with its heads: the goal, an action's type and its typed text.
+
+Released Digi-Q's critic reads the goal, the previous action's type and
+typed text and the scored action's type and typed text through three
+RoBERTa encoders (one for goals, one for action types, one for typed texts;
+the type and text encoders read the previous action and the scored one
+alike) and trains all three with its Q and V heads by the same TD loss.
+Here each tower starts as a copy of the base policy's T5 encoder (nothing is
+downloaded; with the released checkpoint that is AutoUI's), its states
+averaged over each text's tokens and pooled as RoBERTa's pooler pools, by a
+dense layer and tanh; the dense layer starts as the identity, so an untrained
+tower gives tanh of the frozen average the critic read before
+(:meth:`~digiq.models.policy.AutoUIPolicy.text_features`).
+
+Texts repeat a lot (an action type is one of a few words, a goal stands for
+every step of its episodes), so every text is tokenized once into a table
+(:class:`TextTable`) and a batch encodes each distinct text it holds once.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerFast
+
+__all__ = ["TOWERS", "TextTable", "TextTower", "TextTowers"]
+
+# The critic's towers, as released: goals; action types; typed texts (an action that does not parse is its own
+# text for both, digiq.models.critic_inputs.action_text).
+TOWERS = ("goal", "action_type", "typed_text")
+
+
+@dataclass(frozen=True)
+class TextTable:
+    """Every distinct text a critic reads, tokenized once: ``ids`` and ``mask`` (T, L), right-padded; texts are
+    referred to by their row."""
+
+    texts: tuple[str, ...]
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def of(cls, texts: Sequence[str], tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> TextTable:
+        """The table of ``texts`` (each once, in order of first appearance), tokenized as the base policy
+        tokenizes its prompts, cut to ``max_tokens``."""
+        distinct = tuple(dict.fromkeys(texts))
+        enc = tokenizer(list(distinct), padding=True, padding_side="right", truncation=True, max_length=max_tokens,
+                        return_tensors="pt")  # fmt: skip
+        return cls(distinct, enc["input_ids"], enc["attention_mask"])
+
+    def rows(self, texts: Sequence[str]) -> torch.Tensor:
+        """The table's row of each of ``texts``; a text it does not hold is named."""
+        at = {text: i for i, text in enumerate(self.texts)}
+        missing = [t for t in texts if t not in at]
+        if missing:
+            raise KeyError(f"{len(missing)} text(s) not in the critic's text table, e.g. {missing[0]!r}")
+        return torch.tensor([at[t] for t in texts], dtype=torch.long)
+
+
+class TextTower(nn.Module):
+    """One encoder: a T5 encoder stack, its states averaged over each text's tokens, then dense + tanh."""
+
+    def __init__(self, stack: nn.Module, d_model: int) -> None:
+        super().__init__()
+        self.stack = stack
+        self.pool = nn.Linear(d_model, d_model)
+        with torch.no_grad():  # the identity: an untrained tower pools the frozen average, squashed
+            self.pool.weight.copy_(torch.eye(d_model))
+            self.pool.bias.zero_()
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(U, d_model) for U texts' token ``ids`` and ``mask`` (U, L)."""
+        states = self.stack(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = mask[..., None].to(states.dtype)
+        mean = (states * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return torch.tanh(self.pool(mean))
+
+
+class TextTowers(nn.Module):
+    """The critic's three towers (:data:`TOWERS`), each a copy of ``stack`` (the base policy's T5 encoder)."""
+
+    def __init__(self, stack: nn.Module, d_model: int) -> None:
+        super().__init__()
+        self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in TOWERS})
+
+    def forward(self, tower: str, table: TextTable, rows: torch.Tensor) -> torch.Tensor:
+        """(*rows.shape, d_model): ``tower``'s pooled states of the table's ``rows``, each distinct row encoded
+        once."""
+        distinct, back = torch.unique(rows, return_inverse=True)
+        mask = table.mask[distinct]
+        width = max(1, int(mask.sum(1).max())) if len(distinct) else 1  # the table pads to its longest text
+        device = next(self.parameters()).device
+        pooled = self.towers[tower](table.ids[distinct, :width].to(device), mask[:, :width].to(device))
+        return pooled[back.to(device)]
