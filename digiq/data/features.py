@@ -14,6 +14,7 @@ them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +23,32 @@ from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
 from digiq.io import atomic_path, require
 from digiq.paths import Paths
 
-__all__ = ["FEATURE_FILES", "TEXT_FILES", "TEXT_OPTIONAL", "save_features", "load_features", "load_text_features",
-           "critic_inputs"]  # fmt: skip
+__all__ = ["FEATURE_FILES", "TEXT_FILES", "TEXT_OPTIONAL", "TEXT_ROWS", "TEXTS", "save_features", "load_features",
+           "load_text_features", "load_text_rows", "critic_inputs"]  # fmt: skip
 
 FEATURE_FILES = ("state", "next_state", "candidates", "p_yes", "ids")
 # The critic_inputs stage's arrays: always, then only where the view hierarchies were stored.
 TEXT_FILES = ("goal", "before", "taken", "actions", "typed")
 TEXT_OPTIONAL = ("tapped", "entries", "distinct")
+# The texts themselves, for a critic that encodes them (digiq.models.critic_text): every distinct text once
+# (TEXTS, a JSON list), and each step's and candidate's rows in it: the goal (S,); the previous action's type and
+# typed text (S, 2); the action taken's, s' 's previous action (S, 2); each candidate's (S, N, 2).
+TEXTS = "texts.json"
+TEXT_ROWS = ("goal_row", "before_rows", "taken_rows", "action_rows")
 
 
 def save_features(folder: Path, arrays: dict[str, np.ndarray], ids: np.ndarray) -> None:
-    """Write arrays (float32; a mask stays bool) and their rows' (traj_id, step_id) into ``folder``, each file
-    atomically."""
+    """Write arrays (float32; a mask stays bool, rows of a table int64) and their rows' (traj_id, step_id) into
+    ``folder``, each file atomically."""
     folder.mkdir(parents=True, exist_ok=True)
-    typed = [(n, a if np.asarray(a).dtype == bool else np.asarray(a, np.float32)) for n, a in arrays.items()]
+
+    def stored(a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a)
+        return (
+            a if a.dtype == bool else a.astype(np.int64) if np.issubdtype(a.dtype, np.integer) else a.astype(np.float32)
+        )
+
+    typed = [(n, stored(a)) for n, a in arrays.items()]
     for name, arr in [*typed, ("ids", np.asarray(ids, np.int64))]:
         with atomic_path(folder / f"{name}.npy") as tmp:
             with open(tmp, "wb") as f:
@@ -113,6 +126,35 @@ def load_text_features(paths: Paths) -> dict[str, np.ndarray]:
             raise DataError(f"{folder / name}.npy has shape {arr.shape}: expected {len(table)} rows"
                             f"{f' of {N} candidates' if per_candidate else ''}; rerun critic_inputs")  # fmt: skip
     return out
+
+
+def load_text_rows(paths: Paths) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The critic_inputs stage's texts (:data:`TEXTS`) and each step's and candidate's rows in them
+    (:data:`TEXT_ROWS`), checked against the step table and the texts.
+
+    Raises:
+        DataError: naming the file that is missing, unreadable, of the wrong rows or shape, or that points past
+            the texts.
+    """
+    folder = paths.critic_inputs
+    require("critic_inputs", folder / TEXTS)
+    try:
+        texts = json.loads((folder / TEXTS).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"corrupt {folder / TEXTS}: {e}; rerun critic_inputs") from None
+    if not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
+        raise DataError(f"{folder / TEXTS} is not a list of texts; rerun critic_inputs")
+    rows = {name: _load(folder / f"{name}.npy", "critic_inputs") for name in (*TEXT_ROWS, "ids")}
+    table = _check_rows(paths, folder, rows.pop("ids"), "critic_inputs")
+    shapes = {"goal_row": (len(table),), "before_rows": (len(table), 2), "taken_rows": (len(table), 2)}
+    for name, arr in rows.items():
+        want = shapes.get(name, (len(table), arr.shape[1] if arr.ndim == 3 else -1, 2))
+        if arr.shape != want or not np.issubdtype(arr.dtype, np.integer):
+            raise DataError(f"{folder / name}.npy has shape {arr.shape} ({arr.dtype}): expected {want} rows of "
+                            f"{TEXTS}; rerun critic_inputs")  # fmt: skip
+        if arr.size and (arr.min() < 0 or arr.max() >= len(texts)):
+            raise DataError(f"{folder / name}.npy points past the {len(texts)} texts of {TEXTS}; rerun critic_inputs")
+    return texts, rows
 
 
 def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False, typed: bool = False,

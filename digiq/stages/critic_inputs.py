@@ -19,7 +19,10 @@ where the view hierarchies were stored (``collect.view_hierarchy``), also
 ``tapped`` (S, N, d: the label of the element a tap lands on),
 ``entries`` (S, N, 2: :func:`~digiq.models.critic_inputs.entry_features`)
 and ``distinct`` (S, N, bool: :func:`~digiq.models.critic_inputs.distinct_actions`
-with taps told apart by their element).
+with taps told apart by their element). For a critic that encodes the texts
+itself (:mod:`digiq.models.critic_text`): ``texts.json``, every distinct
+text once, and the rows of each step's and candidate's texts in it
+(:func:`text_rows`).
 
     python -m digiq.stages.critic_inputs [--root .]
 """
@@ -27,6 +30,7 @@ with taps told apart by their element).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,13 +41,14 @@ import numpy as np
 from digiq import parallel
 from digiq.config import Settings, load_settings
 from digiq.data.candidates import read_candidates
-from digiq.data.features import TEXT_OPTIONAL, save_features
+from digiq.data.features import TEXT_OPTIONAL, TEXTS, save_features
 from digiq.data.trajectories import DataError, TrajectoryStore, step_ids
 from digiq.env.actions import parse_action
 from digiq.env.hierarchy import Tapped, tapped_elements
-from digiq.io import require
+from digiq.io import atomic_write_text, require
 from digiq.models.critic_inputs import (
     action_features,
+    action_text,
     distinct_actions,
     encode_texts,
     entry_features,
@@ -54,7 +59,7 @@ from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics, written_whole
 
-__all__ = ["run", "write_critic_inputs", "tapped", "main"]
+__all__ = ["run", "write_critic_inputs", "tapped", "text_rows", "main"]
 
 
 def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence[Sequence[str]]) -> list[Tapped]:
@@ -76,6 +81,29 @@ def tapped(store: TrajectoryStore, images: Sequence[str], action_lists: Sequence
                 row[i] = hit
         out.extend(row)
     return out
+
+
+def text_rows(goals: Sequence[str], before: Sequence[str], taken: Sequence[str], lists: Sequence[Sequence[str]]
+              ) -> tuple[list[str], dict[str, np.ndarray]]:  # fmt: skip
+    """Every distinct text a critic that encodes texts reads, once, and each step's and candidate's rows in them
+    (:data:`~digiq.data.features.TEXT_ROWS`): the goals, and each action's type and typed text as the release parses
+    them (:func:`~digiq.models.critic_inputs.action_text`) for the previous action, the one taken and every
+    candidate."""
+    at: dict[str, int] = {}
+
+    def row(text: str) -> int:
+        return at.setdefault(text, len(at))
+
+    def pair(action: str) -> tuple[int, int]:
+        kind, typed = action_text(action)
+        return row(kind), row(typed)
+
+    S, N = len(goals), len(lists[0]) if lists else 0
+    out = {"goal_row": np.array([row(g) for g in goals], np.int64),
+           "before_rows": np.array([pair(a) for a in before], np.int64).reshape(S, 2),
+           "taken_rows": np.array([pair(a) for a in taken], np.int64).reshape(S, 2),
+           "action_rows": np.array([pair(a) for actions in lists for a in actions], np.int64).reshape(S, N, 2)}  # fmt: skip
+    return list(at), out
 
 
 @one_run_at_a_time("critic_inputs")
@@ -110,9 +138,12 @@ def write_critic_inputs(paths: Paths) -> dict[str, Any]:
             arrays["tapped"] = encode_texts(policy, [hit.label for hit in hits]).reshape(S, N, -1)
             arrays["entries"] = entry_features(hits).reshape(S, N, 2)
             arrays["distinct"] = distinct_actions(lists, [hit.label for hit in hits])
+        texts, rows = text_rows(steps.task.tolist(), previous_actions(steps), steps.action.tolist(), lists)
+        arrays.update(rows)
         save_features(paths.critic_inputs, arrays, step_ids(table))
+        atomic_write_text(paths.critic_inputs / TEXTS, json.dumps(texts, ensure_ascii=False))
         metrics.update({"states": S, "candidates": N, "text_dim": int(arrays["goal"].shape[1]),
-                        "hierarchies": hierarchies, "files": sorted(arrays)})  # fmt: skip
+                        "hierarchies": hierarchies, "files": sorted(arrays), "texts": len(texts)})  # fmt: skip
     metrics["optional_files_absent"] = [name for name in TEXT_OPTIONAL if name not in metrics["files"]]
     write_metrics(paths, "critic_inputs", metrics)
     return metrics

@@ -13,7 +13,7 @@ from digiq.algos.digiq import conservative_penalty
 from digiq.config import CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.candidates import read_candidates
-from digiq.data.features import critic_inputs, load_features
+from digiq.data.features import critic_inputs, load_features, load_text_rows
 from digiq.data.trajectories import DataError
 from digiq.env.actions import format_action, parse_action, press_back, press_enter, tap, type_text
 from digiq.env.hierarchy import Tapped, tapped_elements
@@ -214,3 +214,25 @@ def test_the_viewer_scores_with_the_inputs_its_critic_was_trained_on(values_root
     np.testing.assert_allclose(data.steps.v.to_numpy(), v.numpy(), atol=1e-5)
     by_index = data.candidates.sort_values(["traj_id", "step_id", "index"]).q.to_numpy()
     np.testing.assert_allclose(by_index, q.numpy().ravel(), atol=1e-5)
+
+
+def test_every_text_is_stored_once_with_each_step_s_and_candidate_s_rows(values_root, tmp_path):
+    paths = Paths(values_root)
+    texts, rows = load_text_rows(paths)
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    lists = read_candidates(paths).to_pandas().action_list
+    assert len(set(texts)) == len(texts)
+    assert [texts[i] for i in rows["goal_row"]] == steps.task.tolist()
+    assert [tuple(texts[i] for i in pair) for pair in rows["taken_rows"]] == [action_text(a) for a in steps.action]
+    assert [tuple(texts[i] for i in pair) for pair in rows["before_rows"]] == [
+        action_text(a) for a in previous_actions(steps)
+    ]
+    flat = [tuple(texts[i] for i in pair) for pair in rows["action_rows"].reshape(-1, 2)]
+    assert flat == [action_text(a) for actions in lists for a in actions]
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    broken = np.array(rows["goal_row"])
+    broken[0] = len(texts)
+    np.save(Paths(root).critic_inputs / "goal_row.npy", broken)
+    with pytest.raises(DataError, match="goal_row.npy points past the"):
+        load_text_rows(Paths(root))
