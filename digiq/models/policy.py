@@ -508,8 +508,9 @@ class AutoUIPolicy(nn.Module):
                          self.t5.shared)  # fmt: skip
 
     def _summed_logprobs(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
-                         group: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Per row, its action's token log-probabilities summed (B,) and its number of tokens (B,).
+                         group: int, clamp: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Per row, its action's token log-probabilities summed (B,) and its number of tokens (B,); with ``clamp``
+        (low, high), each token's probability clamped to it first (no gradient beyond it).
 
         The rows go through the model ``group`` at a time in order of prompt
         length (:meth:`_by_length`), each group padded to its own longest
@@ -529,6 +530,8 @@ class AutoUIPolicy(nn.Module):
             labels = self._labels([actions[i] for i in rows])
             dec_in = self.t5._shift_right(labels.masked_fill(labels == -100, pad))
             logp = self._target_logprobs(enc, F.pad(dec_in, (1, 0), value=pad), labels.clamp(min=0))
+            if clamp is not None:
+                logp = logp.clamp(math.log(clamp[0]), math.log(clamp[1]))
             keep = labels != -100
             sums.append((logp * keep).sum(-1))
             counts.append(keep.sum(-1))
@@ -544,8 +547,11 @@ class AutoUIPolicy(nn.Module):
         return self._summed_logprobs(prompts, screenshots, actions, group)[0]
 
     def loss(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
-             weights: torch.Tensor | None = None, group: int = 32) -> torch.Tensor:  # fmt: skip
-        """Mean per-token negative log-likelihood of ``actions`` (optionally weighted per row).
+             weights: torch.Tensor | None = None, group: int = 32, per_token: bool = True,
+             clamp: tuple[float, float] | None = None) -> torch.Tensor:  # fmt: skip
+        """Negative log-likelihood of ``actions`` (optionally weighted per row): per row the mean over its tokens,
+        or with ``per_token`` false their sum (as released Digi-Q's actor), each token's probability clamped to
+        ``clamp`` (low, high) where given.
 
         Weighted, it is sum(w * NLL) / sum(|w|): with REINFORCE's weights (the
         advantage, of either sign) sum(w) can be near 0 or negative, which
@@ -553,8 +559,8 @@ class AutoUIPolicy(nn.Module):
         positive weights. The rows go through the model ``group`` at a time
         (:meth:`_summed_logprobs`); the loss is the whole batch's.
         """
-        logp, tokens = self._summed_logprobs(prompts, screenshots, actions, group)
-        per_row = -logp / tokens.clamp(min=1)
+        logp, tokens = self._summed_logprobs(prompts, screenshots, actions, group, clamp)
+        per_row = -logp / tokens.clamp(min=1) if per_token else -logp
         if weights is None:
             return per_row.mean()
         return (per_row * weights).sum() / weights.abs().sum().clamp(min=1e-8)

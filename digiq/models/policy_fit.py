@@ -18,7 +18,7 @@ from digiq.data.trajectories import TrajectoryStore
 from digiq.models.policy import AutoUIPolicy
 from digiq.progress import progress
 
-__all__ = ["FitRow", "load_screens", "fit_policy", "demo_rows"]
+__all__ = ["FitRow", "ImitationLoss", "load_screens", "fit_policy", "demo_rows"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,18 @@ class FitRow:
     image_path: str
     action: str
     weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class ImitationLoss:
+    """How a fit scores its rows: the mean of an action's token log-probabilities or (``per_token`` false) their
+    sum; each token's probability clamped to ``clamp`` (low, high) or not; dropout on while fitting or not. The
+    defaults are this repository's SFT; released Digi-Q's actor sums, clamps to [0.001, 0.99] and never turns
+    dropout on."""
+
+    per_token: bool = True
+    clamp: tuple[float, float] | None = None
+    dropout: bool = True
 
 
 def load_screens(
@@ -60,6 +72,7 @@ def fit_policy(
     grad_clip: float = 1.0,
     one_cycle: bool = True,
     draws_from: int | None = None,
+    loss: ImitationLoss = ImitationLoss(),
     desc: str = "fit policy",
 ) -> list[dict[str, float]]:
     """Train in place for ``epochs`` passes over ``rows`` or ``updates`` optimizer steps; returns the loss curve.
@@ -76,6 +89,10 @@ def fit_policy(
     kept nothing of) imitates nothing. A fixed number of ``updates`` gives
     every method the same training budget whatever the number of rows it
     keeps (stage 07).
+
+    ``loss`` says how the rows are scored (:class:`ImitationLoss`: the mean
+    or the sum over an action's tokens, a clamp of their probabilities,
+    dropout on or off).
 
     Under ``accelerate launch`` each process takes its share of every batch
     and the gradients are averaged (:mod:`digiq.parallel`): the same steps
@@ -101,21 +118,21 @@ def fit_policy(
         warm_up = 0.1 if total != 10 else 0.15
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=warm_up)
     curve: list[dict[str, float]] = []
-    model.train()
+    model.train(loss.dropout)
     bar = progress(total=total, desc=desc)
     for epoch, batch in _batches(rows, batch_size, total, rng, draws_from):
-        loss = 0.0
+        value = 0.0
         if batch:
             opt.zero_grad()
-            loss = parallel.backward_share(batch, lambda mine: {"loss": _loss(model, mine, screens)},
-                                           model.parameters(), weights=[r.weight for r in batch])["loss"]  # fmt: skip
+            value = parallel.backward_share(batch, lambda mine: {"loss": _loss(model, mine, screens, loss)},
+                                            model.parameters(), weights=[r.weight for r in batch])["loss"]  # fmt: skip
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
         if sched is not None:
             sched.step()
-        curve.append({"step": len(curve), "epoch": epoch, "loss": loss})
+        curve.append({"step": len(curve), "epoch": epoch, "loss": value})
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
+        bar.set_postfix(loss=f"{value:.3f}")
     bar.close()
     model.eval()
     return curve
@@ -142,7 +159,8 @@ def _batches(rows: Sequence[FitRow], batch_size: int, total: int, rng: random.Ra
         epoch += 1
 
 
-def _loss(model: AutoUIPolicy, rows: Sequence[FitRow], screens: dict[str, torch.Tensor]) -> torch.Tensor:
+def _loss(model: AutoUIPolicy, rows: Sequence[FitRow], screens: dict[str, torch.Tensor],
+          loss: ImitationLoss = ImitationLoss()) -> torch.Tensor:  # fmt: skip
     """The weighted NLL of ``rows`` (preloaded screens).
 
     The loss is normalised by the weights' sum, so only their ratios count; they are scaled to a largest of 1 in
@@ -151,7 +169,8 @@ def _loss(model: AutoUIPolicy, rows: Sequence[FitRow], screens: dict[str, torch.
     images = torch.stack([screens[r.image_path] for r in rows])
     weights = torch.tensor([r.weight for r in rows], dtype=torch.float64)
     weights = (weights / weights.abs().max().clamp(min=1e-300)).to(torch.float32).to(model.device)
-    return model.loss([r.prompt for r in rows], images, [r.action for r in rows], weights)
+    return model.loss([r.prompt for r in rows], images, [r.action for r in rows], weights,
+                      per_token=loss.per_token, clamp=loss.clamp)  # fmt: skip
 
 
 def demo_rows(store: TrajectoryStore) -> list[FitRow]:

@@ -12,7 +12,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from digiq import parallel
 from digiq.env.actions import format_action, press_enter, type_text
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
-from digiq.models.policy_fit import FitRow, fit_policy
+from digiq.models.policy_fit import FitRow, ImitationLoss, fit_policy
 from digiq.models.tokenizer import default_corpus, train_tokenizer
 
 
@@ -146,9 +146,12 @@ def test_weights_far_below_one_keep_their_ratios():
 
 
 def whole_batch_loss(model: AutoUIPolicy, prompts: list[str], images: torch.Tensor, actions: list[str],
-                     weights: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                     weights: torch.Tensor | None = None, per_token: bool = True,
+                     clamp: tuple[float, float] | None = None) -> torch.Tensor:  # fmt: skip
     """The loss as one forward pass computed it: the whole batch padded to its longest prompt and action, the
-    next-token distribution over the whole vocabulary at every position, the targets' log-probabilities read off it."""
+    next-token distribution over the whole vocabulary at every position, the targets' log-probabilities read off it
+    (the mean over an action's tokens, unclamped: the default loss)."""
+    assert per_token and clamp is None
     enc = model.encode(prompts, images)
     labels = model._labels(actions)
     pad = model.tokenizer.pad_token_id
@@ -270,3 +273,39 @@ def test_with_dropout_the_fits_end_as_the_whole_batch_fits_end():
     assert (diff != 0).all()  # the dropout masks differ
     assert abs(diff.mean()) < 3 * diff.std(ddof=1) / np.sqrt(len(diff)), ends
     assert np.mean(list(ends.values())) < 0.8 * np.mean(starts)  # the fits learn
+
+
+def test_the_released_loss_sums_an_action_s_tokens_and_clamps_their_probabilities():
+    """Released Digi-Q's actor: -sum of an action's token log-probabilities, each probability in [0.001, 0.99]; a
+    token beyond the clamp gives no gradient."""
+    policy = _tiny_policy()
+    prompts, images, actions = _rows(3)
+    logp, tokens = policy._summed_logprobs(prompts, images, actions, group=32)
+    summed = policy.loss(prompts, images, actions, per_token=False)
+    assert float(summed.detach()) == pytest.approx(float(-logp.detach().mean()), rel=1e-6)
+    assert float(policy.loss(prompts, images, actions).detach()) == pytest.approx(
+        float((-logp / tokens).detach().mean()), rel=1e-6
+    )
+    # A clamp every untrained token's probability lies outside (all below 0.5): every one held at log(0.5).
+    clamped = policy.loss(prompts, images, actions, per_token=False, clamp=(0.5, 0.9))
+    assert float(clamped.detach()) == pytest.approx(float(-(tokens * np.log(0.5)).float().mean()), rel=1e-6)
+    policy.zero_grad()
+    clamped.backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.parameters())
+    policy.zero_grad()
+    policy.loss(prompts, images, actions, per_token=False, clamp=(1e-9, 0.999999)).backward()
+    assert any(p.grad is not None and p.grad.any() for p in policy.parameters())
+
+
+def test_a_fit_without_dropout_keeps_the_model_as_at_inference(monkeypatch):
+    """As released Digi-Q's actor never enters train mode: dropout off during the fit."""
+    policy = AutoUIPolicy(PolicyConfig(d_model=32, d_ff=64, d_kv=8, image_dim=32, dropout=0.3),
+                          train_tokenizer(default_corpus(n_tasks=20, seed=0), vocab_size=300))  # fmt: skip
+    shots = {"s": torch.zeros(114, 54, 3, dtype=torch.uint8)}
+    fit = [FitRow(f"Goal: open app {i}", "s", format_action(press_enter())) for i in range(4)]
+    modes: list[bool] = []
+    real = AutoUIPolicy.loss
+    monkeypatch.setattr(AutoUIPolicy, "loss", lambda self, *a, **k: modes.append(self.training) or real(self, *a, **k))
+    fit_policy(policy, fit, shots, updates=2, batch_size=2, lr=1e-3, seed=0, loss=ImitationLoss(dropout=False))
+    fit_policy(policy, fit, shots, updates=2, batch_size=2, lr=1e-3, seed=0)
+    assert modes == [False, False, True, True] and not policy.training
