@@ -95,8 +95,7 @@ def main() -> None:
         rows = {k: table.rows(v) for k, v in b.items()}
         start = time.perf_counter()
         with torch.no_grad():
-            _, action_t, after = inputs(rows, target_towers if trained else None)
-            state_t = inputs(rows, target_towers if trained else None)[0]
+            state_t, action_t, after = inputs(rows, target_towers if trained else None)
             y_q = sum(target.v(after)) / 2
             y_v = sum(target.q(state_t, action_t)) / 2
         state, action, _ = inputs(rows, towers if trained else None)
