@@ -11,7 +11,10 @@ episodes share them.
 
 One thread (a worker's), ``--repeats`` steps each way, alternating; the figure is the median step.
 
-Last line: ``tower_step_ratio=<number>``: a step with trained towers over a step on frozen features.
+Three ways to run the towers are timed (:data:`WAYS`), and the frozen features beside them.
+
+Last line: ``tower_step_ratio=<number>``: a step with one shared tower called once a step over a step on frozen
+features.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import statistics
 import time
 
 import torch
-from torch import nn
 
 from digiq.env.actions import format_action, press_back, press_enter, tap, type_text
 from digiq.env.taskgen import generate_tasks
@@ -59,6 +61,13 @@ def texts_of_a_batch(batch: int, rng: random.Random) -> dict[str, list[str]]:
             "taken_text": taken_text}  # fmt: skip
 
 
+# The towers each way: three, each text kind's call on its own; three, each tower called once a step on the
+# distinct texts of all its inputs (TextTowers.encode); one tower shared by the three kinds, called once a step.
+WAYS = ("three, a call per input", "three, a call per tower", "one shared, a call a step")
+KEYS = {"goal": "goal", "before_type": "action_type", "before_text": "typed_text", "taken_type": "action_type",
+        "taken_text": "typed_text"}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=128)
@@ -69,36 +78,43 @@ def main() -> None:
     tok = train_tokenizer(default_corpus(n_tasks=300), vocab_size=1024)
     policy = AutoUIPolicy(PolicyConfig(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2), tok)
     d = policy.cfg.d_model
-    towers, target_towers = TextTowers(policy.t5.encoder, d), TextTowers(policy.t5.encoder, d)
-    target_towers.requires_grad_(False)
-    critic = Critic(CriticNetConfig(feature_dim=VLM_DIM + 3 * d, hidden=HIDDEN, action_dim=VLM_DIM + 2 * d))
-    target = critic.target()
-    opt = torch.optim.Adam([*critic.parameters(), *towers.parameters()], lr=1e-5)
     rng = random.Random(0)
     batches = [texts_of_a_batch(args.batch, rng) for _ in range(args.repeats)]
     table = TextTable.of([t for b in batches for texts in b.values() for t in texts], tok, policy.cfg.max_input_tokens)
     vlm_s, vlm_next, vlm_a = (torch.randn(args.batch, VLM_DIM) for _ in range(3))
-    frozen = {k: torch.randn(args.batch, d) for k in batches[0]}
+    frozen = {k: torch.randn(args.batch, d) for k in KEYS}
+    ways: dict[str, tuple[TextTowers | None, TextTowers | None]] = {"frozen": (None, None)}
+    for way in WAYS:
+        towers = TextTowers(policy.t5.encoder, d, shared=way.startswith("one"))
+        target_towers = TextTowers(policy.t5.encoder, d, shared=way.startswith("one")).requires_grad_(False)
+        ways[way] = (towers, target_towers)
+    critics = {way: Critic(CriticNetConfig(feature_dim=VLM_DIM + 3 * d, hidden=HIDDEN, action_dim=VLM_DIM + 2 * d))
+               for way in ways}  # fmt: skip
+    opts = {way: torch.optim.Adam([*critics[way].parameters(), *(ways[way][0].parameters() if ways[way][0] else [])],
+                                  lr=1e-5) for way in ways}  # fmt: skip
 
-    def inputs(texts: dict[str, torch.Tensor], enc: nn.Module | None) -> tuple[torch.Tensor, ...]:
-        def of(tower: str, key: str) -> torch.Tensor:
-            return enc(tower, table, texts[key]) if enc is not None else frozen[key]
-
-        state = torch.cat([vlm_s, of("goal", "goal"), of("action_type", "before_type"),
-                           of("typed_text", "before_text")], 1)  # fmt: skip
-        action = torch.cat([vlm_a, of("action_type", "taken_type"), of("typed_text", "taken_text")], 1)
-        after = torch.cat([vlm_next, of("goal", "goal"), of("action_type", "taken_type"),
-                           of("typed_text", "taken_text")], 1)  # fmt: skip
+    def inputs(rows: dict[str, torch.Tensor], way: str, enc: TextTowers | None) -> tuple[torch.Tensor, ...]:
+        if enc is None:
+            pooled = frozen
+        elif way.endswith("per input"):
+            pooled = {key: enc(KEYS[key], table, rows[key]) for key in KEYS}
+        else:
+            pooled = enc.encode(table, {key: (KEYS[key], rows[key]) for key in KEYS})
+        state = torch.cat([vlm_s, pooled["goal"], pooled["before_type"], pooled["before_text"]], 1)
+        action = torch.cat([vlm_a, pooled["taken_type"], pooled["taken_text"]], 1)
+        after = torch.cat([vlm_next, pooled["goal"], pooled["taken_type"], pooled["taken_text"]], 1)
         return state, action, after
 
-    def step(b: dict[str, list[str]], trained: bool) -> float:
+    def step(b: dict[str, list[str]], way: str) -> float:
         rows = {k: table.rows(v) for k, v in b.items()}
+        towers, target_towers = ways[way]
+        critic, opt = critics[way], opts[way]
         start = time.perf_counter()
         with torch.no_grad():
-            state_t, action_t, after = inputs(rows, target_towers if trained else None)
-            y_q = sum(target.v(after)) / 2
-            y_v = sum(target.q(state_t, action_t)) / 2
-        state, action, _ = inputs(rows, towers if trained else None)
+            state_t, action_t, after = inputs(rows, way, target_towers)
+            y_q = sum(critic.v(after)) / 2
+            y_v = sum(critic.q(state_t, action_t)) / 2
+        state, action, _ = inputs(rows, way, towers)
         loss = sum((q - y_q).pow(2).mean() for q in critic.q(state, action)) + sum(
             (v - y_v).pow(2).mean() for v in critic.v(state)
         )
@@ -107,15 +123,16 @@ def main() -> None:
         opt.step()
         return time.perf_counter() - start
 
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[str, list[float]] = {way: [] for way in ways}
     for b in batches:
-        for trained in (False, True):
-            times[trained].append(step(b, trained))
-    frozen_s, trained_s = statistics.median(times[False]), statistics.median(times[True])
+        for way in ways:
+            times[way].append(step(b, way))
+    median = {way: statistics.median(t) for way, t in times.items()}
     distinct = statistics.mean(len({t for texts in b.values() for t in texts}) for b in batches)
     print(f"distinct texts a batch: {distinct:.0f} of {5 * args.batch}")
-    print(f"step on frozen features: {1000 * frozen_s:.1f} ms; with trained towers: {1000 * trained_s:.1f} ms")
-    print(f"tower_step_ratio={trained_s / frozen_s:.1f}")
+    for way, t in median.items():
+        print(f"{way:<28} {1000 * t:7.1f} ms a step  ({t / median['frozen']:.1f}x frozen)")
+    print(f"tower_step_ratio={median[WAYS[-1]] / median['frozen']:.1f}")
 
 
 if __name__ == "__main__":

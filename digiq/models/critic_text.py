@@ -20,7 +20,7 @@ every step of its episodes), so every text is tokenized once into a table
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,15 +81,33 @@ class TextTower(nn.Module):
 
 
 class TextTowers(nn.Module):
-    """The critic's three towers (:data:`TOWERS`), each a copy of ``stack`` (the base policy's T5 encoder)."""
+    """The critic's towers (:data:`TOWERS`), each a copy of ``stack`` (the base policy's T5 encoder); with
+    ``shared``, one copy reads all three kinds of text."""
 
-    def __init__(self, stack: nn.Module, d_model: int) -> None:
+    def __init__(self, stack: nn.Module, d_model: int, shared: bool = False) -> None:
         super().__init__()
-        self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in TOWERS})
+        self.shared = shared
+        names = ("shared",) if shared else TOWERS
+        self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in names})
+
+    def encode(self, table: TextTable, requests: Mapping[str, tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Each request's (tower, rows) pooled states, by key: each tower called once, on the distinct rows of all
+        the requests it serves (a step's goals of s and s', say)."""
+        by_tower: dict[str, list[str]] = {}
+        for key, (tower, _) in requests.items():
+            by_tower.setdefault("shared" if self.shared else tower, []).append(key)
+        out: dict[str, torch.Tensor] = {}
+        for tower, keys in by_tower.items():
+            rows = [requests[key][1] for key in keys]
+            pooled = self(tower, table, torch.cat([r.reshape(-1) for r in rows]))
+            for key, part, r in zip(keys, pooled.split([r.numel() for r in rows]), rows, strict=True):
+                out[key] = part.reshape(*r.shape, -1)
+        return out
 
     def forward(self, tower: str, table: TextTable, rows: torch.Tensor) -> torch.Tensor:
         """(*rows.shape, d_model): ``tower``'s pooled states of the table's ``rows``, each distinct row encoded
         once."""
+        tower = "shared" if self.shared else tower
         distinct, back = torch.unique(rows, return_inverse=True)
         mask = table.mask[distinct]
         width = max(1, int(mask.sum(1).max())) if len(distinct) else 1  # the table pads to its longest text
