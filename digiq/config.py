@@ -1024,9 +1024,10 @@ SECTIONS: dict[str, type[Knobs]] = {
 }
 
 
-def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Settings:
+def load_settings(path: Path | str = PARAMS, params: dict[str, Any] | None = None) -> Settings:
     """The settings of the params at ``path`` (and the ``params/*.yaml`` beside it), or of ``params`` already
-    read from there.
+    read from there (:func:`load_params`, whose record of which file set each key the errors name; a plain
+    mapping is named as ``path``).
 
     Raises:
         ConfigError: naming the file, the group and the key of an unknown key, a value of the wrong type or out
@@ -1047,7 +1048,7 @@ def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Se
         raise ConfigError(_explain(e.errors()[0], params, path)) from None
 
 
-def _variants(params: Params, path: Path | str) -> dict[str, dict[str, Any]]:
+def _variants(params: dict[str, Any], path: Path | str) -> dict[str, dict[str, Any]]:
     """Group ``variants``: each named variant as the ``critic`` group's keys with its changes over them."""
     raw = params.get("variants") or {}
     where = f"{Path(path).name}: variants"
@@ -1072,7 +1073,7 @@ def _named_keys(group: dict[Any, Any], where: str) -> None:
         raise ConfigError(f"{where}: key {odd[0]!r} is not a knob's name (quote it if it is one)")
 
 
-def _where(params: Params, name: str, path: Path | str, key: str = "") -> str:
+def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
     """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
     raw, source = params.get(name, {}), getattr(params, "source", {})
     keys = [key] if key else list(raw) if isinstance(raw, dict) else []
@@ -1085,7 +1086,7 @@ _BOUNDS = {"greater_than_equal": (0, ">="), "greater_than": (1, ">"), "less_than
            "less_than": (3, "<")}  # fmt: skip
 
 
-def _explain(error: Any, params: Params, path: Path | str) -> str:
+def _explain(error: Any, params: dict[str, Any], path: Path | str) -> str:
     """One of pydantic's errors in building the settings as a message that names the file, the group and the key."""
     loc, cause = error["loc"], error.get("ctx", {}).get("error")
     if not loc:  # a rule between groups: name each group.key's file
