@@ -1073,12 +1073,17 @@ def _named_keys(group: dict[Any, Any], where: str) -> None:
         raise ConfigError(f"{where}: key {odd[0]!r} is not a knob's name (quote it if it is one)")
 
 
-def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
-    """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
+def _files(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
+    """The file that set ``name.key`` (or every file that set a key of group ``name``); ``path``'s where none
+    is recorded."""
     raw, source = params.get(name, {}), getattr(params, "source", {})
     keys = [key] if key else list(raw) if isinstance(raw, dict) else []
-    files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
-    return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
+    return ", ".join(sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name])
+
+
+def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
+    """:func:`_files` and the knob's name."""
+    return f"{_files(params, name, path, key)}: {name}" + (f".{key}" if key else "")
 
 
 # pydantic's range errors: which bound of knob_range, and its sign.
@@ -1096,7 +1101,7 @@ def _explain(error: Any, params: dict[str, Any], path: Path | str) -> str:
     variant = loc[0] == "variants"
     group = f"variants.{loc[1]}" if variant else str(loc[0])
     key, message = getattr(cause, "key", None), str(cause or error["msg"])
-    files = Path(path).name if variant else _where(params, group, path, key or "").split(":")[0]
+    files = Path(path).name if variant else _files(params, group, path, key or "")
     if key is None or not cause.dotted:
         return f"{files}: {group}: {message}"
     named = f"{files}: {group}.{key}"
