@@ -1024,9 +1024,10 @@ SECTIONS: dict[str, type[Knobs]] = {
 }
 
 
-def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Settings:
+def load_settings(path: Path | str = PARAMS, params: dict[str, Any] | None = None) -> Settings:
     """The settings of the params at ``path`` (and the ``params/*.yaml`` beside it), or of ``params`` already
-    read from there.
+    read from there (:func:`load_params`, whose record of which file set each key the errors name; a plain
+    mapping is named as ``path``).
 
     Raises:
         ConfigError: naming the file, the group and the key of an unknown key, a value of the wrong type or out
@@ -1047,7 +1048,7 @@ def load_settings(path: Path | str = PARAMS, params: Params | None = None) -> Se
         raise ConfigError(_explain(e.errors()[0], params, path)) from None
 
 
-def _variants(params: Params, path: Path | str) -> dict[str, dict[str, Any]]:
+def _variants(params: dict[str, Any], path: Path | str) -> dict[str, dict[str, Any]]:
     """Group ``variants``: each named variant as the ``critic`` group's keys with its changes over them."""
     raw = params.get("variants") or {}
     where = f"{Path(path).name}: variants"
@@ -1072,12 +1073,17 @@ def _named_keys(group: dict[Any, Any], where: str) -> None:
         raise ConfigError(f"{where}: key {odd[0]!r} is not a knob's name (quote it if it is one)")
 
 
-def _where(params: Params, name: str, path: Path | str, key: str = "") -> str:
-    """The file that set ``name.key`` (or every file that set a key of group ``name``) and the knob's name."""
+def _files(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
+    """The file that set ``name.key`` (or every file that set a key of group ``name``); ``path``'s where none
+    is recorded."""
     raw, source = params.get(name, {}), getattr(params, "source", {})
     keys = [key] if key else list(raw) if isinstance(raw, dict) else []
-    files = sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name]
-    return f"{', '.join(files)}: {name}" + (f".{key}" if key else "")
+    return ", ".join(sorted({source[name, k].name for k in keys if (name, k) in source}) or [Path(path).name])
+
+
+def _where(params: dict[str, Any], name: str, path: Path | str, key: str = "") -> str:
+    """:func:`_files` and the knob's name."""
+    return f"{_files(params, name, path, key)}: {name}" + (f".{key}" if key else "")
 
 
 # pydantic's range errors: which bound of knob_range, and its sign.
@@ -1085,7 +1091,7 @@ _BOUNDS = {"greater_than_equal": (0, ">="), "greater_than": (1, ">"), "less_than
            "less_than": (3, "<")}  # fmt: skip
 
 
-def _explain(error: Any, params: Params, path: Path | str) -> str:
+def _explain(error: Any, params: dict[str, Any], path: Path | str) -> str:
     """One of pydantic's errors in building the settings as a message that names the file, the group and the key."""
     loc, cause = error["loc"], error.get("ctx", {}).get("error")
     if not loc:  # a rule between groups: name each group.key's file
@@ -1095,7 +1101,7 @@ def _explain(error: Any, params: Params, path: Path | str) -> str:
     variant = loc[0] == "variants"
     group = f"variants.{loc[1]}" if variant else str(loc[0])
     key, message = getattr(cause, "key", None), str(cause or error["msg"])
-    files = Path(path).name if variant else _where(params, group, path, key or "").split(":")[0]
+    files = Path(path).name if variant else _files(params, group, path, key or "")
     if key is None or not cause.dotted:
         return f"{files}: {group}: {message}"
     named = f"{files}: {group}.{key}"

@@ -197,7 +197,8 @@ class PickInputs:
     right: np.ndarray | None  # the expert matrix, where a perfect-critic row asks for it
     index: int  # the seed's index, from 0
     seed: int  # actor.seed + index
-    _drawn: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    # drawn()'s matrices, one per (critic, K)
+    _drawn: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def drawn(self, critic: str, k: int) -> np.ndarray:
         """(S, N): A = Q - V by ``critic``'s critics at the K candidates drawn per state (:func:`drawn_per_task_set`),
