@@ -105,6 +105,13 @@ class KnobError(ValueError):
 MAX_TASKS = 100_000  # tasks, episodes, states or questions in one list or sample (AitW's largest split: ~9,000)
 MAX_CANDIDATES = 1024  # candidate actions per state (Digi-Q: 16)
 MAX_BATCH = 65_536  # rows of one batch
+# How the actor scores an action (actor.token_loss) and which states Digi-Q's rows draw from (actor.draws).
+TOKEN_LOSSES = ("sum", "mean")
+ACTOR_DRAWS = ("critic_train", "all")
+# The clamp of each token's probability in the actor's loss (actor.token_clamp), as released Digi-Q's.
+TOKEN_CLAMP = (0.001, 0.99)
+# How the critic reads its texts (critic.text_encoder): towers trained with it, or frozen averages.
+TEXT_ENCODERS = ("trained", "frozen")
 # How the critic joins its twin heads (critic.twin_heads): the pessimistic minimum, or each head on its own.
 TWIN_HEADS = ("min", "each")
 MAX_STEPS = 10_000_000  # optimizer steps of one fit
@@ -671,9 +678,10 @@ class AblationsConfig(Knobs):
 
 
 class CriticConfig(Knobs):
-    """Stage 06: double Q and V heads trained by TD on frozen features.
+    """Stage 06: double Q and V heads trained by TD on frozen VLM features and the texts, through text towers
+    trained with them.
 
-    The defaults are Digi-Q's critic (the ``digiq`` row): VLM and text features, plain TD. The CQL term and
+    The defaults are Digi-Q's critic (the ``digiq`` row): VLM features and trained text towers, plain TD. The CQL term and
     the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
     """
 
@@ -727,6 +735,14 @@ class CriticConfig(Knobs):
         help="also read the goal and the actions' type and typed text, as Digi-Q's critic does "
         "(through the base policy's T5 encoder)",
     )
+    text_encoder: str = _knob(
+        "trained",
+        help="trained: the texts go through three towers (goal, action type, typed text), copies of the base "
+        "policy's T5 encoder trained with the heads by TD, as released Digi-Q trains its three RoBERTa encoders; "
+        "frozen: the base encoder's token average, computed once (for comparison)",
+    )
+    text_tokens: int = _knob(64, help="a text is cut to this many tokens before the towers read it", at_least=1,
+                             at_most=4096)  # fmt: skip
     tap_targets: bool = _knob(
         False,
         help="also read, per tap candidate, the label of the element it lands on, from the view "
@@ -750,6 +766,13 @@ class CriticConfig(Knobs):
                 raise ValueError(f"{name}: true needs text_features: true (it is one of the text features)")
         if self.list_entries and not self.tap_targets:
             raise ValueError("list_entries: true needs tap_targets: true (it reads the same view hierarchy)")
+        if self.text_encoder not in TEXT_ENCODERS:
+            raise ValueError(f"text_encoder must be one of {list(TEXT_ENCODERS)}, got {self.text_encoder!r}")
+
+    @property
+    def towers(self) -> bool:
+        """Whether the critic encodes its texts with towers of its own."""
+        return self.text_features and self.text_encoder == "trained"
 
 
 class ActorConfig(Knobs):
@@ -786,7 +809,27 @@ class ActorConfig(Knobs):
         "[0, 1] (released Digi-Q: 0.01)",
         above=0,
     )
+    token_loss: str = _knob(
+        "sum",
+        help="an action's log-probability: sum over its tokens (released Digi-Q) | mean: per token, so that a "
+        "short action weighs as much as a long one",
+    )
+    token_clamp: bool = _knob(
+        True,
+        help="clamp each token's probability to [0.001, 0.99] (no gradient beyond), as released Digi-Q's actor",
+    )
+    dropout: bool = _knob(False, help="dropout on while fitting (released Digi-Q's actor: off)")
+    draws: str = _knob(
+        "critic_train",
+        help="the states Digi-Q's rows imitate and draw from: critic_train, the trajectories their critic trained on "
+        "(released Digi-Q) | all, the held-out ones too",
+    )
     seed: int = _seed(5, help="seed")
+
+    def check_rules(self) -> None:
+        for name, allowed in (("token_loss", TOKEN_LOSSES), ("draws", ACTOR_DRAWS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
 
     def thresholds(self, task_sets: Sequence[str]) -> np.ndarray:
         """Best-of-N's advantage threshold for each state, by its task set."""

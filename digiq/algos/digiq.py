@@ -54,7 +54,7 @@ from digiq import parallel
 from digiq.config import ActorConfig, CriticConfig
 from digiq.data.picks import Picks
 from digiq.data.trajectories import heldout_rows
-from digiq.models.critic import Critic, CriticNetConfig
+from digiq.models.critic import Critic, CriticNetConfig, TextStart, tower_fields
 from digiq.models.policy_fit import FitRow
 from digiq.progress import progress
 from digiq.rows import EXTRACTIONS
@@ -95,7 +95,8 @@ def twin_targets(rule: str, heads: tuple[torch.Tensor, torch.Tensor]) -> tuple[t
 
 
 def q_targets(target: Critic, batch: dict[str, torch.Tensor], gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y_Q_j = r + gamma (1 - done) Vbar_j(s') for each head j, Vbar_j by the twin-head rule (:func:`twin_targets`)."""
+    """y_Q_j = r + gamma (1 - done) Vbar_j(s') for each head j, Vbar_j by the twin-head rule (:func:`twin_targets`);
+    ``batch``'s ``next_state`` as ``target`` reads it (:meth:`~digiq.models.critic.Critic.inputs`)."""
     v1, v2 = twin_targets(target.cfg.twin, target.v(batch["next_state"]))
     return (batch["reward"] + gamma * (1 - batch["done"]) * v1, batch["reward"] + gamma * (1 - batch["done"]) * v2)
 
@@ -106,18 +107,23 @@ def td_losses(
     """The Q and V losses of one batch of transitions: each head's squared error to its target, summed over heads.
 
     y_Q_j = r + gamma (1 - done) Vbar_j(s') and y_V_j = Qbar_j(s, a), the target critic's heads by the twin-head
-    rule (:func:`twin_targets`).
+    rule (:func:`twin_targets`). Each critic reads ``batch`` through its own text towers, if it has them
+    (:meth:`~digiq.models.critic.Critic.inputs`): the target critic's are the soft-updated copies.
     """
     with torch.no_grad():
-        y_q1, y_q2 = q_targets(target, batch, gamma)
-        y_v1, y_v2 = twin_targets(target.cfg.twin, target.q(batch["state"], batch["action"]))
-    q1, q2 = critic.q(batch["state"], batch["action"])
-    v1, v2 = critic.v(batch["state"])
+        read = {**batch, **target.inputs(batch, ("state", "next_state", "action"))}  # its towers, if it has them
+        y_q1, y_q2 = q_targets(target, read, gamma)
+        y_v1, y_v2 = twin_targets(target.cfg.twin, target.q(read["state"], read["action"]))
+    x = critic.inputs(batch, ("state", "action"))
+    q1, q2 = critic.q(x["state"], x["action"])
+    v1, v2 = critic.v(x["state"])
     return F.mse_loss(q1, y_q1) + F.mse_loss(q2, y_q2), F.mse_loss(v1, y_v1) + F.mse_loss(v2, y_v2)
 
 
 def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dict[str, torch.Tensor]:
-    """One row per stored step: the features of s, s' and the action taken (candidate 0), reward, done, MC return."""
+    """One row per stored step: the features of s, s' and the action taken (candidate 0), reward, done, MC return,
+    and the text rows of s and s' where ``feats`` has them (a critic with towers)."""
+    rows = {k: torch.from_numpy(np.asarray(feats[k])) for k in ("goal_row", "before_rows", "taken_rows") if k in feats}
     return {
         "state": torch.from_numpy(np.asarray(feats["state"])),
         "next_state": torch.from_numpy(np.asarray(feats["next_state"])),
@@ -125,19 +131,30 @@ def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dic
         "reward": torch.tensor(steps.reward.to_numpy(), dtype=torch.float32),
         "done": torch.tensor(steps.done.to_numpy(), dtype=torch.float32),
         "mc_return": torch.tensor(steps.mc_return.to_numpy(), dtype=torch.float32),
+        **rows,
     }
 
 
-def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray]) -> Critic:
-    """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed)."""
-    net = CriticNetConfig(feature_dim=feats["state"].shape[1], hidden=cfg.hidden,
-                          action_dim=feats["candidates"].shape[2], text=cfg.text_features, targets=cfg.tap_targets,
-                          typed=cfg.typed_match, entries=cfg.list_entries, twin=cfg.twin_heads)  # fmt: skip
-    return Critic(net)
+def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], encoder: TextStart | None = None) -> Critic:
+    """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed); with
+    ``cfg.towers``, its towers copies of ``encoder``'s policy's T5 encoder, reading ``encoder``'s texts."""
+    shape = {}
+    if cfg.towers:
+        if encoder is None:
+            raise ValueError("a critic with text towers starts from the base policy's encoder: none was given")
+        shape = tower_fields(encoder.policy, cfg.text_tokens)
+    width = 0 if not cfg.towers else encoder.policy.cfg.d_model  # each text the towers add
+    net = CriticNetConfig(feature_dim=feats["state"].shape[1] + 3 * width, hidden=cfg.hidden,
+                          action_dim=feats["candidates"].shape[2] + 2 * width, text=cfg.text_features,
+                          targets=cfg.tap_targets, typed=cfg.typed_match, entries=cfg.list_entries,
+                          twin=cfg.twin_heads, **shape)  # fmt: skip
+    if encoder is None or not cfg.towers:
+        return Critic(net)
+    return Critic.with_towers(net, encoder.policy).read_texts(encoder.texts)
 
 
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
-               scored: np.ndarray | None = None) -> dict[str, Any]:  # fmt: skip
+               scored: np.ndarray | None = None, encoder: TextStart | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one critic by TD (seeded by ``seed``) on ``feats`` (:mod:`digiq.models.critic_inputs`, one row per
     stored step) and ``steps`` (their reward, done, MC return and trajectory); the held-out V-vs-return correlation
     measures it.
@@ -146,7 +163,9 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     same ones for every seed's critic, so that the diagnostics (stage 08)
     judge every seed on trajectories none of them trained on. ``cfg.steps``
     updates, each on ``cfg.batch_size`` transitions drawn at random (with
-    replacement) from the rest, as released Digi-Q draws its batches.
+    replacement) from the rest, as released Digi-Q draws its batches. With
+    ``cfg.towers`` the critic's text towers start from ``encoder``
+    (:func:`build_critic`) and train with the heads at the same rate.
     ``scored`` (states, N) marks the candidates the conservative term
     (``cfg.conservative`` > 0) pushes down, which needs it.
     """
@@ -159,12 +178,14 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
     if cfg.conservative > 0:
         data["candidates"] = torch.from_numpy(np.asarray(feats["candidates"]))
         data["scored"] = torch.from_numpy(np.asarray(scored, bool))
+        if "action_rows" in feats:
+            data["action_rows"] = torch.from_numpy(np.asarray(feats["action_rows"]))
     # The conservative term scores all N candidates of only the batch's first ``penalised`` states (all of them
     # would cost N TD steps); a row carries whether it is one, so that each process's share sums to the batch's.
     penalised = min(cfg.penalty_states, cfg.batch_size)
     names = ("q", "v", "conservative") if cfg.conservative > 0 else ("q", "v")
     dev = parallel.device()
-    critic = build_critic(cfg, feats).to(dev)
+    critic = build_critic(cfg, feats, encoder).to(dev)
     target = critic.target()
     opt = torch.optim.AdamW(critic.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -184,11 +205,11 @@ def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFr
             curves[name].append(loss[name])
     critic.eval()
     with torch.no_grad():
-        v_held = critic.joined(critic.v(data["state"][test_idx].to(dev))).cpu().numpy()
+        held = critic.inputs({k: t[test_idx].to(dev) for k, t in data.items()}, ("state",), critic.encode_texts())
+        v_held = critic.joined(critic.v(held["state"])).cpu().numpy()
     mc = steps.mc_return.to_numpy()[test_idx]
     corr = float(np.corrcoef(v_held, mc)[0, 1]) if len(test_idx) > 2 and mc.std() > 0 else float("nan")
-    transitions = {k: data[k][train_idx].to(dev) for k in ("state", "next_state", "action", "reward", "done")}
-    fit = td_fit(critic, transitions, cfg.gamma)
+    fit = td_fit(critic, {k: t[train_idx].to(dev) for k, t in data.items()}, cfg.gamma)
     return {"critic": critic, "curves": curves, "corr": corr, "train": len(train_idx), "heldout": len(test_idx),
             "train_rows": train_idx, **fit}  # fmt: skip
 
@@ -213,13 +234,15 @@ def batch_losses(cfg: CriticConfig, critic: Critic, target: Critic, data: dict[s
 
 @torch.no_grad()
 def td_fit(critic: Critic, data: dict[str, torch.Tensor], gamma: float) -> dict[str, float]:
-    """How far Q of the taken actions is from its TD target, and from V, over ``data`` (the training transitions).
+    """How far Q of the taken actions is from its TD target, and from V, over ``data`` (the training transitions,
+    as :func:`transition_tensors` gives them).
 
     Best-of-N keeps a pick when Q - V clears a fixed threshold, so Q and V
     must agree where they meet, at the taken action. A conservative term
     strong enough to outweigh TD moves Q off its target by a shift that
     differs from seed to seed, and with it the share of states kept.
     """
+    data = {**data, **critic.inputs(data, ("state", "next_state", "action"), critic.encode_texts())}
     q = critic.joined(critic.q(data["state"], data["action"]))
     y_q = critic.joined(q_targets(critic, data, gamma))
     gap = q - critic.joined(critic.v(data["state"]))
@@ -233,7 +256,8 @@ def conservative_term(cfg: CriticConfig, critic: Critic, target: Critic, rows: d
     marked = rows["scored"]
     if cfg.conservative_gate:
         marked = marked & moved_forward(target, rows, cfg.gamma)[:, None]
-    return conservative_penalty(critic, rows["state"], rows["candidates"], marked, cfg.conservative_floor).sum()
+    x = critic.inputs(rows, ("state", "candidates"))
+    return conservative_penalty(critic, x["state"], x["candidates"], marked, cfg.conservative_floor).sum()
 
 
 def conservative_penalty(critic: Critic, state: torch.Tensor, candidates: torch.Tensor, scored: torch.Tensor,
@@ -271,6 +295,7 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
     critic's wrong picks go to the commonest of them (Back).
     ``critic.conservative_gate`` keeps the term to these steps.
     """
+    batch = {**batch, **target.inputs(batch, ("state", "next_state"))}
     forward = target.joined(q_targets(target, batch, gamma)) - target.joined(target.v(batch["state"])) > 0
     return forward | (batch["mc_return"] > 0)
 
@@ -278,16 +303,19 @@ def moved_forward(target: Critic, batch: dict[str, torch.Tensor], gamma: float) 
 # ---------------------------------------------------------------- the actor
 
 
-def drawn_advantages(critic: Critic, state: np.ndarray, candidates: np.ndarray, valid: np.ndarray, k: int,
-                     rng: np.random.Generator) -> np.ndarray:  # fmt: skip
-    """(S, N): A = Q(s, a) - V(s) of the K candidates drawn per state (0, the action taken, always in); -inf elsewhere.
+def drawn_advantages(critic: Critic, data: dict[str, np.ndarray], valid: np.ndarray, k: int, rng: np.random.Generator,
+                     rows: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """(S, N): A = Q(s, a) - V(s) of the K candidates drawn per state of ``data`` (critic inputs, as
+    :func:`~digiq.models.critic.inputs_for` gives them; only its ``rows``, if given; 0, the action taken, always
+    in); -inf elsewhere.
 
     A candidate not drawn, or drawn but invalid, gets -inf: Best-of-N never
     picks it and the weighted extractions never imitate it. Every extraction
     of one seed reads this one matrix, so they all see the same candidates.
     """
-    _, _, adv = critic.advantage(torch.from_numpy(np.asarray(state)), torch.from_numpy(np.asarray(candidates)))
-    return drawn_among(adv.numpy(), valid, k, rng)
+    x = critic.read(data, np.arange(len(data["state"])) if rows is None else rows, ("state", "candidates"))
+    _, _, adv = critic.advantage(x["state"], x["candidates"])
+    return drawn_among(adv.cpu().numpy(), valid, k, rng)
 
 
 def drawn_among(adv: np.ndarray, valid: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -157,8 +157,8 @@ def load_text_rows(paths: Paths) -> tuple[list[str], dict[str, np.ndarray]]:
     return texts, rows
 
 
-def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: bool = False, typed: bool = False,
-                  entries: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
+def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, towers: bool = False, targets: bool = False,
+                  typed: bool = False, entries: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
     """``state`` (S, Ds), ``next_state`` (S, Ds), ``candidates`` (S, N, Da): what a critic reads.
 
     Stage 05's features of ``vlm``; with ``text``, followed by the text
@@ -167,15 +167,18 @@ def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: 
     (:data:`digiq.models.critic_inputs.STATE_TEXT`, ``ACTION_TEXT``); with
     ``targets``, the label of the element a tap lands on, with ``typed``, the
     typed text's match with the goal, and with ``entries``, which entry of a
-    list a tap lands on, last. The critics, the actors, the diagnostics and
-    the Q/V viewer all read them here, so a critic always sees the inputs it
-    was trained on.
+    list a tap lands on, last. With ``towers`` (a critic that encodes the
+    texts itself, :mod:`digiq.models.critic_text`), the text features are
+    left out and the texts' rows (:data:`TEXT_ROWS`) given instead; the
+    candidates' other inputs follow the VLM's features all the same. The
+    critics, the actors, the diagnostics and the Q/V viewer all read them
+    here, so a critic always sees the inputs it was trained on.
     """
     feats = load_features(paths, vlm)
     out = {name: feats[name] for name in ("state", "next_state", "candidates")}
-    if (targets or typed or entries) and not text:
-        raise ValueError("the tapped element, the typed match and the list entry are text features: targets, typed "
-                         "and entries need text")  # fmt: skip
+    if (targets or typed or entries or towers) and not text:
+        raise ValueError("the towers, the tapped element, the typed match and the list entry are text features: "
+                         "towers, targets, typed and entries need text")  # fmt: skip
     if not text:
         return out
     words = load_text_features(paths)
@@ -187,9 +190,12 @@ def critic_inputs(paths: Paths, vlm: str = "finetuned", *, text: bool, targets: 
         if wanted and name not in words:
             raise DataError(f"{paths.critic_inputs} has no {name}.npy: the view hierarchies were not stored with "
                             "the steps (collect with collect.view_hierarchy: true)")  # fmt: skip
-    candidates = [words["actions"], *(words[name] for name, wanted in extra if wanted)]
+    others = [words[name] for name, wanted in extra if wanted]
+    if towers:
+        return {**out, "candidates": np.concatenate([out["candidates"], *others], 2) if others else out["candidates"],
+                **load_text_rows(paths)[1]}  # fmt: skip
     return {
         "state": np.concatenate([out["state"], words["goal"], words["before"]], 1),
         "next_state": np.concatenate([out["next_state"], words["goal"], words["taken"]], 1),
-        "candidates": np.concatenate([out["candidates"], *candidates], 2),
+        "candidates": np.concatenate([out["candidates"], words["actions"], *others], 2),
     }

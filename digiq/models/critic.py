@@ -1,10 +1,17 @@
-"""Critic heads over frozen VLM features: double Q(s, a) and double V(s), with target copies.
+"""The critic: double Q(s, a) and double V(s) heads over frozen VLM features and the texts, with target copies.
 
 Q reads the state's features and the (state, action) representation (of
 the same size, or ``action_dim``); V reads the state's features. Both may
-end with text features (``text``; :mod:`digiq.models.critic_inputs`). Both heads
-are small MLPs, so TD learning over tens of thousands of transitions takes
-seconds on a CPU.
+end with text features of the goal and the actions (``text``): as released
+Digi-Q reads them, through text towers trained with the heads
+(``towers``; :mod:`digiq.models.critic_text`), or frozen averages computed
+once (:mod:`digiq.models.critic_inputs`). The heads are small MLPs; with
+towers, most of a TD step is the towers'.
+
+A critic with towers reads its texts as rows of a table (``texts.json`` of
+the critic_inputs stage; :meth:`Critic.read_texts`), and :meth:`Critic.inputs`
+appends the towers' encodings to the VLM's features as the frozen averages
+are appended.
 """
 
 from __future__ import annotations
@@ -13,19 +20,28 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase, T5Config
 
 from digiq.config import TWIN_HEADS
-from digiq.data.features import critic_inputs
-from digiq.models.checkpoint import load_weights, read_meta, read_typed_config, save_checkpoint
+from digiq.data.features import critic_inputs, load_text_rows
+from digiq.models.checkpoint import load_weights, read_meta, read_tokenizer, read_typed_config, save_checkpoint
+from digiq.models.critic_text import TextTable, TextTowers, encoder_stack, vocabulary_digest
+from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 
-__all__ = ["CriticNetConfig", "Critic", "mlp", "same_candidates", "pair_mlp", "load_critics", "per_task_set",
+__all__ = ["CriticNetConfig", "TextStart", "tower_fields", "Critic", "mlp", "same_candidates", "pair_mlp", "load_critics", "per_task_set",
            "critic_scores", "inputs_for", "trained_inputs"]  # fmt: skip
 
+# The text rows a critic with towers reads (digiq.data.features.TEXT_ROWS).
+ROW_KEYS = ("goal_row", "before_rows", "taken_rows", "action_rows")
+# Whose type and typed text each input of the heads reads: a state's previous action's, s' 's (the action taken),
+# the action taken's, each candidate's.
+ACTION_ROWS = {"state": "before_rows", "next_state": "taken_rows", "action": "taken_rows", "candidates": "action_rows"}
 # States scored at once by Critic.advantage: each block's pairs are built and dropped before the next one's.
 SCORE_BLOCK = 1024
 
@@ -50,10 +66,49 @@ class CriticNetConfig:
     # How the twin heads are joined (critic.twin_heads): "min", the pessimistic minimum everywhere, or "each",
     # released Digi-Q's: each head trained on its own target head, and the actor reading their maximum.
     twin: str = "min"
+    # Whether the text features are the critic's own towers' (critic.text_encoder "trained"), copies of the base
+    # policy's T5 encoder: their shape, the longest text they read in tokens, and their tokenizer's vocabulary
+    # (vocabulary_digest). Without towers the inputs carry frozen averages instead.
+    towers: bool = False
+    text_d_model: int = 0
+    text_d_ff: int = 0
+    text_d_kv: int = 0
+    text_heads: int = 0
+    text_layers: int = 0
+    text_vocab: int = 0
+    text_dropout: float = 0.0
+    text_tokens: int = 0
+    vocab_digest: str = ""
 
     def __post_init__(self) -> None:
         if self.twin not in TWIN_HEADS:
             raise ValueError(f"twin must be one of {list(TWIN_HEADS)}, got {self.twin!r}")
+        if self.towers and not (self.text and self.text_d_model > 0 and self.text_tokens > 0 and self.vocab_digest):
+            raise ValueError("towers need text, their T5 shape, text_tokens and the vocabulary's digest")
+
+    def tower_shape(self, tokenizer: PreTrainedTokenizerBase) -> T5Config:
+        """The towers' T5 encoder configuration."""
+        return T5Config(vocab_size=self.text_vocab, d_model=self.text_d_model, d_ff=self.text_d_ff,
+                        d_kv=self.text_d_kv, num_heads=self.text_heads, num_layers=self.text_layers,
+                        feed_forward_proj="gated-gelu", dropout_rate=self.text_dropout,
+                        pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+
+
+class TextStart(NamedTuple):
+    """What a new critic's towers start from: the base policy (its T5 encoder and tokenizer) and the texts its
+    inputs' rows point at (the critic_inputs stage's ``texts.json``)."""
+
+    policy: AutoUIPolicy
+    texts: Sequence[str]
+
+
+def tower_fields(policy: AutoUIPolicy, text_tokens: int) -> dict[str, object]:
+    """:class:`CriticNetConfig`'s tower fields for towers copied from ``policy``'s T5 encoder."""
+    pc = policy.cfg
+    return {"towers": True, "text_d_model": pc.d_model, "text_d_ff": pc.d_ff, "text_d_kv": pc.d_kv,
+            "text_heads": pc.num_heads, "text_layers": pc.num_layers,
+            "text_vocab": policy.t5.shared.num_embeddings, "text_dropout": pc.dropout, "text_tokens": text_tokens,
+            "vocab_digest": vocabulary_digest(policy.tokenizer)}  # fmt: skip
 
 
 def mlp(d_in: int, hidden: int) -> nn.Sequential:
@@ -141,12 +196,90 @@ def pair_mlp(net: nn.Sequential, state: torch.Tensor, candidates: torch.Tensor,
 
 
 class Critic(nn.Module):
-    def __init__(self, cfg: CriticNetConfig) -> None:
+    """The twin Q and V heads, and with ``cfg.towers`` the text towers they read (:class:`TextTowers`) with their
+    tokenizer."""
+
+    def __init__(self, cfg: CriticNetConfig, towers: TextTowers | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None) -> None:  # fmt: skip
         super().__init__()
+        if cfg.towers != (towers is not None) or (towers is not None and tokenizer is None):
+            raise ValueError("a critic has text towers and their tokenizer exactly when its config says towers")
         self.cfg = cfg
         q_in = cfg.feature_dim + (cfg.action_dim or cfg.feature_dim)
         self.q1, self.q2 = mlp(q_in, cfg.hidden), mlp(q_in, cfg.hidden)
         self.v1, self.v2 = mlp(cfg.feature_dim, cfg.hidden), mlp(cfg.feature_dim, cfg.hidden)
+        self.towers, self.tokenizer = towers, tokenizer
+        self.table: TextTable | None = None  # the texts the rows of its inputs point at (read_texts)
+        self._encoded: dict[str, torch.Tensor] | None = None  # every text through the towers, for scoring
+
+    @classmethod
+    def with_towers(cls, cfg: CriticNetConfig, policy: AutoUIPolicy) -> "Critic":
+        """A critic whose towers start as copies of ``policy``'s T5 encoder (``cfg``: :func:`tower_fields`')."""
+        return cls(cfg, TextTowers(policy.t5.encoder, policy.cfg.d_model), policy.tokenizer)
+
+    def read_texts(self, texts: Sequence[str]) -> "Critic":
+        """Tokenize the texts its inputs' rows point at (a no-op without towers); returns the critic."""
+        if self.tokenizer is not None:
+            self.table = TextTable.of(texts, self.tokenizer, self.cfg.text_tokens)
+            self._encoded = None
+        return self
+
+    def train(self, mode: bool = True) -> "Critic":
+        self._encoded = None  # trained towers encode differently
+        return super().train(mode)
+
+    def inputs(self, batch: Mapping[str, torch.Tensor], keys: Sequence[str],
+               encoded: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """``batch``'s ``keys`` ("state", "next_state", "action", "candidates") as the heads read them.
+
+        Without towers, ``batch``'s own arrays. With them, ``batch`` holds the
+        VLM's features (the candidates' with their extra inputs) and the text
+        rows (``goal_row``, ``before_rows``, ``taken_rows``, ``action_rows``;
+        :data:`~digiq.data.features.TEXT_ROWS`), and the towers' encodings
+        follow them: a state's goal and previous action's type and typed text
+        (s' 's previous action is the one taken), an action's type and typed
+        text. Each tower is called once over the distinct texts of every key,
+        or with ``encoded`` they are read from :meth:`encode_texts`' table.
+        """
+        if self.towers is None:
+            return {key: batch[key] for key in keys}
+        if self.table is None:
+            raise ValueError("the critic's towers read rows of a text table: call read_texts first")
+        requests: dict[str, tuple[str, torch.Tensor]] = {}
+        for key in keys:
+            if key in ("state", "next_state"):
+                requests["goal"] = ("goal", batch["goal_row"])
+            rows = batch[ACTION_ROWS[key]]
+            requests[f"{key} type"] = ("action_type", rows[..., 0])
+            requests[f"{key} text"] = ("typed_text", rows[..., 1])
+        if encoded is None:
+            texts = self.towers.encode(self.table, requests)
+        else:
+            texts = {key: encoded[tower][rows.to(encoded[tower].device)] for key, (tower, rows) in requests.items()}
+        out = {}
+        for key in keys:
+            own = (texts[f"{key} type"], texts[f"{key} text"])
+            goal = (texts["goal"],) if key in ("state", "next_state") else ()
+            out[key] = torch.cat([batch[key], *goal, *own], -1)
+        return out
+
+    def encode_texts(self) -> dict[str, torch.Tensor] | None:
+        """Every text of its table through each tower once (kept until the critic trains again); None without
+        towers."""
+        if self.towers is None:
+            return None
+        if self.table is None:
+            raise ValueError("the critic's towers read rows of a text table: call read_texts first")
+        if self._encoded is None:
+            self._encoded = self.towers.encode_all(self.table)
+        return self._encoded
+
+    def read(self, data: Mapping[str, np.ndarray], rows: np.ndarray, keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        """:meth:`inputs` of ``data``'s ``rows`` (numpy arrays, as :func:`inputs_for` gives them) on the critic's
+        device, the texts read from :meth:`encode_texts`."""
+        device = next(self.parameters()).device
+        batch = {k: torch.from_numpy(np.asarray(data[k])[rows]).to(device) for k in (*keys, *ROW_KEYS) if k in data}
+        return self.inputs(batch, keys, self.encode_texts())
 
     def q(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([state, action], -1)
@@ -176,9 +309,10 @@ class Critic(nn.Module):
         return q, v, q - v[:, None]
 
     def target(self) -> "Critic":
-        t = copy.deepcopy(self)
+        """A frozen copy, its towers' dropout off: the TD targets are the same function of the inputs all along."""
+        t = copy.deepcopy(self, {id(self.table): self.table, id(self.tokenizer): self.tokenizer})  # those shared
         t.requires_grad_(False)
-        return t
+        return t.eval()
 
     @torch.no_grad()
     def soft_update(self, source: "Critic", tau: float) -> None:
@@ -186,18 +320,36 @@ class Critic(nn.Module):
             p.mul_(1 - tau).add_(s, alpha=tau)
 
     def save(self, folder: Path | str, **meta: object) -> None:
-        save_checkpoint(folder, self, "critic", self.cfg, **meta)
+        """Weights, config (the towers' shape among it) and, with towers, their tokenizer."""
+        save_checkpoint(folder, self, "critic", self.cfg, tokenizer=self.tokenizer, **meta)
 
     @classmethod
     def load(cls, folder: Path | str) -> "Critic":
-        critic = cls(read_typed_config(folder, "critic", CriticNetConfig))
+        """A critic :meth:`save` wrote. One whose towers' weights are missing, or whose saved tokenizer is not of the
+        vocabulary its towers were trained with, is refused naming the file."""
+        cfg = read_typed_config(folder, "critic", CriticNetConfig)
+        towers = tokenizer = None
+        if cfg.towers:
+            tokenizer = read_tokenizer(folder)
+            if vocabulary_digest(tokenizer) != cfg.vocab_digest:
+                raise ValueError(f"critic checkpoint {folder}: its tokenizer ({Path(folder) / 'tokenizer'}) is not "
+                                 "of the vocabulary its text towers were trained with; copy the checkpoint whole, "
+                                 "or rerun the critic stage")  # fmt: skip
+            towers = TextTowers(encoder_stack(cfg.tower_shape(tokenizer)), cfg.text_d_model)
+        critic = cls(cfg, towers, tokenizer)
         load_weights(folder, critic)
         return critic.eval()
 
 
 def load_critics(paths: Paths, seed: int, row: str, task_sets: Sequence[str]) -> dict[str, Critic]:
-    """``row``'s stage-06 critics of one seed, one per task set of ``task_sets`` (those the data hold)."""
-    return {ts: Critic.load(paths.critic(seed, row, ts)) for ts in task_sets}
+    """``row``'s stage-06 critics of one seed, one per task set of ``task_sets`` (those the data hold), each with
+    the critic_inputs stage's texts where it has towers (:meth:`Critic.read_texts`)."""
+    critics = {ts: Critic.load(paths.critic(seed, row, ts)) for ts in task_sets}
+    if any(c.cfg.towers for c in critics.values()):
+        texts = load_text_rows(paths)[0]
+        for critic in critics.values():
+            critic.read_texts(texts)
+    return critics
 
 
 def per_task_set(task_sets: np.ndarray, critics: Mapping[str, Critic],
@@ -229,11 +381,11 @@ def critic_scores(critics: Mapping[str, Critic], data: Mapping[str, np.ndarray],
                   task_sets: np.ndarray) -> dict[str, np.ndarray]:  # fmt: skip
     """``{"q": (S, N), "v": (S,)}``: :meth:`Critic.advantage`'s Q and V of every state's candidates in ``data``
     (critic inputs), each state scored by its own task set's critic (:func:`per_task_set`)."""
-    state, candidates = np.asarray(data["state"]), np.asarray(data["candidates"])
 
     def q_and_v(critic: Critic, rows: np.ndarray) -> np.ndarray:
-        q, v, _ = critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))
-        return torch.cat([q, v[:, None]], 1).numpy()
+        x = critic.read(data, rows, ("state", "candidates"))
+        q, v, _ = critic.advantage(x["state"], x["candidates"])
+        return torch.cat([q, v[:, None]], 1).cpu().numpy()
 
     both = per_task_set(task_sets, critics, q_and_v)
     return {"q": both[:, :-1], "v": both[:, -1]}
@@ -242,7 +394,8 @@ def critic_scores(critics: Mapping[str, Critic], data: Mapping[str, np.ndarray],
 def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.ndarray]:
     """:func:`~digiq.data.features.critic_inputs` as a trained critic's config says it was trained (stage 07, the
     Q/V viewer)."""
-    return critic_inputs(paths, vlm, text=net.text, targets=net.targets, typed=net.typed, entries=net.entries)
+    return critic_inputs(paths, vlm, text=net.text, towers=net.towers, targets=net.targets, typed=net.typed,
+                         entries=net.entries)  # fmt: skip
 
 
 def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
@@ -256,7 +409,7 @@ def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.
     out: dict[str, dict[str, np.ndarray]] = {}
     for row in rows:
         first = next(p for p in sorted((paths.critics / "seed0" / row).iterdir()) if p.is_dir())
-        key = (str(read_meta(first).get("vlm", "finetuned")), Critic.load(first).cfg)
+        key = (str(read_meta(first).get("vlm", "finetuned")), read_typed_config(first, "critic", CriticNetConfig))
         if key not in built:
             built[key] = inputs_for(paths, *key)
         out[row] = built[key]

@@ -20,14 +20,18 @@ every step of its episodes), so every text is tokenized once into a table
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, T5Config, T5EncoderModel
 
-__all__ = ["TOWERS", "TextTable", "TextTower", "TextTowers"]
+from digiq.models.policy import use_fused_gelu
+
+__all__ = ["TOWERS", "TextTable", "TextTower", "TextTowers", "encoder_stack", "vocabulary_digest"]
 
 # The critic's towers, as released: goals; action types; typed texts (an action that does not parse is its own
 # text for both, digiq.models.critic_inputs.action_text).
@@ -44,7 +48,7 @@ class TextTable:
     mask: torch.Tensor
 
     @classmethod
-    def of(cls, texts: Sequence[str], tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> TextTable:
+    def of(cls, texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> TextTable:
         """The table of ``texts`` (each once, in order of first appearance), tokenized as the base policy
         tokenizes its prompts, cut to ``max_tokens``."""
         distinct = tuple(dict.fromkeys(texts))
@@ -80,22 +84,39 @@ class TextTower(nn.Module):
         return torch.tanh(self.pool(mean))
 
 
-class TextTowers(nn.Module):
-    """The critic's towers (:data:`TOWERS`), each a copy of ``stack`` (the base policy's T5 encoder); with
-    ``shared``, one copy reads all three kinds of text."""
+def encoder_stack(shape: T5Config) -> nn.Module:
+    """A T5 encoder stack of ``shape`` (its weights drawn anew; a checkpoint's are loaded over them), its
+    feed-forward activation the fused kernel the base policy uses."""
+    stack = T5EncoderModel(shape).encoder
+    use_fused_gelu(stack.block)
+    return stack
 
-    def __init__(self, stack: nn.Module, d_model: int, shared: bool = False) -> None:
+
+def vocabulary_digest(tokenizer: PreTrainedTokenizerBase) -> str:
+    """SHA-256 of a tokenizer's vocabulary (each token and its id): towers read token ids, so a critic's towers
+    only mean anything under the vocabulary they were trained with."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+class TextTowers(nn.Module):
+    """The critic's towers (:data:`TOWERS`), each a copy of ``stack`` (the base policy's T5 encoder).
+
+    Three towers, as released (its three RoBERTa encoders): a goal and a typed
+    query are different kinds of text, and one shared encoder would pad every
+    action type to the length of the goals it is batched with.
+    """
+
+    def __init__(self, stack: nn.Module, d_model: int) -> None:
         super().__init__()
-        self.shared = shared
-        names = ("shared",) if shared else TOWERS
-        self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in names})
+        self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in TOWERS})
 
     def encode(self, table: TextTable, requests: Mapping[str, tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Each request's (tower, rows) pooled states, by key: each tower called once, on the distinct rows of all
         the requests it serves (a step's goals of s and s', say)."""
         by_tower: dict[str, list[str]] = {}
         for key, (tower, _) in requests.items():
-            by_tower.setdefault("shared" if self.shared else tower, []).append(key)
+            by_tower.setdefault(tower, []).append(key)
         out: dict[str, torch.Tensor] = {}
         for tower, keys in by_tower.items():
             rows = [requests[key][1] for key in keys]
@@ -107,10 +128,21 @@ class TextTowers(nn.Module):
     def forward(self, tower: str, table: TextTable, rows: torch.Tensor) -> torch.Tensor:
         """(*rows.shape, d_model): ``tower``'s pooled states of the table's ``rows``, each distinct row encoded
         once."""
-        tower = "shared" if self.shared else tower
-        distinct, back = torch.unique(rows, return_inverse=True)
+        distinct, back = torch.unique(rows.cpu(), return_inverse=True)
         mask = table.mask[distinct]
         width = max(1, int(mask.sum(1).max())) if len(distinct) else 1  # the table pads to its longest text
-        device = next(self.parameters()).device
-        pooled = self.towers[tower](table.ids[distinct, :width].to(device), mask[:, :width].to(device))
-        return pooled[back.to(device)]
+        ids, mask = table.ids[distinct, :width].to(self.device), mask[:, :width].to(self.device)
+        return self.towers[tower](ids, mask)[back.to(self.device)]
+
+    @torch.no_grad()
+    def encode_all(self, table: TextTable, chunk: int = 512) -> dict[str, torch.Tensor]:
+        """Every text of ``table`` through every tower, ``chunk`` texts a call in order of length (so each is padded
+        little): (T, d_model) per tower, what scoring reads instead of calling the towers state by state."""
+        order = torch.argsort(table.mask.sum(1), stable=True)
+        back = torch.argsort(order)
+        return {name: torch.cat([self(name, table, rows) for rows in order.split(chunk)])[back.to(self.device)]
+                for name in self.towers}  # fmt: skip
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device

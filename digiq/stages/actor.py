@@ -71,21 +71,23 @@ from digiq.algos.digirl import (
 )
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
+    TOKEN_CLAMP,
     ActorConfig,
     CollectConfig,
     ComputeConfig,
+    CriticConfig,
     DigiRLConfig,
     EnvConfig,
     Settings,
 )
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, write_picks, write_stored
-from digiq.data.trajectories import TrajectoryStore, data_task_sets
+from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.io import require
 from digiq.models.critic import Critic, critic_scores, load_critics, trained_inputs
 from digiq.models.policy import AutoUIPolicy
-from digiq.models.policy_fit import FitRow, fit_policy, load_screens
+from digiq.models.policy_fit import FitRow, ImitationLoss, fit_policy, load_screens
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -108,7 +110,8 @@ __all__ = [
 
 # With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
 DATA_PARALLEL = True
-# The rows whose fits draw among all the task set's states, as released Digi-Q's actor does: Digi-Q's extractions.
+# The rows whose fits draw among the task set's states (with actor.draws critic_train, those of the trajectories
+# their critics trained on), as released Digi-Q's actor does: Digi-Q's extractions.
 DRAW_FROM_STATES = ("best_of_n", "extraction", "perfect_critic")
 
 
@@ -170,9 +173,11 @@ def fit_actor_job(job: ActorFitJob) -> list[float]:
             lambda: load_screens(model, store, store.read().column("image_path").to_pylist()),
         )
         cfg = job.cfg
+        loss = ImitationLoss(per_token=cfg.token_loss == "mean", clamp=TOKEN_CLAMP if cfg.token_clamp else None,
+                             dropout=cfg.dropout)  # fmt: skip
         curve = fit_policy(model, job.rows, screens, updates=cfg.updates, batch_size=cfg.batch_size, lr=cfg.lr,
                            seed=job.fit_seed, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip,
-                           one_cycle=False, draws_from=job.draws_from,
+                           one_cycle=False, draws_from=job.draws_from, loss=loss,
                            desc=f"fit {job.name} (seed {job.seed}, {job.task_set})")  # fmt: skip
     if parallel.is_main():
         model.save(job.paths.actor(job.name, job.seed, job.task_set), stage="actor", method=job.name,
@@ -257,12 +262,15 @@ PICKS: dict[str, Callable[[Row, PickInputs], tuple[Picks, dict[str, Any]]]] = {
 
 @one_run_at_a_time("actor")
 def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row], env: EnvConfig,
-              collect: CollectConfig, digirl: DigiRLConfig | None = None, compute: ComputeConfig = IN_PROCESS) -> dict[str, Any]:  # fmt: skip
+              collect: CollectConfig, digirl: DigiRLConfig | None = None, compute: ComputeConfig = IN_PROCESS,
+              split: CriticConfig | None = None) -> dict[str, Any]:  # fmt: skip
     """Train the policy of every offline row of ``table`` (:func:`digiq.rows.all_rows`: the paper's comparison,
     the named variants, the ablations) for every seed: each row's picks by its kind (:data:`PICKS`), then its fits.
 
     The fits, all with the same number of updates, are shared as ``compute`` says (:mod:`digiq.workers`).
-    ``digirl`` sets offline DigiRL's rule (default: the paper's values).
+    ``digirl`` sets offline DigiRL's rule (default: the paper's values). With ``actor.draws`` "critic_train",
+    Digi-Q's rows imitate and draw among only the states of the trajectories the critics trained on, held out
+    as ``split`` (the critic's ``holdout`` and ``seed``; default: the paper's critic) says.
 
     Writes ``metrics/actor.json`` and every policy's picks (:attr:`Paths.picks`).
     """
@@ -302,6 +310,10 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
             write_offline_step_features(paths, steps, digirl_feats)
             if right is not None:
                 write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": expert_kinds})
+        # Where Digi-Q's rows may imitate: as released, only in the trajectories their critics trained on.
+        split = split or CriticConfig()
+        trained = (~heldout_rows(steps.traj_id.to_numpy(), split.holdout, split.seed, of_set)
+                   if cfg.draws == "critic_train" else None)  # fmt: skip
         every: dict[tuple[str, int], Picks] = {}
         stats: dict[str, list[dict[str, Any]]] = {r.name: [] for r in offline}  # per row, per seed
         passes: dict[str, dict[str, list[float]]] = {}  # each fit's expected passes over its rows, per task set
@@ -312,9 +324,12 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
                 every[(row.name, s)], stat = PICKS[row.kind](row, at)
                 stats[row.name].append(stat)
                 for ts in task_sets:
-                    rows = imitation_rows(steps, cands, _of_task_set(every[(row.name, s)], of_set, ts))
-                    # Digi-Q's rows draw among all the task set's states, as released; the baselines among their rows.
-                    pool = int((of_set == ts).sum()) if row.kind in DRAW_FROM_STATES else len(rows)
+                    mine = of_set == ts
+                    if trained is not None and row.kind in DRAW_FROM_STATES:
+                        mine = mine & trained
+                    rows = imitation_rows(steps, cands, _within(every[(row.name, s)], mine))
+                    # Digi-Q's rows draw among the task set's states, as released; the baselines among their rows.
+                    pool = int(mine.sum()) if row.kind in DRAW_FROM_STATES else len(rows)
                     if rows:
                         passes.setdefault(row.name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
                     fits.append(ActorFitJob(paths, row.name, s, ts, at.seed, rows, pool, cfg))
@@ -389,9 +404,9 @@ def drawn_per_task_set(scores: dict[str, np.ndarray], valid: np.ndarray, of_set:
     return out
 
 
-def _of_task_set(picks: Picks, of_set: np.ndarray, task_set: str) -> Picks:
-    """The rows of ``picks`` at states of ``task_set``."""
-    mine = of_set[picks.states] == task_set
+def _within(picks: Picks, states: np.ndarray) -> Picks:
+    """The rows of ``picks`` at the ``states`` marked (a mask over every stored state)."""
+    mine = states[picks.states]
     return Picks(picks.states[mine], picks.columns[mine], None if picks.weights is None else picks.weights[mine])
 
 
@@ -405,4 +420,4 @@ def run(settings: Settings, paths: Paths) -> dict[str, Any]:
                      table=all_rows(ablations, list(settings.variants)), env=settings.env,
                      collect=settings.collect,
                      digirl=settings.digirl,
-                     compute=settings.compute)  # fmt: skip
+                     compute=settings.compute, split=settings.critic)  # fmt: skip

@@ -32,10 +32,11 @@ from digiq.config import (
     Settings,
 )
 from digiq.data.candidates import read_candidates
-from digiq.data.features import critic_inputs, load_text_features
+from digiq.data.features import critic_inputs, load_text_features, load_text_rows
 from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, returns_discount
 from digiq.io import require
-from digiq.models.critic import Critic, load_critics, per_task_set
+from digiq.models.critic import Critic, TextStart, load_critics, per_task_set
+from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -51,6 +52,7 @@ __all__ = [
     "fit_critic_job",
     "transitions",
     "spec_inputs",
+    "text_start",
     "scored_candidates",
     "rewarded_fit",
 ]
@@ -112,10 +114,8 @@ def rewarded_fit(critics: list[tuple[dict[str, Critic], np.ndarray]], feats: dic
 @torch.no_grad()
 def _taken_q(critic: Critic, mine: np.ndarray, feats: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     """``critic``'s Q of the taken action at ``rows[mine]``, its heads joined."""
-    dev = next(critic.parameters()).device
-    state = torch.from_numpy(np.asarray(feats["state"])[rows[mine]]).to(dev)
-    action = torch.from_numpy(np.asarray(feats["candidates"])[rows[mine], 0]).to(dev)
-    return critic.joined(critic.q(state, action)).cpu().numpy()
+    x = critic.read(feats, rows[mine], ("state", "candidates"))
+    return critic.joined(critic.q(x["state"], x["candidates"][:, 0])).cpu().numpy()
 
 
 class CriticSpec(NamedTuple):
@@ -149,14 +149,14 @@ class CriticJob(NamedTuple):
 def spec_inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
     """What the critic of ``spec`` reads per stored step: its VLM's features and the inputs its settings add."""
     cfg = spec.cfg
-    return critic_inputs(paths, spec.vlm, text=cfg.text_features, targets=cfg.tap_targets, typed=cfg.typed_match,
-                         entries=cfg.list_entries)  # fmt: skip
+    return critic_inputs(paths, spec.vlm, text=cfg.text_features, towers=cfg.towers, targets=cfg.tap_targets,
+                         typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
 
 
 def _inputs(paths: Paths, spec: CriticSpec) -> dict[str, np.ndarray]:
     """The critic inputs of ``spec``, built once per process for each distinct set of inputs."""
     cfg = spec.cfg
-    key = ("critic inputs", paths.root, spec.vlm, cfg.text_features, cfg.tap_targets, cfg.typed_match,
+    key = ("critic inputs", paths.root, spec.vlm, cfg.text_features, cfg.towers, cfg.tap_targets, cfg.typed_match,
            cfg.list_entries)  # fmt: skip
     return process_cached(key, lambda: spec_inputs(paths, spec))
 
@@ -166,6 +166,12 @@ def transitions(paths: Paths) -> pd.DataFrame:
     columns = ["traj_id", "reward", "done", "mc_return", "task_set", "family"]
     require("critic", paths.offline)
     return TrajectoryStore(paths.offline).read().select(columns).to_pandas()
+
+
+def text_start(paths: Paths) -> TextStart:
+    """What the critics' text towers start from: the base policy and the critic_inputs stage's texts."""
+    require("critic", paths.base_policy / "config.json")
+    return TextStart(AutoUIPolicy.load(paths.base_policy, device=str(parallel.device())), load_text_rows(paths)[0])
 
 
 def fit_critic_job(job: CriticJob) -> dict[str, Any]:
@@ -182,8 +188,9 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
         scored = process_cached(
             ("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets)
         )[mine]
+    encoder = process_cached(("text start", paths.root), lambda: text_start(paths)) if cfg.towers else None
     fit = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()}, steps.iloc[mine].reset_index(drop=True),
-                     cfg.seed + job.seed, scored)  # fmt: skip
+                     cfg.seed + job.seed, scored, encoder)  # fmt: skip
     if parallel.is_main():
         fit["critic"].save(paths.critic(job.seed, job.row, job.task_set), stage="critic", row=job.row, vlm=vlm,
                            task_set=job.task_set, seed=cfg.seed + job.seed, steps=len(fit["curves"]["q"]),

@@ -74,7 +74,7 @@ def _moved(cfg: CriticConfig, seed: int = 3) -> float:
 
 def test_the_critic_s_gradient_is_clipped_to_its_norm():
     """Clipped to a norm far below Adam's epsilon, every step is about epsilon's share of a full one."""
-    cfg = CriticConfig(steps=9, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0)
+    cfg = CriticConfig(steps=9, batch_size=4, hidden=8, holdout=0.25, lr=1e-2, weight_decay=0.0, text_encoder="frozen")
     free, clipped = _moved(cfg), _moved(cfg.but(grad_clip=1e-12))
     assert free > 1e-2 and clipped < free / 100
 
@@ -82,7 +82,7 @@ def test_the_critic_s_gradient_is_clipped_to_its_norm():
 def test_every_seed_s_critic_holds_out_the_same_trajectories():
     """The diagnostics judge every seed's critic on trajectories none trained on: one held-out set per config."""
     feats, steps = _chain_data(trajectories=10)
-    cfg = CriticConfig(steps=2, batch_size=4, hidden=8, holdout=0.3)
+    cfg = CriticConfig(steps=2, batch_size=4, hidden=8, holdout=0.3, text_encoder="frozen")
     fits = [fit_critic(cfg, feats, steps, seed) for seed in (1, 2)]
     assert np.array_equal(fits[0]["train_rows"], fits[1]["train_rows"]) and fits[0]["heldout"] == 6  # 3 of 10
     other = fit_critic(cfg.but(seed=cfg.seed + 1), feats, steps, 1)
@@ -169,5 +169,5 @@ def test_advantages_computed_once_are_drawn_from_as_the_critic_s_own():
     critic = Critic(CriticNetConfig(feature_dim=6, hidden=8)).eval()
     _, _, adv = critic.advantage(torch.from_numpy(state), torch.from_numpy(cands))
     for k in (1, 3, 5):
-        asked = drawn_advantages(critic, state, cands, valid, k, np.random.default_rng(k))
+        asked = drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k, np.random.default_rng(k))
         assert np.array_equal(drawn_among(adv.numpy(), valid, k, np.random.default_rng(k)), asked)

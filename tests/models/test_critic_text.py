@@ -66,11 +66,10 @@ def test_a_text_outside_the_table_is_named(policy):
         table.rows(["TYPE", "type garbage"])
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_encoding_a_step_s_texts_together_gives_each_input_s_own(policy, shared):
+def test_encoding_a_step_s_texts_together_gives_each_input_s_own(policy):
     """TextTowers.encode calls each tower once on the distinct texts of all its inputs: the same states as asking
     input by input."""
-    towers = TextTowers(policy.t5.encoder, policy.cfg.d_model, shared=shared).eval()
+    towers = TextTowers(policy.t5.encoder, policy.cfg.d_model).eval()
     table = TextTable.of(TEXTS, policy.tokenizer, policy.cfg.max_input_tokens)
     requests = {"goal": ("goal", table.rows([TEXTS[0], TEXTS[0]])),
                 "typed": ("typed_text", table.rows([TEXTS[2], TEXTS[3], TEXTS[5]]).view(3, 1)),
@@ -79,4 +78,6 @@ def test_encoding_a_step_s_texts_together_gives_each_input_s_own(policy, shared)
         together = towers.encode(table, requests)
         for key, (tower, rows) in requests.items():
             torch.testing.assert_close(together[key], towers(tower, table, rows), rtol=1e-5, atol=1e-6)
-    assert len(towers.towers) == (1 if shared else 3)
+        every = towers.encode_all(table, chunk=2)  # each text once, in order of length, put back in table order
+    for tower in TOWERS:
+        torch.testing.assert_close(every[tower], towers(tower, table, table.rows(TEXTS)), rtol=1e-5, atol=1e-6)

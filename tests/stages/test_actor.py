@@ -21,9 +21,9 @@ from digiq.algos.digirl import read_offline_step_features, step_features
 from digiq.config import ActorConfig, load_params, load_settings
 from digiq.data.candidates import read_candidates
 from digiq.data.picks import EXPERT_MATRIX, Picks, critic_scores_name, read_picks, read_stored
-from digiq.data.trajectories import TrajectoryStore
+from digiq.data.trajectories import TrajectoryStore, heldout_rows
 from digiq.diagnostics.ground_truth import expert_matrix
-from digiq.models.critic import Critic, CriticNetConfig, trained_inputs
+from digiq.models.critic import Critic, CriticNetConfig, load_critics, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.policy_fit import load_screens
 from digiq.paths import Paths
@@ -56,9 +56,9 @@ def test_best_of_n_picks_the_highest_valid_advantage():
     cands = np.array([[[0.1], [0.9], [0.5]], [[0.3], [0.2], [0.1]]], np.float32)
     valid = np.array([[True, False, True], [True, True, True]])
     state = np.zeros((2, 1), np.float32)
-    best, adv = best_of_n(drawn_advantages(critic, state, cands, valid, k=3, rng=np.random.default_rng(0)))
+    best, adv = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=3, rng=np.random.default_rng(0)))
     assert best.tolist() == [2, 0] and np.allclose(adv, [0.5, 0.3])  # the invalid 0.9 is never chosen
-    best, _ = best_of_n(drawn_advantages(critic, state, cands, valid, k=1, rng=np.random.default_rng(0)))
+    best, _ = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=1, rng=np.random.default_rng(0)))
     assert best.tolist() == [0, 0]  # K = 1: only the taken action
 
 
@@ -74,11 +74,11 @@ def test_best_of_n_picks_are_those_of_the_stage_before_the_extraction_ablation()
     # (K, each state's pick, the states with no valid drawn candidate: K = 1 draws only the taken action)
     for k, expected, none in ((1, [0] * 8, [1, 3, 6]), (3, [0, 1, 5, 0, 0, 3, 2, 0], [3]),
                               (6, [0, 1, 5, 0, 0, 3, 5, 5], [3])):  # fmt: skip
-        best, adv = best_of_n(drawn_advantages(critic, state, cands, valid, k, np.random.default_rng(7)))
+        best, adv = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k, np.random.default_rng(7)))
         assert best.tolist() == expected, k
         assert np.array_equal(adv, np.where(np.isin(np.arange(8), none), -np.inf, a[np.arange(8), best])), k
     steps = pd.DataFrame({"task_set": ["general", "webshop"] * 4})
-    adv = drawn_advantages(critic, state, cands, valid, 3, np.random.default_rng(7))
+    adv = drawn_advantages(critic, {"state": state, "candidates": cands}, valid, 3, np.random.default_rng(7))
     picks, stats = best_of_n_picks(ActorConfig(), adv, steps)
     assert picks.states.tolist() == [1, 4, 5, 6, 7] and picks.columns.tolist() == [1, 0, 3, 2, 0]
     assert picks.weights is None and picks.row_weights().tolist() == [1.0] * 5  # every Best-of-N row weighs 1
@@ -115,7 +115,7 @@ def test_the_extractions_imitate_best_of_n_s_pick_wherever_it_has_one():
     state, cands, valid = _fixed_states()
     critic = Fixed(CriticNetConfig(feature_dim=1))
     for k in (1, 3, 6):
-        adv = drawn_advantages(critic, state, cands, valid, k, np.random.default_rng(7))
+        adv = drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k, np.random.default_rng(7))
         best, best_adv = best_of_n(adv)
         awr, _ = extraction_picks(ActorConfig(), "awr", adv)
         assert awr.states.tolist() == np.flatnonzero(np.isfinite(best_adv)).tolist()  # every state with a valid one
@@ -169,8 +169,8 @@ def test_the_actor_stage_fits_awr_and_reinforce_on_digiq_s_critic_and_candidates
         awr = by["digiq_awr"]
         # One row per state, its best candidate, weighted from Best-of-N's advantage: the seed's digiq critic on
         # the candidates that seed drew, clamped to [0, 1].
-        adv = drawn_advantages(Critic.load(paths.critic(s, "digiq", "general")), feats["state"], feats["candidates"],
-                               valid, cfg.k_candidates, np.random.default_rng(cfg.seed + s))  # fmt: skip
+        adv = drawn_advantages(load_critics(paths, s, "digiq", ["general"])["general"], feats, valid, cfg.k_candidates,
+                               np.random.default_rng(cfg.seed + s))  # fmt: skip
         best, best_adv = best_of_n(adv)
         assert awr.state.tolist() == list(range(len(best))) and awr.column.tolist() == best.tolist()
         a = np.clip(best_adv, 0, 1)
@@ -191,8 +191,11 @@ def test_the_actor_stage_fits_awr_and_reinforce_on_digiq_s_critic_and_candidates
         == len(picks[picks.policy == "digiq_awr"]) / 2
     )
     assert extraction["digiq_awr"]["rows_fraction"] == 1.0 and "top_percent_weight_share" in extraction["digiq_awr"]
-    # Digi-Q's rows draw among all the task set's states: updates x batch draws over them
-    states = len(feats["state"])
+    # Digi-Q's rows draw among the states of the trajectories their critic trained on: updates x batch draws over them
+    split = load_settings(paths.root / "params.yaml").critic
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    states = int((~heldout_rows(steps.traj_id.to_numpy(), split.holdout, split.seed, steps.task_set.to_numpy())).sum())
+    assert 0 < states < len(feats["state"])
     assert metrics["passes"]["digiq_awr"]["general"] == round(cfg.updates * cfg.batch_size / states, 2)
     filtered = len(picks[(picks.policy == "filtered_bc") & (picks.seed == 0)])
     if filtered:  # the baselines draw among their own rows
