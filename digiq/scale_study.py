@@ -60,6 +60,7 @@ from digiq.diagnostics.reports import (
 )
 from digiq.evaluate import main as evaluate
 from digiq.io import atomic_write_text
+from digiq.models.critic import TextStart
 from digiq.paths import Paths
 from digiq.stages.actor import DRAW_FROM_STATES, ActorFitJob, advantages, fit_actor_job
 from digiq.workers import map_jobs
@@ -119,8 +120,10 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
     collect = settings.collect
     every_step = TrajectoryStore(paths.offline).read().to_pandas()
     every_cand = read_candidates(paths).to_pandas()
-    every_feat = critic_inputs(paths, text=critic_cfg.text_features, targets=critic_cfg.tap_targets,
-                               typed=critic_cfg.typed_match, entries=critic_cfg.list_entries)  # fmt: skip
+    every_feat = critic_inputs(paths, text=critic_cfg.text_features, towers=critic_cfg.towers,
+                               targets=critic_cfg.tap_targets, typed=critic_cfg.typed_match,
+                               entries=critic_cfg.list_entries)  # fmt: skip
+    encoder = TextStart.of(paths) if critic_cfg.towers else None
     right, _ = expert_matrix(settings.env, collect.seed, every_step, every_cand)
     val_tasks = out_dir / "val_tasks.txt"
     atomic_write_text(val_tasks, "".join(paths.task_list(ts, "val").read_text()
@@ -144,7 +147,8 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
             for ts in task_sets:
                 mine = np.flatnonzero(of_set == ts)
                 critics[ts] = fit_critic(critic_cfg, {k: v[mine] for k, v in feats.items()},
-                                         steps.iloc[mine].reset_index(drop=True), critic_cfg.seed + s)["critic"]  # fmt: skip
+                                         steps.iloc[mine].reset_index(drop=True), critic_cfg.seed + s,
+                                         encoder=encoder)["critic"]  # fmt: skip
                 q[mine] = critic_q(critics[ts], feats, mine)
             critic_rates.append(expert_pick_report(*report_args, {"critic": q[held]}, of_set[held]))
             adv = advantages(critics, feats, valid, of_set, actor.k_candidates, np.random.default_rng(actor.seed + s))
@@ -170,9 +174,12 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
                 if row not in rows:
                     continue
                 for ts in task_sets:
-                    mine = of_set[rows_picked.states] == ts
+                    # Digi-Q's rows imitate only the states of the trajectories their critics trained on, as stage 07's
+                    there = (of_set == ts) & (~held if ROWS[row] in DRAW_FROM_STATES and cfg.draws == "critic_train"
+                                              else True)  # fmt: skip
+                    mine = there[rows_picked.states]
                     fit_rows = imitation_rows(steps, cands, Picks(rows_picked.states[mine], rows_picked.columns[mine]))
-                    pool = int((of_set == ts).sum()) if ROWS[row] in DRAW_FROM_STATES else len(fit_rows)
+                    pool = int(there.sum()) if ROWS[row] in DRAW_FROM_STATES else len(fit_rows)
                     jobs.append(ActorFitJob(where, row, s, ts, actor.seed + s, fit_rows, pool, cfg))
             map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
             entry["budgets"][updates] = {}

@@ -44,7 +44,7 @@ from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_row
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
 from digiq.io import atomic_write_text
-from digiq.models.critic import Critic
+from digiq.models.critic import Critic, TextStart
 from digiq.paths import Paths
 
 __all__ = ["SETTINGS", "strata", "critic_q", "study", "main"]
@@ -85,9 +85,9 @@ def strata(steps: pd.DataFrame, right: np.ndarray, held: np.ndarray) -> dict[str
 @torch.no_grad()
 def critic_q(critic: Critic, feats: Mapping[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     """(len(rows), N): Q of every candidate of ``rows``' states, the heads joined as the actor reads them."""
-    q, _, _ = critic.advantage(torch.from_numpy(np.asarray(feats["state"])[rows]),
-                               torch.from_numpy(np.asarray(feats["candidates"])[rows]))  # fmt: skip
-    return q.numpy()
+    x = critic.read(feats, rows, ("state", "candidates"))
+    q, _, _ = critic.advantage(x["state"], x["candidates"])
+    return q.cpu().numpy()
 
 
 def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, Any]], seeds: int,
@@ -99,8 +99,10 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
     """
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     cands = read_candidates(paths).to_pandas()
-    feats = critic_inputs(paths, text=base.text_features, targets=base.tap_targets, typed=base.typed_match,
-                          entries=base.list_entries)  # fmt: skip
+    inputs = {towers: critic_inputs(paths, text=base.text_features, towers=towers, targets=base.tap_targets,
+                                    typed=base.typed_match, entries=base.list_entries)
+              for towers in {base.but(**changes).towers for changes in settings.values()}}  # fmt: skip
+    encoder = TextStart.of(paths) if any(inputs) else None
     right, _ = expert_matrix(env, collect_seed, steps, cands)
     valid = np.stack(cands.valid_list.to_numpy())
     distinct = distinct_decisions(cands.action_list.tolist())
@@ -112,13 +114,14 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
     masks = {name: m for name, m in masks.items() if m.any()}  # a stratum without states has no rate
     for name, changes in settings.items():
         cfg = base.but(**changes)
+        feats = inputs[cfg.towers]
         per_seed: list[dict[str, Any]] = []
         for s in range(seeds):
             q = np.zeros(valid.shape, np.float32)
             for ts in data_task_sets(task_sets):
                 mine = np.flatnonzero(task_sets == ts)
                 fit = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()},
-                                 steps.iloc[mine].reset_index(drop=True), cfg.seed + s)  # fmt: skip
+                                 steps.iloc[mine].reset_index(drop=True), cfg.seed + s, encoder=encoder)  # fmt: skip
                 q[mine] = critic_q(fit["critic"], feats, mine)
             per_seed.append({stratum: expert_pick_report(right[m], valid[m], distinct[m], kinds[m], {"critic": q[m]},
                                                          task_sets[m]) for stratum, m in masks.items()})  # fmt: skip

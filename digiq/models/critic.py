@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerBase, T5Config
 
 from digiq.config import TWIN_HEADS
 from digiq.data.features import critic_inputs, load_text_rows
+from digiq.io import require
 from digiq.models.checkpoint import load_weights, read_meta, read_tokenizer, read_typed_config, save_checkpoint
 from digiq.models.critic_text import TextTable, TextTowers, encoder_stack, vocabulary_digest
 from digiq.models.policy import AutoUIPolicy
@@ -100,6 +101,12 @@ class TextStart(NamedTuple):
 
     policy: AutoUIPolicy
     texts: Sequence[str]
+
+    @classmethod
+    def of(cls, paths: Paths, device: str = "cpu") -> "TextStart":
+        """The pipeline's: its base policy (stage 00) and the critic_inputs stage's texts."""
+        require("critic", paths.base_policy / "config.json")
+        return cls(AutoUIPolicy.load(paths.base_policy, device=device), load_text_rows(paths)[0])
 
 
 def tower_fields(policy: AutoUIPolicy, text_tokens: int) -> dict[str, object]:
@@ -398,9 +405,10 @@ def inputs_for(paths: Paths, vlm: str, net: CriticNetConfig) -> dict[str, np.nda
                          entries=net.entries)  # fmt: skip
 
 
-def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+def trained_inputs(paths: Paths, rows: Sequence[str], frozen_text: bool = False) -> dict[str, dict[str, np.ndarray]]:
     """Each stage-06 row's critic inputs, as its seed-0 checkpoints say they were trained (every task set's critic
-    of a row reads the same inputs); built once per distinct set.
+    of a row reads the same inputs); built once per distinct set. With ``frozen_text``, a critic with towers is given
+    the frozen averages in their place: what a probe of the critic's inputs fits on.
 
     Rows whose critics read the same VLM's features with the same options
     share one build (the paper's row and its ablations over N, for instance).
@@ -409,7 +417,8 @@ def trained_inputs(paths: Paths, rows: Sequence[str]) -> dict[str, dict[str, np.
     out: dict[str, dict[str, np.ndarray]] = {}
     for row in rows:
         first = next(p for p in sorted((paths.critics / "seed0" / row).iterdir()) if p.is_dir())
-        key = (str(read_meta(first).get("vlm", "finetuned")), read_typed_config(first, "critic", CriticNetConfig))
+        net = read_typed_config(first, "critic", CriticNetConfig)
+        key = (str(read_meta(first).get("vlm", "finetuned")), replace(net, towers=False) if frozen_text else net)
         if key not in built:
             built[key] = inputs_for(paths, *key)
         out[row] = built[key]

@@ -32,11 +32,10 @@ from digiq.config import (
     Settings,
 )
 from digiq.data.candidates import read_candidates
-from digiq.data.features import critic_inputs, load_text_features, load_text_rows
+from digiq.data.features import critic_inputs, load_text_features
 from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, returns_discount
 from digiq.io import require
 from digiq.models.critic import Critic, TextStart, load_critics, per_task_set
-from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.rows import Row, all_rows, critic_rows
 from digiq.stages.common import one_run_at_a_time, save_curve_plot, timed, write_metrics, written_whole
@@ -52,7 +51,6 @@ __all__ = [
     "fit_critic_job",
     "transitions",
     "spec_inputs",
-    "text_start",
     "scored_candidates",
     "rewarded_fit",
 ]
@@ -168,12 +166,6 @@ def transitions(paths: Paths) -> pd.DataFrame:
     return TrajectoryStore(paths.offline).read().select(columns).to_pandas()
 
 
-def text_start(paths: Paths) -> TextStart:
-    """What the critics' text towers start from: the base policy and the critic_inputs stage's texts."""
-    require("critic", paths.base_policy / "config.json")
-    return TextStart(AutoUIPolicy.load(paths.base_policy, device=str(parallel.device())), load_text_rows(paths)[0])
-
-
 def fit_critic_job(job: CriticJob) -> dict[str, Any]:
     """Fit and save one critic on its task set's steps; its held-out correlation, TD fit, training rows (as rows of
     every stored step) and (seed 0) loss curves."""
@@ -188,7 +180,8 @@ def fit_critic_job(job: CriticJob) -> dict[str, Any]:
         scored = process_cached(
             ("scored", paths.root, cfg.tap_targets), lambda: scored_candidates(paths, cfg.tap_targets)
         )[mine]
-    encoder = process_cached(("text start", paths.root), lambda: text_start(paths)) if cfg.towers else None
+    encoder = (process_cached(("text start", paths.root), lambda: TextStart.of(paths, str(parallel.device())))
+               if cfg.towers else None)  # fmt: skip
     fit = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()}, steps.iloc[mine].reset_index(drop=True),
                      cfg.seed + job.seed, scored, encoder)  # fmt: skip
     if parallel.is_main():

@@ -56,7 +56,7 @@ from digiq.config import (
     Settings,
 )
 from digiq.data.candidates import read_candidates
-from digiq.data.features import load_features
+from digiq.data.features import load_features, load_text_rows
 from digiq.data.picks import EXPERT_MATRIX, critic_scores_name, read_picks, read_stored, stored_path
 from digiq.data.trajectories import DataError, TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.ground_truth import behaviour_values, candidate_values, expert_matrix, replay
@@ -76,13 +76,15 @@ from digiq.diagnostics.reports import (
     wrong_pick_report,
 )
 from digiq.diagnostics.representation import feature_vlms, representation_probes
+from digiq.diagnostics.typed_text import typed_text_report, typed_versions_q, typing_states, versions_of
+from digiq.env.actions import ActionType, parse_action
 from digiq.env.catalog import stable_int
 from digiq.env.state import Dynamics
 from digiq.env.tasks import parse_task
 from digiq.io import require
 from digiq.models.agents import ModelPolicy
-from digiq.models.checkpoint import read_meta
-from digiq.models.critic import trained_inputs
+from digiq.models.checkpoint import read_meta, read_typed_config
+from digiq.models.critic import Critic, CriticNetConfig, load_critics, per_task_set, trained_inputs
 from digiq.models.policy import AutoUIPolicy
 from digiq.models.vlm import saved_recipe
 from digiq.paths import Paths
@@ -91,7 +93,16 @@ from digiq.rows import VLM_OF_ROW, all_rows
 from digiq.stages.common import one_run_at_a_time, timed, write_metrics
 from digiq.workers import IN_PROCESS, map_jobs, process_cached
 
-__all__ = ["run_diagnostics", "oracle_sample", "OracleJob", "oracle_job", "RankerJob", "ranker_job", "run"]
+__all__ = [
+    "run_diagnostics",
+    "typed_text_check",
+    "oracle_sample",
+    "OracleJob",
+    "oracle_job",
+    "RankerJob",
+    "ranker_job",
+    "run",
+]
 
 
 # States per oracle job. Fixed, not derived from the number of workers, so the
@@ -158,7 +169,8 @@ def oracle_job(job: OracleJob) -> dict[str, np.ndarray]:
 
 class RankerJob(NamedTuple):
     """One of the two fits of an expert ranker (:func:`~digiq.diagnostics.probes.expert_probe_half`) on the inputs
-    ``row``'s critics read: an MLP shaped like a Q head, or with ``hidden`` None a linear scorer."""
+    ``row``'s critics read (the frozen text averages in place of towers): an MLP shaped like a Q head, or with
+    ``hidden`` None a linear scorer."""
 
     paths: Paths
     row: str
@@ -172,10 +184,47 @@ class RankerJob(NamedTuple):
 
 def ranker_job(job: RankerJob) -> tuple[np.ndarray, np.ndarray]:
     """The rows one fit scores and their scores."""
-    inputs = process_cached(("critic inputs", job.paths.root, job.row),
-                            lambda: trained_inputs(job.paths, [job.row])[job.row], slot="critic inputs")  # fmt: skip
+    inputs = process_cached(("frozen critic inputs", job.paths.root, job.row),
+                            lambda: trained_inputs(job.paths, [job.row], frozen_text=True)[job.row],
+                            slot="critic inputs")  # fmt: skip
     return expert_probe_half(inputs["state"], inputs["candidates"], job.right, job.valid, job.episodes,
                              half=job.half, seed=job.seed, hidden=job.hidden)  # fmt: skip
+
+
+def typed_text_check(paths: Paths, rows: Sequence[str], seeds: int, seed: int, right: np.ndarray, kinds: np.ndarray,
+                     action_lists: Sequence[Sequence[str]], held: np.ndarray, episodes: np.ndarray,
+                     task_sets: np.ndarray) -> dict[str, Any]:  # fmt: skip
+    """The typed-text check (:mod:`~digiq.diagnostics.typed_text`) of every critic row of ``rows`` that reads the
+    action's text and nothing more of it, at the ``held`` states (row indices) where the expert types: per row,
+    over all task sets and per task set, every seed's critic of each state's task set scoring."""
+    states, columns = typing_states(right, kinds, action_lists, held)
+    if not len(states):
+        return {"states": 0}
+    queries = [parse_action(action_lists[i][j]).text for i, j in zip(states, columns, strict=True)]
+    versions, available = versions_of(queries, np.random.default_rng(seed))
+    texts = load_text_rows(paths)[0]
+    policy = AutoUIPolicy.load(paths.base_policy)
+    of_set = task_sets[states]
+    out: dict[str, Any] = {"states": len(states), "states_by_task_set": {str(ts): int((of_set == ts).sum())
+                                                                        for ts in data_task_sets(of_set)}}  # fmt: skip
+    for row in rows:
+        net = read_typed_config(paths.critic(0, row, str(of_set[0])), "critic", CriticNetConfig)
+        if not net.text or net.targets or net.typed or net.entries:
+            continue
+        inputs = trained_inputs(paths, [row])[row]
+
+        def versions_q(critic: Critic, mine: np.ndarray, inputs: dict[str, np.ndarray] = inputs) -> np.ndarray:
+            return typed_versions_q(critic, inputs, states[mine], columns[mine], [versions[k] for k in mine], texts,
+                                    policy)  # fmt: skip
+
+        q = [per_task_set(of_set, load_critics(paths, s, row, data_task_sets(of_set)), versions_q)
+             for s in range(seeds)]  # fmt: skip
+        out[row] = {"text_encoder": "trained" if net.towers else "frozen",
+                    "all": typed_text_report(q, available, episodes[states]),
+                    **{str(ts): typed_text_report([s[of_set == ts] for s in q], available[of_set == ts],
+                                                  episodes[states][of_set == ts])
+                       for ts in data_task_sets(of_set)}}  # fmt: skip
+    return out
 
 
 def oracle_sample(cfg: DiagnosticsConfig, env: EnvConfig, collect: CollectConfig, gamma: float, steps: pd.DataFrame,
@@ -255,7 +304,7 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         first = paths.critic(0, "digiq", in_data[0])
         # The paper's critic inputs on each VLM's features: what the probes read.
         probed = [row for row in critic_rows if row in VLM_OF_ROW]
-        feats = trained_inputs(paths, probed)
+        feats = trained_inputs(paths, probed, frozen_text=True)
         by_vlm = {VLM_OF_ROW[row]: feats[row] for row in probed}
         gamma = float(read_meta(first)["gamma"])  # true values discounted as the critic's
         valid, episodes = np.stack(cands.valid_list.to_numpy()), steps.traj_id.to_numpy()
@@ -365,6 +414,16 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["critic_wrong_picks"] = wrong_pick_report(right[held], valid[held], [q[held] for q in critic_q],
                                                           candidate_kinds[held], kinds[held],
                                                           task_sets[held])  # fmt: skip
+        # The same margin where the expert types and elsewhere, per task set.
+        typing = np.where(kinds == ActionType.TYPE.name, "typing", "other")
+        metrics["critic_pick_margin_typing"] = {
+            ts: pick_margin(right[mine], valid[mine], distinct[mine], [q[mine] for q in critic_q], episodes[mine],
+                            typing[mine])
+            for ts in ["all", *in_data] if (mine := held & ((task_sets == ts) | (ts == "all"))).any()}  # fmt: skip
+        with timed(parts, "typed_text"):
+            metrics["typed_text"] = typed_text_check(paths, critic_rows, seeds, cfg.seed, right, kinds,
+                                                     cands.action_list.tolist(), np.flatnonzero(held), episodes,
+                                                     task_sets)  # fmt: skip
     metrics["part_time_s"] = parts
     write_metrics(paths, "diagnostics", metrics)
     return metrics

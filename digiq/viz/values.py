@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import torch
 from PIL import Image
 
 from digiq.config import (
@@ -149,12 +148,12 @@ def load_values(root: Path | str | None = None, seed: int = 0, row: str = "digiq
     meta = read_meta(paths.critic(seed, row, next(iter(critics))))  # every task set's critic reads the same inputs
     vlm = str(meta.get("vlm", "finetuned"))  # whose features
     feats = inputs_for(paths, vlm, first.cfg)
-    state, candidates = np.asarray(feats["state"]), np.asarray(feats["candidates"])
 
     def q_and_v(critic: Critic, rows: np.ndarray) -> np.ndarray:
         """(rows, N + 1): Q of each candidate, then V."""
-        q, v, _ = critic.advantage(torch.from_numpy(state[rows]), torch.from_numpy(candidates[rows]))
-        return np.concatenate([q.numpy(), v.numpy()[:, None]], 1)
+        x = critic.read(feats, rows, ("state", "candidates"))
+        q, v, _ = critic.advantage(x["state"], x["candidates"])
+        return np.concatenate([q.cpu().numpy(), v.cpu().numpy()[:, None]], 1)
 
     values = per_task_set(task_sets, critics, q_and_v)
     q, v = values[:, :-1], values[:, -1]

@@ -56,9 +56,13 @@ def test_best_of_n_picks_the_highest_valid_advantage():
     cands = np.array([[[0.1], [0.9], [0.5]], [[0.3], [0.2], [0.1]]], np.float32)
     valid = np.array([[True, False, True], [True, True, True]])
     state = np.zeros((2, 1), np.float32)
-    best, adv = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=3, rng=np.random.default_rng(0)))
+    best, adv = best_of_n(
+        drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=3, rng=np.random.default_rng(0))
+    )
     assert best.tolist() == [2, 0] and np.allclose(adv, [0.5, 0.3])  # the invalid 0.9 is never chosen
-    best, _ = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=1, rng=np.random.default_rng(0)))
+    best, _ = best_of_n(
+        drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k=1, rng=np.random.default_rng(0))
+    )
     assert best.tolist() == [0, 0]  # K = 1: only the taken action
 
 
@@ -74,7 +78,9 @@ def test_best_of_n_picks_are_those_of_the_stage_before_the_extraction_ablation()
     # (K, each state's pick, the states with no valid drawn candidate: K = 1 draws only the taken action)
     for k, expected, none in ((1, [0] * 8, [1, 3, 6]), (3, [0, 1, 5, 0, 0, 3, 2, 0], [3]),
                               (6, [0, 1, 5, 0, 0, 3, 5, 5], [3])):  # fmt: skip
-        best, adv = best_of_n(drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k, np.random.default_rng(7)))
+        best, adv = best_of_n(
+            drawn_advantages(critic, {"state": state, "candidates": cands}, valid, k, np.random.default_rng(7))
+        )
         assert best.tolist() == expected, k
         assert np.array_equal(adv, np.where(np.isin(np.arange(8), none), -np.inf, a[np.arange(8), best])), k
     steps = pd.DataFrame({"task_set": ["general", "webshop"] * 4})
