@@ -1,20 +1,20 @@
-"""What the critic's trained text towers cost a TD step, against the frozen text features it reads today.
+"""What the critic's trained text towers cost, against frozen text features: a TD step, and scoring every candidate.
 
-Released Digi-Q's critic trains its three text encoders with its heads. Per TD step of ``--batch`` transitions
-the towers (:mod:`digiq.models.critic_text`, copies of the base policy's T5 encoder at the committed shape:
-d_model 128, 2 layers) encode, each distinct text once: for Q(s, a) and V(s), the goal and the previous action's
-type and typed text, and the taken action's type and typed text, with gradients; for the targets, without
-gradients, the target towers' encodings of s' (the goal and the taken action) and of (s, a). The heads are the
-paper's critic's (256 wide) on the committed inputs' widths either way. Texts are task instructions of both
-task sets and actions as the base writes them (taps, typing a goal's words, presses), 32 goals a batch as
-episodes share them.
+Released Digi-Q's critic trains its three text encoders with its heads; this repository's critic does the same
+(``critic.text_encoder: trained``, :mod:`digiq.models.critic_text`), or reads frozen averages computed once
+(``frozen``). Both critics are built as stage 06 builds them (:func:`digiq.algos.digiq.build_critic`), the towers
+copied from a base policy of the committed shape (T5, d_model 128, 2 layers), on ``--states`` synthetic stored
+steps of 16 candidates: task instructions of both task sets, 8 steps an episode, actions as the base writes them
+(taps, typing a goal's words, presses). VLM features are random at the committed width.
 
-One thread (a worker's), ``--repeats`` steps each way, alternating; the figure is the median step.
+- **TD step**: one update of stage 06 on ``--batch`` transitions (:func:`~digiq.algos.digiq.td_losses`, backward,
+  Adam, the target's soft update); each tower encodes each distinct text of the batch once.
+- **scoring**: Q and V of every candidate of every state, as stage 07 scores them
+  (:func:`~digiq.models.critic.critic_scores`); with towers every distinct text is encoded once.
 
-Three ways to run the towers are timed (:data:`WAYS`), and the frozen features beside them.
+One thread (a worker's), ``--repeats`` of each, alternating; the figures are medians.
 
-Last line: ``tower_step_ratio=<number>``: a step with one shared tower called once a step over a step on frozen
-features.
+Last line: ``tower_step_ratio=<number>``: a TD step with towers over one on frozen features.
 """
 
 from __future__ import annotations
@@ -24,115 +24,109 @@ import random
 import statistics
 import time
 
+import numpy as np
+import pandas as pd
 import torch
 
+from digiq.algos.digiq import build_critic, td_losses, transition_tensors
+from digiq.config import CriticConfig
 from digiq.env.actions import format_action, press_back, press_enter, tap, type_text
 from digiq.env.taskgen import generate_tasks
-from digiq.models.critic import Critic, CriticNetConfig
-from digiq.models.critic_inputs import action_text
-from digiq.models.critic_text import TextTable, TextTowers
+from digiq.models.critic import TextStart, critic_scores
 from digiq.models.policy import AutoUIPolicy, PolicyConfig
 from digiq.models.tokenizer import default_corpus, train_tokenizer
+from digiq.stages.critic_inputs import text_rows
 
-VLM_DIM, HIDDEN = 256, 256
+VLM_DIM, N, STEPS_PER_EPISODE = 256, 16, 8
 
 
-def texts_of_a_batch(batch: int, rng: random.Random) -> dict[str, list[str]]:
-    """A batch's goals (32 episodes' worth), and its previous and taken actions' types and typed texts."""
-    goals = generate_tasks("general", "train", 16, seed=1) + generate_tasks("webshop", "train", 16, seed=1)
-    goal = [rng.choice(goals) for _ in range(batch)]
+def synthetic_steps(states: int, rng: random.Random) -> tuple[list[str], list[str], list[str], list[list[str]]]:
+    """Goals, previous actions, taken actions and candidate lists of ``states`` stored steps."""
+    tasks = generate_tasks("general", "train", 200, seed=1) + generate_tasks("webshop", "train", 200, seed=1)
 
-    def action(g: str) -> str:
+    def action(goal: str) -> str:
         kind = rng.random()
         if kind < 0.4:
             return format_action(tap(rng.random(), rng.random()))
         if kind < 0.7:
-            words = g.split()
+            words = goal.split()
             return format_action(type_text(" ".join(rng.sample(words, min(len(words), rng.randint(1, 3))))))
         return format_action(rng.choice([press_back(), press_enter()]))
 
-    def parts(actions: list[str]) -> tuple[list[str], list[str]]:
-        pairs = [action_text(a) for a in actions]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
-
-    before_type, before_text = parts([action(g) for g in goal])
-    taken_type, taken_text = parts([action(g) for g in goal])
-    return {"goal": goal, "before_type": before_type, "before_text": before_text, "taken_type": taken_type,
-            "taken_text": taken_text}  # fmt: skip
-
-
-# The towers each way: three, each text kind's call on its own; three, each tower called once a step on the
-# distinct texts of all its inputs (TextTowers.encode); one tower shared by the three kinds, called once a step.
-WAYS = ("three, a call per input", "three, a call per tower", "one shared, a call a step")
-KEYS = {"goal": "goal", "before_type": "action_type", "before_text": "typed_text", "taken_type": "action_type",
-        "taken_text": "typed_text"}  # fmt: skip
+    goals = [tasks[i // STEPS_PER_EPISODE % len(tasks)] for i in range(states)]
+    lists = [[action(g) for _ in range(N)] for g in goals]
+    taken = [row[0] for row in lists]
+    before = ["" if i % STEPS_PER_EPISODE == 0 else taken[i - 1] for i in range(states)]
+    return goals, before, taken, lists
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--states", type=int, default=4000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tok = train_tokenizer(default_corpus(n_tasks=300), vocab_size=1024)
-    policy = AutoUIPolicy(PolicyConfig(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2), tok)
+    policy = AutoUIPolicy(PolicyConfig(d_model=128, d_ff=256, d_kv=32, num_heads=4, num_layers=2), tok).eval()
+    goals, before, taken, lists = synthetic_steps(args.states, random.Random(0))
+    texts, rows = text_rows(goals, before, taken, lists)
     d = policy.cfg.d_model
-    rng = random.Random(0)
-    batches = [texts_of_a_batch(args.batch, rng) for _ in range(args.repeats)]
-    table = TextTable.of([t for b in batches for texts in b.values() for t in texts], tok, policy.cfg.max_input_tokens)
-    vlm_s, vlm_next, vlm_a = (torch.randn(args.batch, VLM_DIM) for _ in range(3))
-    frozen = {k: torch.randn(args.batch, d) for k in KEYS}
-    ways: dict[str, tuple[TextTowers | None, TextTowers | None]] = {"frozen": (None, None)}
-    for way in WAYS:
-        towers = TextTowers(policy.t5.encoder, d, shared=way.startswith("one"))
-        target_towers = TextTowers(policy.t5.encoder, d, shared=way.startswith("one")).requires_grad_(False)
-        ways[way] = (towers, target_towers)
-    critics = {way: Critic(CriticNetConfig(feature_dim=VLM_DIM + 3 * d, hidden=HIDDEN, action_dim=VLM_DIM + 2 * d))
-               for way in ways}  # fmt: skip
-    opts = {way: torch.optim.Adam([*critics[way].parameters(), *(ways[way][0].parameters() if ways[way][0] else [])],
-                                  lr=1e-5) for way in ways}  # fmt: skip
+    vlm = {"state": np.random.default_rng(0).normal(size=(args.states, VLM_DIM)).astype(np.float32),
+           "next_state": np.random.default_rng(1).normal(size=(args.states, VLM_DIM)).astype(np.float32),
+           "candidates": np.random.default_rng(2).normal(size=(args.states, N, VLM_DIM)).astype(np.float32)}  # fmt: skip
+    frozen_text = np.random.default_rng(3).normal(size=(args.states, N + 1, 3 * d)).astype(np.float32)
+    inputs = {
+        "frozen": {"state": np.concatenate([vlm["state"], frozen_text[:, 0]], 1),
+                   "next_state": np.concatenate([vlm["next_state"], frozen_text[:, 0]], 1),
+                   "candidates": np.concatenate([vlm["candidates"], frozen_text[:, 1:, : 2 * d]], 2)},
+        "trained": {**vlm, **rows},
+    }  # fmt: skip
+    steps = pd.DataFrame({"reward": np.zeros(args.states), "done": np.zeros(args.states),
+                          "mc_return": np.zeros(args.states)})  # fmt: skip
+    start = TextStart(policy, texts)
+    critics, targets, opts, data = {}, {}, {}, {}
+    for way, feats in inputs.items():
+        critics[way] = build_critic(CriticConfig(text_encoder=way), feats, start)
+        targets[way] = critics[way].target()
+        opts[way] = torch.optim.Adam(critics[way].parameters(), lr=1e-5)
+        data[way] = transition_tensors(feats, steps)
+    of_set = np.array(["general"] * args.states)
+    draw = np.random.default_rng(4)
 
-    def inputs(rows: dict[str, torch.Tensor], way: str, enc: TextTowers | None) -> tuple[torch.Tensor, ...]:
-        if enc is None:
-            pooled = frozen
-        elif way.endswith("per input"):
-            pooled = {key: enc(KEYS[key], table, rows[key]) for key in KEYS}
-        else:
-            pooled = enc.encode(table, {key: (KEYS[key], rows[key]) for key in KEYS})
-        state = torch.cat([vlm_s, pooled["goal"], pooled["before_type"], pooled["before_text"]], 1)
-        action = torch.cat([vlm_a, pooled["taken_type"], pooled["taken_text"]], 1)
-        after = torch.cat([vlm_next, pooled["goal"], pooled["taken_type"], pooled["taken_text"]], 1)
-        return state, action, after
+    def td_step(way: str) -> float:
+        batch = draw.integers(0, args.states, args.batch)
+        began = time.perf_counter()
+        q_loss, v_loss = td_losses(critics[way], targets[way], {k: t[batch] for k, t in data[way].items()}, 0.95)
+        opts[way].zero_grad()
+        (q_loss + v_loss).backward()
+        opts[way].step()
+        targets[way].soft_update(critics[way], 0.1)
+        return time.perf_counter() - began
 
-    def step(b: dict[str, list[str]], way: str) -> float:
-        rows = {k: table.rows(v) for k, v in b.items()}
-        towers, target_towers = ways[way]
-        critic, opt = critics[way], opts[way]
-        start = time.perf_counter()
-        with torch.no_grad():
-            state_t, action_t, after = inputs(rows, way, target_towers)
-            y_q = sum(critic.v(after)) / 2
-            y_v = sum(critic.q(state_t, action_t)) / 2
-        state, action, _ = inputs(rows, way, towers)
-        loss = sum((q - y_q).pow(2).mean() for q in critic.q(state, action)) + sum(
-            (v - y_v).pow(2).mean() for v in critic.v(state)
-        )
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return time.perf_counter() - start
+    def scoring(way: str) -> float:
+        critic = critics[way].eval()
+        began = time.perf_counter()
+        critic_scores({"general": critic}, inputs[way], of_set)
+        took = time.perf_counter() - began
+        critic.train()
+        return took
 
-    times: dict[str, list[float]] = {way: [] for way in ways}
-    for b in batches:
-        for way in ways:
-            times[way].append(step(b, way))
-    median = {way: statistics.median(t) for way, t in times.items()}
-    distinct = statistics.mean(len({t for texts in b.values() for t in texts}) for b in batches)
-    print(f"distinct texts a batch: {distinct:.0f} of {5 * args.batch}")
-    for way, t in median.items():
-        print(f"{way:<28} {1000 * t:7.1f} ms a step  ({t / median['frozen']:.1f}x frozen)")
-    print(f"tower_step_ratio={median[WAYS[-1]] / median['frozen']:.1f}")
+    times: dict[str, list[float]] = {f"{what} {way}": [] for what in ("td_step", "scoring") for way in inputs}
+    for r in range(args.repeats):
+        for way in inputs:
+            times[f"td_step {way}"].append(td_step(way))
+            if r < max(1, args.repeats // 5):
+                times[f"scoring {way}"].append(scoring(way))
+    median = {key: statistics.median(t) for key, t in times.items()}
+    distinct = len(texts)
+    print(f"{args.states} states x {N} candidates, {distinct} distinct texts; TD batch {args.batch}, one thread")
+    for what in ("td_step", "scoring"):
+        frozen, trained = median[f"{what} frozen"], median[f"{what} trained"]
+        print(f"{what:<8} frozen {1000 * frozen:9.1f} ms   towers {1000 * trained:9.1f} ms   "
+              f"({trained / frozen:.1f}x)")  # fmt: skip
+    print(f"tower_step_ratio={median['td_step trained'] / median['td_step frozen']:.1f}")
 
 
 if __name__ == "__main__":

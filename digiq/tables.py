@@ -33,6 +33,8 @@ __all__ = [
     "Lead",
     "expert_pick_table",
     "pick_margin_table",
+    "interval_cell",
+    "typed_text_table",
     "wrong_pick_table",
     "rewarded_table",
     "Cell",
@@ -324,19 +326,48 @@ def pick_margin_table(margin: dict[str, Any], pick: dict[str, Any]) -> list[str]
     rates = [pick["hit_rate" + ("" if g == "all" else f"_{g}")] for g in groups]
     heads = ["all" if g == "all" else TASK_SET_NAMES.get(g, g) for g in groups]
 
-    def margin_cell(m: dict[str, Any]) -> str:
-        lo, hi = m["ci95"]
-        return f"{m['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]" + ("" if lo > 0 or hi < 0 else ", no detectable difference")
-
     return ["| held-out states | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads),
             "| Digi-Q's critic picks the expert's action (%) | " + " | ".join(pct(r["critic_digiq"]) for r in rates) + " |",
             "| uninformed level (%) | " + " | ".join(pct(r["uninformed"]) for r in rates) + " |",
-            "| critic - uninformed (points, 95% CI) | " + " | ".join(margin_cell(margin[g]) for g in groups) + " |",
+            "| critic - uninformed (points, 95% CI) | " + " | ".join(interval_cell(margin[g]) for g in groups) + " |",
             "", f"Over the {margin[groups[0]]['units']:,} informative stored states of the {margin[groups[0]]['clusters']:,} "
             "trajectories no critic trained on (states whose valid candidates include both an action the "
             "simulator's expert would take and another), scored by each seed's critic (mean over seeds); "
             "uninformed: a uniform pick among each state's distinct valid actions. The interval resamples held-out "
             "trajectories and seeds (digiq.stats.cluster_bootstrap)."]  # fmt: skip
+
+
+def interval_cell(m: dict[str, Any]) -> str:
+    """A difference in points with its 95% interval, and what the interval says where it holds 0."""
+    lo, hi = m["ci95"]
+    return f"{m['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}]" + ("" if lo > 0 or hi < 0 else ", no detectable difference")
+
+
+def typed_text_table(typed: dict[str, Any], margins: dict[str, Any]) -> list[str]:
+    """The typed-text check of stage 08 per critic row, task set and perturbation, then Digi-Q's critic's pick margin
+    where the expert types and elsewhere (notebook 08, docs)."""
+    if not typed or not typed.get("states"):
+        return ["Typed-text check off (`diagnostics.oracle_states: 0`), or no held-out state where the expert types "
+                "has a candidate that types what it would."]  # fmt: skip
+    rows = [(row, ts, kind, r) for row, by in typed.items() if isinstance(by, dict) and "all" in by
+            for ts, kinds in by.items() if ts != "text_encoder" for kind, r in kinds.items()]  # fmt: skip
+    lines = ["| critic | text | task set | against | right query above (points over ties, 95% CI) | wins (%) | "
+             "ties (%) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row, ts, kind, r in rows:
+        lines.append(f"| {row} | {typed[row]['text_encoder']} | {TASK_SET_NAMES.get(ts, ts)} | {kind} | "
+                     f"{interval_cell(r)} | {pct(r['win_share'])} | {pct(r['tie_share'])} |")  # fmt: skip
+    lines += ["", f"At the {typed['states']:,} held-out states where the simulator's expert types and some candidate "
+              "types what it would; each kind of perturbation of that query keeps the candidate's VLM "
+              "representation, so only the text the critic reads changes. A critic that cannot tell them apart "
+              "ties (0 points); the interval resamples held-out trajectories and seeds.", ""]  # fmt: skip
+    lines += ["| Digi-Q's critic picks the expert's action | task set | critic - uninformed (points, 95% CI) |",
+              "|---|---|---|"]  # fmt: skip
+    for ts, groups in margins.items():
+        for group in ("typing", "other"):
+            if group in groups:
+                lines.append(f"| where the expert {'types' if group == 'typing' else 'does not type'} | "
+                             f"{TASK_SET_NAMES.get(ts, ts)} | {interval_cell(groups[group])} |")  # fmt: skip
+    return lines
 
 
 def wrong_pick_table(wrong: dict[str, Any]) -> list[str]:

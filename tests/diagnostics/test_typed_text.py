@@ -1,14 +1,18 @@
 """The typed-text check: perturbed queries, their Q beside the right one's, the report against the tie level."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 from conftest import H
 
 from digiq.algos.digiq import build_critic
-from digiq.config import CriticConfig
+from digiq.config import CriticConfig, load_settings
 from digiq.data import TrajectoryStore
+from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs, load_text_rows
+from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.typed_text import (
     PERTURBATIONS,
     perturbations,
@@ -21,6 +25,8 @@ from digiq.env.actions import format_action, parse_action, press_back, type_text
 from digiq.models.critic import Critic, CriticNetConfig, TextStart, critic_scores
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
+from digiq.stages.diagnostics import typed_text_check
+from digiq.tables import typed_text_table
 
 
 def test_each_perturbation_differs_from_the_query_and_a_one_word_query_gets_fewer():
@@ -81,3 +87,43 @@ def test_typing_states_are_where_the_expert_types_and_a_candidate_does_it_and_fr
     with pytest.raises(ValueError, match="on the action's text alone"):
         typed_versions_q(critic, {"state": np.zeros((1, H), np.float32)}, np.array([0]), np.array([0]), [["a"]], [],
                          None)  # fmt: skip
+
+
+def test_stage_08_checks_every_critic_row_that_reads_the_action_s_text_alone(values_root, tmp_path):
+    """The stage's check on a small root: a critic with towers and one on frozen averages are both checked, at the
+    states where the expert types and some candidate types what it would; a critic without text is not."""
+    shutil.copytree(values_root, tmp_path / "root")
+    paths = Paths(tmp_path / "root")
+    settings = load_settings(paths.root / "params.yaml")
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    cands = read_candidates(paths).to_pandas()
+    right, kinds = expert_matrix(settings.env, settings.collect.seed, steps, cands)
+    start = TextStart.of(paths)
+    for row, encoder in (("digiq", "trained"), ("digiq_frozen_text", "frozen")):
+        cfg = CriticConfig(hidden=16, text_encoder=encoder)
+        torch.manual_seed(0)
+        critic = build_critic(cfg, critic_inputs(paths, text=True, towers=cfg.towers), start)
+        critic.save(paths.critic(0, row, "general"), stage="critic")
+    Critic(CriticNetConfig(feature_dim=H, hidden=4)).save(paths.critic(0, "digiq_untuned", "general"), stage="critic")
+    lists = cands.action_list.tolist()
+    out = typed_text_check(paths, ["digiq", "digiq_frozen_text", "digiq_untuned"], 1, 0, right, kinds, lists,
+                           np.arange(len(steps)), steps.traj_id.to_numpy(), steps.task_set.to_numpy())  # fmt: skip
+    assert out["states"] == len(typing_states(right, kinds, lists, np.arange(len(steps)))[0]) > 0
+    assert {out["digiq"]["text_encoder"], out["digiq_frozen_text"]["text_encoder"]} == {"trained", "frozen"}
+    for row in ("digiq", "digiq_frozen_text"):
+        assert set(out[row]) >= {"all", "general"} and len(out[row]["all"]["all"]["ci95"]) == 2
+    assert "digiq_untuned" not in out  # its critic reads no text
+
+
+def test_the_table_gives_each_critic_s_check_and_the_pick_where_the_expert_types():
+    r = {"diff": 12.3, "ci95": [-1.0, 20.1], "units": 10, "clusters": 3, "seeds": 3, "win_share": 0.6,
+         "tie_share": 0.1}  # fmt: skip
+    typed = {"states": 40, "states_by_task_set": {"webshop": 40},
+             "digiq": {"text_encoder": "trained", "all": {"all": r}, "webshop": {"all": r, "misspell": r}}}  # fmt: skip
+    lines = typed_text_table(typed, {"webshop": {"all": r, "typing": r, "other": r}})
+    assert (
+        "| digiq | trained | Web Shopping | misspell | +12.3 [-1.0, +20.1], no detectable difference | 60.0 | 10.0 |"
+        in lines
+    )
+    assert "| where the expert types | Web Shopping | +12.3 [-1.0, +20.1], no detectable difference |" in lines
+    assert typed_text_table({"states": 0}, {})[0].startswith("Typed-text check off")
