@@ -45,7 +45,7 @@ repro-from: venv
 
 # After `make repro`: the base, the paper's rows and the variants on the validation lists, where every
 # choice is made (docs/experiments.md); one JSON per row in metrics/val/, read by `python -m digiq.report`.
-VAL_ROWS ?= base digiq filtered_bc digirl_offline digiq_hierarchy
+VAL_ROWS ?= base digiq filtered_bc digirl_offline digiq_hierarchy digiq_frozen_text
 SEEDS = $$($(BIN)/python -c 'from digiq.config import load_settings; print(load_settings().experiment.seeds)')
 val: venv
 	cat data/tasks/general_val.txt data/tasks/webshop_val.txt > data/val_tasks.txt
