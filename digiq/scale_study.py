@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from digiq.algos.digiq import best_of_n_picks, fit_critic, imitation_rows
+from digiq.algos.digiq import best_of_n_picks, fit_critic
 from digiq.algos.filtered_bc import filtered_bc_picks
 from digiq.config import (
     ComputeConfig,
@@ -62,7 +62,7 @@ from digiq.evaluate import main as evaluate
 from digiq.io import atomic_write_text
 from digiq.models.critic import TextStart
 from digiq.paths import Paths
-from digiq.stages.actor import DRAW_FROM_STATES, ActorFitJob, advantages, fit_actor_job
+from digiq.stages.actor import ActorFitJob, advantages, fit_actor_job, fit_inputs, trained_states
 from digiq.workers import map_jobs
 
 __all__ = ["ROWS", "nested_subset", "imitated", "study", "main"]
@@ -167,6 +167,7 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
         }  # fmt: skip
         for updates in budgets:
             cfg = actor.but(updates=updates)
+            trained = trained_states(cfg, critic_cfg, steps)  # within the share, as its critics held out
             folder = out_dir / _label(fraction, updates)
             where = paths.writing("actors", folder)
             jobs = []
@@ -174,12 +175,7 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
                 if row not in rows:
                     continue
                 for ts in task_sets:
-                    # Digi-Q's rows imitate only the states of the trajectories their critics trained on, as stage 07's
-                    there = (of_set == ts) & (~held if ROWS[row] in DRAW_FROM_STATES and cfg.draws == "critic_train"
-                                              else True)  # fmt: skip
-                    mine = there[rows_picked.states]
-                    fit_rows = imitation_rows(steps, cands, Picks(rows_picked.states[mine], rows_picked.columns[mine]))
-                    pool = int(there.sum()) if ROWS[row] in DRAW_FROM_STATES else len(fit_rows)
+                    fit_rows, pool = fit_inputs(steps, cands, rows_picked, ROWS[row], ts, trained)
                     jobs.append(ActorFitJob(where, row, s, ts, actor.seed + s, fit_rows, pool, cfg))
             map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
             entry["budgets"][updates] = {}

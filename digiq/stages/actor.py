@@ -106,6 +106,8 @@ __all__ = [
     "step_features_job",
     "advantages",
     "drawn_per_task_set",
+    "trained_states",
+    "fit_inputs",
 ]
 
 # With compute.processes > 1, every process takes its share of each fit's batches (digiq.parallel).
@@ -310,10 +312,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
             write_offline_step_features(paths, steps, digirl_feats)
             if right is not None:
                 write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": expert_kinds})
-        # Where Digi-Q's rows may imitate: as released, only in the trajectories their critics trained on.
-        split = split or CriticConfig()
-        trained = (~heldout_rows(steps.traj_id.to_numpy(), split.holdout, split.seed, of_set)
-                   if cfg.draws == "critic_train" else None)  # fmt: skip
+        trained = trained_states(cfg, split or CriticConfig(), steps)
         every: dict[tuple[str, int], Picks] = {}
         stats: dict[str, list[dict[str, Any]]] = {r.name: [] for r in offline}  # per row, per seed
         passes: dict[str, dict[str, list[float]]] = {}  # each fit's expected passes over its rows, per task set
@@ -324,12 +323,7 @@ def run_actor(cfg: ActorConfig, paths: Paths, *, seeds: int, table: Sequence[Row
                 every[(row.name, s)], stat = PICKS[row.kind](row, at)
                 stats[row.name].append(stat)
                 for ts in task_sets:
-                    mine = of_set == ts
-                    if trained is not None and row.kind in DRAW_FROM_STATES:
-                        mine = mine & trained
-                    rows = imitation_rows(steps, cands, _within(every[(row.name, s)], mine))
-                    # Digi-Q's rows draw among the task set's states, as released; the baselines among their rows.
-                    pool = int(mine.sum()) if row.kind in DRAW_FROM_STATES else len(rows)
+                    rows, pool = fit_inputs(steps, cands, every[(row.name, s)], row.kind, ts, trained)
                     if rows:
                         passes.setdefault(row.name, {}).setdefault(ts, []).append(cfg.updates * cfg.batch_size / pool)
                     fits.append(ActorFitJob(paths, row.name, s, ts, at.seed, rows, pool, cfg))
@@ -404,10 +398,29 @@ def drawn_per_task_set(scores: dict[str, np.ndarray], valid: np.ndarray, of_set:
     return out
 
 
-def _within(picks: Picks, states: np.ndarray) -> Picks:
-    """The rows of ``picks`` at the ``states`` marked (a mask over every stored state)."""
-    mine = states[picks.states]
-    return Picks(picks.states[mine], picks.columns[mine], None if picks.weights is None else picks.weights[mine])
+def trained_states(cfg: ActorConfig, split: CriticConfig, steps: pd.DataFrame) -> np.ndarray | None:
+    """(S,) bool: the stored steps of the trajectories the critics trained on (held out as ``split``'s ``holdout``
+    and ``seed`` say, within each task set), where Digi-Q's rows imitate with ``actor.draws`` critic_train, as
+    released; None with ``all``."""
+    if cfg.draws != "critic_train":
+        return None
+    return ~heldout_rows(steps.traj_id.to_numpy(), split.holdout, split.seed, steps.task_set.to_numpy())
+
+
+def fit_inputs(steps: pd.DataFrame, cands: pd.DataFrame, picks: Picks, kind: str, task_set: str,
+               trained: np.ndarray | None) -> tuple[list[FitRow], int]:  # fmt: skip
+    """One fit's rows, ``picks``' at ``task_set``'s states, and the states its batches draw among.
+
+    Digi-Q's rows (kinds of :data:`DRAW_FROM_STATES`) draw among the task set's states, as released, only those
+    ``trained`` marks (:func:`trained_states`) where given; the baselines among their own rows.
+    """
+    mine = steps.task_set.to_numpy() == task_set
+    if trained is not None and kind in DRAW_FROM_STATES:
+        mine = mine & trained
+    there = mine[picks.states]
+    rows = imitation_rows(steps, cands, Picks(picks.states[there], picks.columns[there],
+                                              None if picks.weights is None else picks.weights[there]))  # fmt: skip
+    return rows, int(mine.sum()) if kind in DRAW_FROM_STATES else len(rows)
 
 
 def run(settings: Settings, paths: Paths) -> dict[str, Any]:
