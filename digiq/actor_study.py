@@ -62,7 +62,7 @@ from digiq.stages.actor import ActorFitJob, fit_actor_job, fit_inputs, trained_s
 from digiq.stats import paired_bootstrap
 from digiq.workers import map_jobs
 
-__all__ = ["ACTOR_CHANGES", "SETTINGS", "typing_taken", "on_kept", "row_report", "study", "main"]
+__all__ = ["ACTOR_CHANGES", "SETTINGS", "typing_taken", "on_kept", "beyond_clamp", "row_report", "study", "main"]
 
 #: The actor knobs each setting changes (the rest of :data:`SETTINGS` change the rows instead).
 ACTOR_CHANGES: dict[str, dict[str, Any]] = {
@@ -127,12 +127,23 @@ def row_report(picks: Sequence[Picks], steps: pd.DataFrame, cands: pd.DataFrame,
             }  # fmt: skip
         if base is not None and screens is not None and len(states):
             images = torch.stack([screens[p] for p in steps.image_path.to_numpy()[states]])
-            low, high = base.token_extremes(steps.observation.to_numpy()[states].tolist(), images,
-                                            [lists[s][c] for s, c in zip(states, columns, strict=True)])  # fmt: skip
-            entry["rows_with_a_token_below_clamp"] = round(float((low < TOKEN_CLAMP[0]).mean()), 4)
-            entry["rows_with_a_token_above_clamp"] = round(float((high > TOKEN_CLAMP[1]).mean()), 4)
+            below, above = beyond_clamp(base, steps.observation.to_numpy()[states].tolist(), images,
+                                        [lists[s][c] for s, c in zip(states, columns, strict=True)])  # fmt: skip
+            entry["rows_with_a_token_below_clamp"] = round(float(below.mean()), 4)
+            entry["rows_with_a_token_above_clamp"] = round(float(above.mean()), 4)
         out[ts] = entry
     return out
+
+
+@torch.no_grad()
+def beyond_clamp(base: AutoUIPolicy, prompts: list[str], images: torch.Tensor, actions: list[str]
+                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per row, whether ``base`` gives one of the action's tokens a probability below, and one above, the release's
+    clamp (:data:`~digiq.config.TOKEN_CLAMP`): clamping only that side moves the row's summed log-probability."""
+    plain = base._summed_logprobs(prompts, images, actions, 32)[0]
+    low = base._summed_logprobs(prompts, images, actions, 32, clamp=(TOKEN_CLAMP[0], 1.0))[0]
+    high = base._summed_logprobs(prompts, images, actions, 32, clamp=(1e-30, TOKEN_CLAMP[1]))[0]
+    return (low > plain).cpu().numpy(), (high < plain).cpu().numpy()
 
 
 def _mean(values: Any) -> float:

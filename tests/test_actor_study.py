@@ -8,13 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 
-from digiq.actor_study import main, on_kept, row_report, typing_taken
+from digiq.actor_study import beyond_clamp, main, on_kept, row_report, typing_taken
 from digiq.config import load_params
+from digiq.data import TrajectoryStore
 from digiq.data.picks import Picks
 from digiq.env.actions import format_action, press_back, tap, type_text
 from digiq.env.taskgen import generate_tasks
+from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 from digiq.stages.actor import run as actor_stage
 from digiq.stages.launch import run_stage
@@ -82,3 +85,23 @@ def test_the_study_refits_digiq_per_setting_and_compares_each_with_the_released_
     assert compared["n_tasks"] == 2 and compared["seeds"] == 1 and len(compared["ci95"]) == 2
     rows = result["rows"]["general"]
     assert rows["rows_per_seed"] > 0 and 0 <= rows["rows_with_a_token_below_clamp"] <= 1
+
+
+def test_rows_beyond_the_clamp_are_those_whose_lowest_or_highest_token_probability_lies_past_it(values_root):
+    """Against each row's own token probabilities, one row at a time: its lowest below 0.001, its highest above
+    0.99."""
+    paths = Paths(values_root)
+    base = AutoUIPolicy.load(paths.base_policy)
+    store = TrajectoryStore(paths.offline)
+    steps = store.read().to_pandas().head(8)
+    images = base.screen.prepare(store.load_images(steps.image_path.tolist()))
+    prompts, actions = steps.observation.tolist(), steps.action.tolist()
+    below, above = beyond_clamp(base, prompts, images, actions)
+    pad = base.tokenizer.pad_token_id
+    with torch.no_grad():
+        for i in range(len(steps)):
+            enc = base.encode(prompts[i : i + 1], images[i : i + 1])
+            labels = base._labels(actions[i : i + 1])
+            written = F.pad(base.t5._shift_right(labels.masked_fill(labels == -100, pad)), (1, 0), value=pad)
+            probs = base._target_logprobs(enc, written, labels.clamp(min=0))[labels != -100].exp()
+            assert below[i] == bool(probs.min() < 0.001) and above[i] == bool(probs.max() > 0.99)

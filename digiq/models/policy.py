@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -70,16 +69,6 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.image_encoder not in ("cnn", "blip2"):
             raise ValueError(f"image_encoder must be 'cnn' or 'blip2', got {self.image_encoder!r}")
-
-
-class ActionLogprobs(NamedTuple):
-    """Per row of a batch (B,): its action's token log-probabilities summed, its number of tokens, and its lowest
-    and highest token log-probability (no gradient)."""
-
-    summed: torch.Tensor
-    tokens: torch.Tensor
-    lowest: torch.Tensor
-    highest: torch.Tensor
 
 
 def use_fused_gelu(blocks: Sequence[nn.Module]) -> None:
@@ -523,10 +512,9 @@ class AutoUIPolicy(nn.Module):
                          self.t5.shared)  # fmt: skip
 
     def _summed_logprobs(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
-                         group: int, clamp: tuple[float, float] | None = None) -> ActionLogprobs:  # fmt: skip
-        """Per row (B,), its action's token log-probabilities summed, its number of tokens and its lowest and
-        highest token log-probability; with ``clamp`` (low, high), each token's probability clamped to it first (no
-        gradient beyond it).
+                         group: int, clamp: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Per row, its action's token log-probabilities summed (B,) and its number of tokens (B,); with ``clamp``
+        (low, high), each token's probability clamped to it first (no gradient beyond it).
 
         The rows go through the model ``group`` at a time in order of prompt
         length (:meth:`_by_length`), each group padded to its own longest
@@ -540,7 +528,7 @@ class AutoUIPolicy(nn.Module):
             raise ValueError(f"{len(prompts)} prompts, {len(screenshots)} screenshots and {len(actions)} actions: "
                              "one of each per row")  # fmt: skip
         pad = self.tokenizer.pad_token_id
-        sums, counts, lowest, highest, order = [], [], [], [], []
+        sums, counts, order = [], [], []
         for rows, tokens in self._by_length(prompts, group):
             enc = self._encode_tokens(tokens, screenshots[rows])
             labels = self._labels([actions[i] for i in rows])
@@ -551,26 +539,16 @@ class AutoUIPolicy(nn.Module):
             keep = labels != -100
             sums.append((logp * keep).sum(-1))
             counts.append(keep.sum(-1))
-            lowest.append(logp.detach().masked_fill(~keep, math.inf).amin(-1))
-            highest.append(logp.detach().masked_fill(~keep, -math.inf).amax(-1))
             order.append(rows)
         back = torch.as_tensor(np.argsort(np.concatenate(order)), device=self.device)  # to the given order
-        return ActionLogprobs(*(torch.cat(part)[back] for part in (sums, counts, lowest, highest)))
+        return torch.cat(sums)[back], torch.cat(counts)[back]
 
     # ------------------------------------------------------------ scoring and sampling
 
     def action_logprobs(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
                         group: int = 32) -> torch.Tensor:  # fmt: skip
         """log pi(action | prompt, screenshot), summed over tokens, one per row (``group``: :meth:`_summed_logprobs`)."""
-        return self._summed_logprobs(prompts, screenshots, actions, group).summed
-
-    @torch.no_grad()
-    def token_extremes(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
-                       group: int = 32) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """Per row, the lowest and the highest probability it gives one of the action's tokens: where a clamp of the
-        token probabilities (released Digi-Q's actor: [0.001, 0.99]) bites."""
-        out = self._summed_logprobs(prompts, screenshots, actions, group)
-        return out.lowest.exp().cpu().numpy(), out.highest.exp().cpu().numpy()
+        return self._summed_logprobs(prompts, screenshots, actions, group)[0]
 
     def loss(self, prompts: list[str], screenshots: np.ndarray | torch.Tensor, actions: list[str],
              weights: torch.Tensor | None = None, group: int = 32, per_token: bool = True,
@@ -585,8 +563,8 @@ class AutoUIPolicy(nn.Module):
         positive weights. The rows go through the model ``group`` at a time
         (:meth:`_summed_logprobs`); the loss is the whole batch's.
         """
-        out = self._summed_logprobs(prompts, screenshots, actions, group, clamp)
-        per_row = -out.summed / out.tokens.clamp(min=1) if per_token else -out.summed
+        logp, tokens = self._summed_logprobs(prompts, screenshots, actions, group, clamp)
+        per_row = -logp / tokens.clamp(min=1) if per_token else -logp
         if weights is None:
             return per_row.mean()
         return (per_row * weights).sum() / weights.abs().sum().clamp(min=1e-8)
