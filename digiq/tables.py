@@ -344,8 +344,8 @@ def interval_cell(m: dict[str, Any]) -> str:
 
 
 def typed_text_table(typed: dict[str, Any], margins: dict[str, Any]) -> list[str]:
-    """The typed-text check of stage 08 per critic row, task set and perturbation, then Digi-Q's critic's pick margin
-    where the expert types and elsewhere (notebook 08, docs)."""
+    """The typed-text check of stage 08 per critic row, task set and perturbation, then each critic row's pick margin
+    where the expert types and elsewhere (``margins``: row, task set, group; notebook 08, docs)."""
     if not typed or not typed.get("states"):
         return ["Typed-text check off (`diagnostics.oracle_states: 0`), or no held-out state where the expert types "
                 "has a candidate that types what it would."]  # fmt: skip
@@ -360,13 +360,14 @@ def typed_text_table(typed: dict[str, Any], margins: dict[str, Any]) -> list[str
               "types what it would; each kind of perturbation of that query keeps the candidate's VLM "
               "representation, so only the text the critic reads changes. A critic that cannot tell them apart "
               "ties (0 points); the interval resamples held-out trajectories and seeds.", ""]  # fmt: skip
-    lines += ["| Digi-Q's critic picks the expert's action | task set | critic - uninformed (points, 95% CI) |",
-              "|---|---|---|"]  # fmt: skip
-    for ts, groups in margins.items():
-        for group in ("typing", "other"):
-            if group in groups:
-                lines.append(f"| where the expert {'types' if group == 'typing' else 'does not type'} | "
-                             f"{TASK_SET_NAMES.get(ts, ts)} | {interval_cell(groups[group])} |")  # fmt: skip
+    lines += ["| critic | its top pick is the expert's action | task set | critic - uninformed (points, 95% CI) |",
+              "|---|---|---|---|"]  # fmt: skip
+    for row, by_ts in margins.items():
+        for ts, groups in by_ts.items():
+            for group in ("typing", "other"):
+                if group in groups:
+                    lines.append(f"| {row} | where the expert {'types' if group == 'typing' else 'does not type'} | "
+                                 f"{TASK_SET_NAMES.get(ts, ts)} | {interval_cell(groups[group])} |")  # fmt: skip
     return lines
 
 

@@ -385,13 +385,14 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["rows_expert_share_where_on_offer"] = {name: mean_over_seeds(s) for name, s in shares_there.items()}
         metrics["digiq_rows_by_kind"] = keep_by_group(digiq_kept, digiq_right, seeds, task_sets, kinds)
 
-        reports, critic_q = [], []
+        reports, by_row = [], {row: [] for row in critic_rows}  # each critic row's Q, per seed
         expert_reports: dict[str, list[dict[str, Any]]] = {"heldout": [], "train": []}
         for s in range(seeds):
             # Each critic's Q of every stored state, as stage 07's Best-of-N read it.
             q = {row: read_stored(paths, critic_scores_name(row, s), steps, ("q",), "diagnostics")["q"]
                  for row in critic_rows}  # fmt: skip
-            critic_q.append(q["digiq"])
+            for row, scores in q.items():
+                by_row[row].append(scores)
             reports.append(ranking_report(sample["oracle"], sample["valid"], distinct[sample["idx"]],
                                           {"critic": q["digiq"][sample["idx"]], "base_likelihood": sample["loglik"],
                                            "taken_action": _taken(sample["valid"]), **probes, **behaviour},
@@ -409,17 +410,20 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
         metrics["expert_pick"] = {**_mean_report(expert_reports["heldout"]), "per_seed": expert_reports["heldout"]}
         metrics["expert_pick_train"] = {**_mean_report(expert_reports["train"]), "per_seed": expert_reports["train"]}
         # Digi-Q's critic against the uninformed level on the held-out states, with an interval over episodes and seeds.
+        critic_q = by_row["digiq"]
         metrics["critic_pick_margin"] = pick_margin(right[held], valid[held], distinct[held],
                                                     [q[held] for q in critic_q], episodes[held], task_sets[held])  # fmt: skip
         metrics["critic_wrong_picks"] = wrong_pick_report(right[held], valid[held], [q[held] for q in critic_q],
                                                           candidate_kinds[held], kinds[held],
                                                           task_sets[held])  # fmt: skip
-        # The same margin where the expert types and elsewhere, per task set.
+        # The same margin where the expert types and elsewhere, per task set; every critic row's (the frozen-text
+        # variant's beside Digi-Q's).
         typing = np.where(kinds == ActionType.TYPE.name, "typing", "other")
         metrics["critic_pick_margin_typing"] = {
-            ts: pick_margin(right[mine], valid[mine], distinct[mine], [q[mine] for q in critic_q], episodes[mine],
-                            typing[mine])
-            for ts in ["all", *in_data] if (mine := held & ((task_sets == ts) | (ts == "all"))).any()}  # fmt: skip
+            row: {ts: pick_margin(right[mine], valid[mine], distinct[mine], [q[mine] for q in per_seed],
+                                  episodes[mine], typing[mine])
+                  for ts in ["all", *in_data] if (mine := held & ((task_sets == ts) | (ts == "all"))).any()}
+            for row, per_seed in by_row.items()}  # fmt: skip
         with timed(parts, "typed_text"):
             metrics["typed_text"] = typed_text_check(paths, critic_rows, seeds, cfg.seed, right, kinds,
                                                      cands.action_list.tolist(), np.flatnonzero(held), episodes,

@@ -120,10 +120,10 @@ def test_the_table_gives_each_critic_s_check_and_the_pick_where_the_expert_types
          "tie_share": 0.1}  # fmt: skip
     typed = {"states": 40, "states_by_task_set": {"webshop": 40},
              "digiq": {"text_encoder": "trained", "all": {"all": r}, "webshop": {"all": r, "misspell": r}}}  # fmt: skip
-    lines = typed_text_table(typed, {"webshop": {"all": r, "typing": r, "other": r}})
+    lines = typed_text_table(typed, {"digiq": {"webshop": {"all": r, "typing": r, "other": r}}})
     assert (
         "| digiq | trained | Web Shopping | misspell | +12.3 [-1.0, +20.1], no detectable difference | 60.0 | 10.0 |"
         in lines
     )
-    assert "| where the expert types | Web Shopping | +12.3 [-1.0, +20.1], no detectable difference |" in lines
+    assert "| digiq | where the expert types | Web Shopping | +12.3 [-1.0, +20.1], no detectable difference |" in lines
     assert typed_text_table({"states": 0}, {})[0].startswith("Typed-text check off")
