@@ -19,6 +19,7 @@ on a tie, and the report gives the mean minus one half, in points, with a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -110,20 +111,30 @@ def typed_versions_q(critic: Critic, inputs: Mapping[str, np.ndarray], states: n
     """
     V = len(versions[0]) if len(versions) else 0
     actions = [format_action(type_text(v)) for row in versions for v in row]
-    state = critic.read(inputs, states, ("state",))["state"]
-    if critic.towers is not None:
-        table = list(texts) + sorted({t for a in actions for t in action_text(a)} - set(texts))
-        critic.read_texts(table)
+    if critic.towers is not None:  # a table of only the texts these states and versions read
+        goal = np.asarray(inputs["goal_row"])[states]
+        before = np.asarray(inputs["before_rows"])[states]
+        table = list(dict.fromkeys([*(texts[r] for r in goal), *(texts[r] for r in before.reshape(-1)),
+                                    *(t for a in actions for t in action_text(a))]))  # fmt: skip
+        critic = copy.copy(critic).read_texts(table)  # the same weights; the caller's critic keeps its own table
         at = {t: k for k, t in enumerate(table)}
-        rows = torch.tensor([[at[t] for t in action_text(a)] for a in actions], dtype=torch.long).view(
-            len(states), V, 2
-        )
+
+        def rows_of(found: Sequence[str], shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.tensor([at[t] for t in found], dtype=torch.long).view(shape)
+
         vlm = torch.from_numpy(np.asarray(inputs["candidates"])[states, columns])[:, None].expand(-1, V, -1)
-        batch = {"candidates": vlm.to(state.device), "action_rows": rows.to(state.device)}
-        candidates = critic.inputs(batch, ("candidates",), critic.encode_texts())["candidates"]
+        batch = {"state": torch.from_numpy(np.asarray(inputs["state"])[states]),
+                 "goal_row": rows_of([texts[r] for r in goal], (len(states),)),
+                 "before_rows": rows_of([texts[r] for r in before.reshape(-1)], (len(states), 2)),
+                 "candidates": vlm, "action_rows": rows_of([t for a in actions for t in action_text(a)],
+                                                           (len(states), V, 2))}  # fmt: skip
+        device = next(critic.parameters()).device
+        x = critic.inputs({k: t.to(device) for k, t in batch.items()}, ("state", "candidates"), critic.encode_texts())
+        state, candidates = x["state"], x["candidates"]
     else:
         if policy is None or critic.cfg.targets or critic.cfg.typed or critic.cfg.entries:
             raise ValueError("a frozen critic is checked with the base policy's encoder, on the action's text alone")
+        state = critic.read(inputs, states, ("state",))["state"]
         kinds, typed = zip(*map(action_text, actions), strict=True) if actions else ((), ())
         text = np.concatenate([encode_texts(policy, list(kinds)), encode_texts(policy, list(typed))], 1)
         right = np.asarray(inputs["candidates"])[states, columns]
