@@ -35,8 +35,8 @@ from digiq.models.critic_text import TextTable, TextTowers, encoder_stack, vocab
 from digiq.models.policy import AutoUIPolicy
 from digiq.paths import Paths
 
-__all__ = ["CriticNetConfig", "TextStart", "tower_fields", "Critic", "mlp", "same_candidates", "pair_mlp", "load_critics", "per_task_set",
-           "critic_scores", "inputs_for", "trained_inputs"]  # fmt: skip
+__all__ = ["CriticNetConfig", "TextStart", "tower_fields", "Critic", "mlp", "same_candidates", "pair_mlp",
+           "load_critics", "per_task_set", "critic_scores", "inputs_for", "trained_inputs"]  # fmt: skip
 
 # The text rows a critic with towers reads (digiq.data.features.TEXT_ROWS).
 ROW_KEYS = ("goal_row", "before_rows", "taken_rows", "action_rows")
