@@ -681,8 +681,9 @@ class CriticConfig(Knobs):
     """Stage 06: double Q and V heads trained by TD on frozen VLM features and the texts, through text towers
     trained with them.
 
-    The defaults are Digi-Q's critic (the ``digiq`` row): VLM features and trained text towers, plain TD. The CQL term and
-    the view-hierarchy inputs go beyond the paper; they are turned on only by named variants (``variants``).
+    The defaults are Digi-Q's critic (the ``digiq`` row): VLM features and trained text towers, plain TD. The
+    CQL term and the view-hierarchy inputs go beyond the paper; they are turned on only by named variants
+    (``variants``).
     """
 
     gamma: float = _knob(

@@ -10,7 +10,7 @@ from conftest import TEXT_D, H
 from safetensors.torch import load_file, save_file
 
 from digiq.algos.digiq import build_critic, td_losses, transition_tensors
-from digiq.config import CriticConfig
+from digiq.config import ActorConfig, CriticConfig
 from digiq.data import TrajectoryStore
 from digiq.data.features import critic_inputs, load_text_rows
 from digiq.models.checkpoint import part_digest
@@ -117,3 +117,16 @@ def test_a_checkpoint_without_its_towers_or_with_another_vocabulary_is_refused_n
     with pytest.raises(ValueError, match=f"critic checkpoint {other}: its tokenizer .* not of the vocabulary"):
         Critic.load(other)
     Critic.load(tmp_path / "critic")  # the checkpoint as saved loads
+
+
+def test_the_knobs_name_a_text_encoder_a_token_loss_or_draws_they_do_not_know():
+    with pytest.raises(ValueError, match="text_encoder must be one of"):
+        CriticConfig(text_encoder="roberta")
+    assert CriticConfig().towers and not CriticConfig(text_encoder="frozen").towers
+    assert not CriticConfig(text_features=False).towers  # no text, nothing to encode
+    with pytest.raises(ValueError, match="token_loss must be one of"):
+        ActorConfig(token_loss="max")
+    with pytest.raises(ValueError, match="draws must be one of"):
+        ActorConfig(draws="heldout")
+    with pytest.raises(ValueError, match="a critic with text towers starts from the base policy's encoder"):
+        build_critic(CriticConfig(), {"state": np.zeros((2, 3), np.float32), "candidates": np.zeros((2, 2, 3))})
