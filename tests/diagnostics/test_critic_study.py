@@ -46,7 +46,12 @@ def test_every_setting_is_judged_on_the_same_states_against_the_same_levels(valu
 
 
 def test_the_command_line_writes_the_study(values_root, tmp_path, monkeypatch, capsys):
+    """The trained towers and the frozen averages side by side: each setting reads the inputs its critic needs."""
     monkeypatch.setitem(SETTINGS, "released", {"steps": 3, "hidden": 16, "batch_size": 8})
+    monkeypatch.setitem(SETTINGS, "frozen_text", {"steps": 3, "hidden": 16, "batch_size": 8, "text_encoder": "frozen"})
     out = tmp_path / "study.json"
-    result = main(["--root", str(values_root), "--out", str(out), "--settings", "released", "--seeds", "1"])
+    result = main(["--root", str(values_root), "--out", str(out), "--settings", "released", "frozen_text", "--seeds",
+                   "1"])  # fmt: skip
     assert json.loads(out.read_text()) == result and "released" in capsys.readouterr().out
+    assert set(result["settings"]) == {"released", "frozen_text"}
+    assert result["settings"]["frozen_text"]["changes"]["text_encoder"] == "frozen"
