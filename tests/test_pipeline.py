@@ -103,8 +103,8 @@ def test_a_list_of_stages_in_a_module_is_found(tmp_path):
 
 
 def test_what_a_stage_reads_and_what_depends_on_it_follow_dvc_yaml():
-    assert pipeline.producers(pipeline.stage("critic")) == ["fingerprints", "collect", "augment_actions", "embed",
-                                                            "critic_inputs"]  # fmt: skip
+    assert pipeline.producers(pipeline.stage("critic")) == ["fingerprints", "base_policy", "collect",
+                                                            "augment_actions", "embed", "critic_inputs"]  # fmt: skip
     assert pipeline.downstream("critic") == ["critic", "actor", "diagnostics", "digirl_online", "eval"]
     assert "digirl_online" in pipeline.producers(pipeline.stage("eval"))  # through a metrics file it reads
     with pytest.raises(ValueError, match="no stage 'critics'"):
