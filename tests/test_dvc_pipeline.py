@@ -40,7 +40,8 @@ def test_every_notebook_is_one_stage_that_depends_on_it():
 def test_params_match_the_typed_configs_and_their_defaults():
     assert set(PARAMS) == set(config.SECTIONS) | {"variants"}  # variants: named critics, each the critic group changed
     settings = config.load_settings(params=PARAMS)
-    assert set(settings.variants) == {"digiq_hierarchy"}
+    assert set(settings.variants) == {"digiq_hierarchy", "digiq_frozen_text"}
+    assert settings.variants["digiq_frozen_text"].text_encoder == "frozen" and settings.critic.towers
     for name, cls in config.SECTIONS.items():
         for key, f in cls.model_fields.items():
             # A value set in a params file is its field's default too, so a knob left out changes nothing.
@@ -54,7 +55,7 @@ def test_params_yaml_holds_the_methods_knobs_and_params_the_machines():
     knobs += [k for changes in METHOD["variants"].values() for k in changes]
     # A page a person reads whole: the methods' knobs that decide a run (Digi-Q's, DigiRL's and PAE's switches);
     # the rest keep their config defaults, each explained by its help.
-    assert len(knobs) <= 53, f"params.yaml has {len(knobs)} knobs"
+    assert len(knobs) <= 54, f"params.yaml has {len(knobs)} knobs"
     assert not {"env", "devices", "judge", "compute"} & set(METHOD)  # in params/, beside it
     assert {p.name for p in config.params_files()[1:]} == {"compute.yaml", "devices.yaml", "released_models.yaml"}
 

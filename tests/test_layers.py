@@ -38,6 +38,7 @@ LAYERS = (
         "preset",
         "reference",
         "scale_study",
+        "actor_study",
         "demo",
     },  # the README's tables, rerun spreads, presets, the
     # settings reference, studies of stage 07, the demo
