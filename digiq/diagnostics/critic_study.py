@@ -67,16 +67,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "lr_x30": {"lr": 3e-4},  # the released regime at the earlier step size
     # The frozen text averages instead of the trained towers, under the released regime and under the one before.
     "frozen_text": {"text_encoder": "frozen"},
-    "before_frozen_text": {
-        "lr": 3e-4,
-        "weight_decay": 0.01,
-        "grad_clip": None,
-        "steps": 1600,
-        "batch_size": 256,
-        "twin_heads": "min",
-        "text_encoder": "frozen",
-    },  # fmt: skip
 }
+SETTINGS["before_frozen_text"] = {**SETTINGS["before"], "text_encoder": "frozen"}
 
 
 def strata(steps: pd.DataFrame, right: np.ndarray, held: np.ndarray) -> dict[str, np.ndarray]:
