@@ -138,19 +138,21 @@ def transition_tensors(feats: dict[str, np.ndarray], steps: pd.DataFrame) -> dic
 def build_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], encoder: TextStart | None = None) -> Critic:
     """A fresh critic of ``cfg``'s shape for inputs ``feats`` (initialised from torch's current seed); with
     ``cfg.towers``, its towers copies of ``encoder``'s policy's T5 encoder, reading ``encoder``'s texts."""
-    shape = {}
-    if cfg.towers:
-        if encoder is None:
-            raise ValueError("a critic with text towers starts from the base policy's encoder: none was given")
-        shape = tower_fields(encoder.policy, cfg.text_tokens)
-    width = 0 if not cfg.towers else encoder.policy.cfg.d_model  # each text the towers add
-    net = CriticNetConfig(feature_dim=feats["state"].shape[1] + 3 * width, hidden=cfg.hidden,
-                          action_dim=feats["candidates"].shape[2] + 2 * width, text=cfg.text_features,
-                          targets=cfg.tap_targets, typed=cfg.typed_match, entries=cfg.list_entries,
-                          twin=cfg.twin_heads, **shape)  # fmt: skip
-    if encoder is None or not cfg.towers:
-        return Critic(net)
-    return Critic.with_towers(net, encoder.policy).read_texts(encoder.texts)
+    if cfg.towers and encoder is None:
+        raise ValueError("a critic with text towers starts from the base policy's encoder: none was given")
+    width = encoder.policy.cfg.d_model if cfg.towers else 0  # each text the towers append
+    net = CriticNetConfig(
+        feature_dim=feats["state"].shape[1] + 3 * width,
+        hidden=cfg.hidden,
+        action_dim=feats["candidates"].shape[2] + 2 * width,
+        text=cfg.text_features,
+        targets=cfg.tap_targets,
+        typed=cfg.typed_match,
+        entries=cfg.list_entries,
+        twin=cfg.twin_heads,
+        **(tower_fields(encoder.policy, cfg.text_tokens) if cfg.towers else {}),
+    )
+    return Critic.with_towers(net, encoder.policy).read_texts(encoder.texts) if cfg.towers else Critic(net)
 
 
 def fit_critic(cfg: CriticConfig, feats: dict[str, np.ndarray], steps: pd.DataFrame, seed: int,
