@@ -9,7 +9,9 @@ strata of the stored states:
 - the held-out trajectories, and the training ones beside them;
 - held-out states of episodes that succeeded, and of episodes that failed;
 - held-out states where the action taken was the expert's, and where it was
-  not.
+  not;
+- held-out states where the expert types, and where it does something else
+  (a critic that cannot read typed text picks worst at the first).
 
 If TD pushes right actions down in failed episodes while untried candidates
 win by extrapolation, the critic picks the expert's action less often where
@@ -43,6 +45,7 @@ from digiq.data.features import critic_inputs
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
+from digiq.env.actions import ActionType
 from digiq.io import atomic_write_text
 from digiq.models.critic import Critic, TextStart
 from digiq.paths import Paths
@@ -71,10 +74,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
 SETTINGS["before_frozen_text"] = {**SETTINGS["before"], "text_encoder": "frozen"}
 
 
-def strata(steps: pd.DataFrame, right: np.ndarray, held: np.ndarray) -> dict[str, np.ndarray]:
-    """(S,) masks of the stored states :func:`study` judges on (see the module's docstring)."""
+def strata(steps: pd.DataFrame, right: np.ndarray, expert_kinds: np.ndarray, held: np.ndarray
+           ) -> dict[str, np.ndarray]:  # fmt: skip
+    """(S,) masks of the stored states :func:`study` judges on (see the module's docstring); ``expert_kinds``
+    (S,) is the kind of action the expert takes at each state (:func:`expert_matrix`)."""
     succeeded = steps.trajectory_reward.to_numpy() > 0
     taken_right = np.asarray(right, bool)[:, 0]
+    typing = np.asarray(expert_kinds) == ActionType.TYPE.name
     return {
         "heldout": held,
         "train": ~held,
@@ -82,6 +88,8 @@ def strata(steps: pd.DataFrame, right: np.ndarray, held: np.ndarray) -> dict[str
         "heldout, episode failed": held & ~succeeded,
         "heldout, taken action the expert's": held & taken_right,
         "heldout, taken action not the expert's": held & ~taken_right,
+        "heldout, the expert types": held & typing,
+        "heldout, the expert does not type": held & ~typing,
     }
 
 
@@ -106,13 +114,13 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
                                     typed=base.typed_match, entries=base.list_entries)
               for towers in {base.but(**changes).towers for changes in settings.values()}}  # fmt: skip
     encoder = TextStart.of(paths) if any(inputs) else None
-    right, _ = expert_matrix(env, collect_seed, steps, cands)
+    right, expert_kinds = expert_matrix(env, collect_seed, steps, cands)
     valid = np.stack(cands.valid_list.to_numpy())
     distinct = distinct_decisions(cands.action_list.tolist())
     kinds = action_kinds(cands.action_list.tolist())
     task_sets = steps.task_set.to_numpy()
     held = heldout_rows(steps.traj_id.to_numpy(), base.holdout, base.seed, task_sets)
-    masks = strata(steps, right, held)
+    masks = strata(steps, right, expert_kinds, held)
     out: dict[str, Any] = {"states": {name: int(m.sum()) for name, m in masks.items()}, "settings": {}}
     masks = {name: m for name, m in masks.items() if m.any()}  # a stratum without states has no rate
     for name, changes in settings.items():

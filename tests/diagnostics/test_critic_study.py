@@ -11,16 +11,19 @@ from digiq.diagnostics.critic_study import SETTINGS, main, strata, study
 from digiq.paths import Paths
 
 
-def test_strata_split_the_held_out_states_by_outcome_and_by_the_taken_action():
+def test_strata_split_the_held_out_states_by_outcome_by_the_taken_action_and_by_the_experts_kind():
     steps = pd.DataFrame({"trajectory_reward": [1.0, 1.0, 0.0, 0.0, 0.0]})
     right = np.array([[True, False], [False, True], [True, True], [False, False], [True, False]])
     held = np.array([True, True, True, False, False])
-    masks = strata(steps, right, held)
+    expert_kinds = np.array(["TYPE", "TAP", "TYPE", "TYPE", "BACK"])
+    masks = strata(steps, right, expert_kinds, held)
     assert masks["train"].tolist() == [False, False, False, True, True]
     assert masks["heldout, episode succeeded"].tolist() == [True, True, False, False, False]
     assert masks["heldout, episode failed"].tolist() == [False, False, True, False, False]
     assert masks["heldout, taken action the expert's"].tolist() == [True, False, True, False, False]
     assert masks["heldout, taken action not the expert's"].tolist() == [False, True, False, False, False]
+    assert masks["heldout, the expert types"].tolist() == [True, False, True, False, False]
+    assert masks["heldout, the expert does not type"].tolist() == [False, True, False, False, False]
 
 
 def test_every_setting_is_judged_on_the_same_states_against_the_same_levels(values_root, tmp_path):
