@@ -109,6 +109,15 @@ def test_simulator_only_diagnostics_are_refused_on_real_devices(tmp_path):
         diagnostics_stage(load_settings(params=params), Paths(tmp_path))
 
 
+def test_a_variant_that_moves_the_critics_split_is_refused_by_the_actor_stage(tmp_path):
+    """Digi-Q's rows draw among the trajectories the critic group's split trains on: a variant keeps it."""
+    params = load_params()
+    params["variants"] = {"digiq_other_split": {"holdout": 0.3}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ValueError, match=r"variants \['digiq_other_split'\] change critic.holdout or critic.seed"):
+        run_stage(actor_stage, Paths(tmp_path), tmp_path / "params.yaml")
+
+
 def test_an_unknown_expert_skill_is_named():
     with pytest.raises(ConfigError, match=r"eval: expert_skills: unknown \['swipe'\]"):
         load_settings(params={"eval": {"expert_skills": ["type", "swipe"]}})

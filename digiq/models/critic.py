@@ -77,7 +77,6 @@ class CriticNetConfig:
     text_heads: int = 0
     text_layers: int = 0
     text_vocab: int = 0
-    text_dropout: float = 0.0
     text_tokens: int = 0
     vocab_digest: str = ""
 
@@ -91,7 +90,7 @@ class CriticNetConfig:
         """The towers' T5 encoder configuration."""
         return T5Config(vocab_size=self.text_vocab, d_model=self.text_d_model, d_ff=self.text_d_ff,
                         d_kv=self.text_d_kv, num_heads=self.text_heads, num_layers=self.text_layers,
-                        feed_forward_proj="gated-gelu", dropout_rate=self.text_dropout,
+                        feed_forward_proj="gated-gelu", dropout_rate=0.0,
                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
 
 
@@ -114,7 +113,7 @@ def tower_fields(policy: AutoUIPolicy, text_tokens: int) -> dict[str, object]:
     pc = policy.cfg
     return {"towers": True, "text_d_model": pc.d_model, "text_d_ff": pc.d_ff, "text_d_kv": pc.d_kv,
             "text_heads": pc.num_heads, "text_layers": pc.num_layers,
-            "text_vocab": policy.t5.shared.num_embeddings, "text_dropout": pc.dropout, "text_tokens": text_tokens,
+            "text_vocab": policy.t5.shared.num_embeddings, "text_tokens": text_tokens,
             "vocab_digest": vocabulary_digest(policy.tokenizer)}  # fmt: skip
 
 
@@ -316,7 +315,7 @@ class Critic(nn.Module):
         return q, v, q - v[:, None]
 
     def target(self) -> "Critic":
-        """A frozen copy, its towers' dropout off: the TD targets are the same function of the inputs all along."""
+        """A frozen copy: the TD targets are the same function of the inputs all along."""
         t = copy.deepcopy(self, {id(self.table): self.table, id(self.tokenizer): self.tokenizer})  # those shared
         t.requires_grad_(False)
         return t.eval()

@@ -50,10 +50,14 @@ class TextTable:
     @classmethod
     def of(cls, texts: Sequence[str], tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> TextTable:
         """The table of ``texts`` (each once, in order of first appearance), tokenized as the base policy
-        tokenizes its prompts, cut to ``max_tokens``."""
+        tokenizes its prompts, each cut to its last ``max_tokens``."""
         distinct = tuple(dict.fromkeys(texts))
-        enc = tokenizer(list(distinct), padding=True, padding_side="right", truncation=True, max_length=max_tokens,
-                        return_tensors="pt")  # fmt: skip
+        side, tokenizer.truncation_side = tokenizer.truncation_side, "left"  # as released: a long text keeps its end
+        try:
+            enc = tokenizer(list(distinct), padding=True, padding_side="right", truncation=True, max_length=max_tokens,
+                            return_tensors="pt")  # fmt: skip
+        finally:
+            tokenizer.truncation_side = side
         return cls(distinct, enc["input_ids"], enc["attention_mask"])
 
     def rows(self, texts: Sequence[str]) -> torch.Tensor:
@@ -110,6 +114,15 @@ class TextTowers(nn.Module):
     def __init__(self, stack: nn.Module, d_model: int) -> None:
         super().__init__()
         self.towers = nn.ModuleDict({name: TextTower(copy.deepcopy(stack), d_model) for name in TOWERS})
+        self.train()
+
+    def train(self, mode: bool = True) -> TextTowers:
+        """Dense layers as ``mode`` says; the encoder stacks always without dropout, as released (its encoders are
+        loaded in eval mode and never switched)."""
+        super().train(mode)
+        for tower in self.towers.values():
+            tower.stack.eval()
+        return self
 
     def encode(self, table: TextTable, requests: Mapping[str, tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Each request's (tower, rows) pooled states, by key: each tower called once, on the distinct rows of all

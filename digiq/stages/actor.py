@@ -429,8 +429,12 @@ def run(settings: Settings, paths: Paths) -> dict[str, Any]:
     if settings.devices.backend == "emulator" and ablations.perfect_critic:
         raise ValueError("ablations.perfect_critic must be false with devices.backend emulator: the perfect critic "
                          "replays the collected episodes in the simulator, and these happened on real devices")  # fmt: skip
+    split = settings.critic
+    if moved := sorted(n for n, v in settings.variants.items() if (v.holdout, v.seed) != (split.holdout, split.seed)):
+        raise ValueError(f"variants {moved} change critic.holdout or critic.seed: every Digi-Q row's actor draws "
+                         "among the trajectories the critic group's split trains on, so a variant keeps that split")  # fmt: skip
     return run_actor(actor, paths, seeds=settings.experiment.seeds,
                      table=all_rows(ablations, list(settings.variants)), env=settings.env,
                      collect=settings.collect,
                      digirl=settings.digirl,
-                     compute=settings.compute, split=settings.critic)  # fmt: skip
+                     compute=settings.compute, split=split)  # fmt: skip

@@ -81,3 +81,18 @@ def test_encoding_a_step_s_texts_together_gives_each_input_s_own(policy):
         every = towers.encode_all(table, chunk=2)  # each text once, in order of length, put back in table order
     for tower in TOWERS:
         torch.testing.assert_close(every[tower], towers(tower, table, table.rows(TEXTS)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_towers_run_without_dropout_in_either_mode_and_a_long_text_keeps_its_end(policy):
+    """As released: the encoders never drop units, and a text over the limit loses its start, not its end."""
+    torch.manual_seed(1)
+    noisy = AutoUIPolicy(PolicyConfig(d_model=16, d_ff=32, d_kv=8, num_heads=2, num_layers=1, image_dim=16,
+                                      dropout=0.5), policy.tokenizer)  # fmt: skip
+    towers = TextTowers(noisy.t5.encoder, noisy.cfg.d_model).train()
+    table = TextTable.of(TEXTS, policy.tokenizer, policy.cfg.max_input_tokens)
+    rows = table.rows(TEXTS)
+    with torch.no_grad():
+        torch.testing.assert_close(towers("goal", table, rows), towers.eval()("goal", table, rows))
+    short = TextTable.of([TEXTS[0]], policy.tokenizer, 4)
+    assert short.ids[0].tolist() == policy.tokenizer(TEXTS[0]).input_ids[-4:]
+    assert policy.tokenizer.truncation_side == "right"  # the shared tokenizer is left as it was
