@@ -20,8 +20,9 @@ more data moves the critic's picks; and for each row, how many rows it
 imitates per task set and what share of them the expert would take.
 
 ``python -m digiq.scale_study --root . --out-dir DIR
-[--fractions 0.25 0.5 1] [--updates 40] [--critic before]`` runs on a pipeline root whose
-critic stage has run; it reads the offline data of train tasks and plays
+[--fractions 0.25 0.5 1] [--updates 40] [--critic before] [--stage-critics]`` runs on a
+pipeline root whose critic stage has run (``--stage-critics``: on the whole data under the
+released critic, that stage's critics are read instead of fit again); it reads the offline data of train tasks and plays
 the validation lists, never a test list. ``DIR`` gets the policies, each
 evaluation's JSON (``<fraction>_<updates>_<row>.json``) and ``study.json``.
 """
@@ -48,7 +49,7 @@ from digiq.data.candidates import read_candidates
 from digiq.data.features import critic_inputs
 from digiq.data.picks import Picks
 from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_rows
-from digiq.diagnostics.critic_study import SETTINGS, critic_q
+from digiq.diagnostics.critic_study import SETTINGS, critic_q, stage_critics
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import (
     action_kinds,
@@ -108,11 +109,13 @@ def _label(fraction: float, updates: int) -> str:
 
 
 def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets: Sequence[int],
-          rows: Sequence[str], out_dir: Path, workers: int, critic_setting: str = "released") -> dict[str, Any]:  # fmt: skip
+          rows: Sequence[str], out_dir: Path, workers: int, critic_setting: str = "released",
+          from_stage: bool = False) -> dict[str, Any]:  # fmt: skip
     """Fit and evaluate every (fraction, budget, row) on the validation lists; the figures per task set.
 
     Digi-Q's critics are the params' critic changed by ``critic_setting``, one of
-    :data:`~digiq.diagnostics.critic_study.SETTINGS` (``released``: as stage 06 fits them).
+    :data:`~digiq.diagnostics.critic_study.SETTINGS` (``released``: as stage 06 fits them). ``from_stage``: on
+    the whole data under ``released``, stage 06's own critics are read instead of fit again.
     """
     actor = settings.actor
     critic_cfg = settings.critic.but(**SETTINGS[critic_setting])
@@ -143,12 +146,15 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
         picks: dict[tuple[str, int], Picks] = {}
         critic_rates: list[dict[str, Any]] = []
         for s in range(seeds):
-            critics, q = {}, np.zeros(valid.shape, np.float32)
+            q = np.zeros(valid.shape, np.float32)
+            whole_released = from_stage and fraction == 1 and not SETTINGS[critic_setting]
+            critics = stage_critics(paths, critic_cfg, s, task_sets) if whole_released else {}
             for ts in task_sets:
                 mine = np.flatnonzero(of_set == ts)
-                critics[ts] = fit_critic(critic_cfg, {k: v[mine] for k, v in feats.items()},
-                                         steps.iloc[mine].reset_index(drop=True), critic_cfg.seed + s,
-                                         encoder=encoder)["critic"]  # fmt: skip
+                if ts not in critics:
+                    critics[ts] = fit_critic(critic_cfg, {k: v[mine] for k, v in feats.items()},
+                                             steps.iloc[mine].reset_index(drop=True), critic_cfg.seed + s,
+                                             encoder=encoder)["critic"]  # fmt: skip
                 q[mine] = critic_q(critics[ts], feats, mine)
             critic_rates.append(expert_pick_report(*report_args, {"critic": q[held]}, of_set[held]))
             adv = advantages(critics, feats, valid, of_set, actor.k_candidates, np.random.default_rng(actor.seed + s))
@@ -205,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     ap.add_argument("--critic", choices=list(SETTINGS), default="released",
                     help="Digi-Q's critic: the params' one (released) or a critic study's setting")  # fmt: skip
+    ap.add_argument("--stage-critics", action="store_true",
+                    help="on the whole data under the released critic, read stage 06's critics instead of "
+                         "fitting them again")  # fmt: skip
     args = ap.parse_args(argv)
     paths = Paths(args.root)
     settings = load_settings(paths.root / "params.yaml")
@@ -216,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ap.error(f"--updates: {min(budgets)} is not a positive number of steps")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     result = study(paths, settings, args.fractions, budgets, args.rows, args.out_dir,
-                   settings.compute.workers, args.critic)  # fmt: skip
+                   settings.compute.workers, args.critic, from_stage=args.stage_critics)  # fmt: skip
     for fraction, entry in result["fractions"].items():
         pick = entry["critic_heldout_pick"].get("hit_rate", {})
         print(f"fraction {fraction}: critic held-out pick {pick.get('critic')} (uninformed {pick.get('uninformed')})")

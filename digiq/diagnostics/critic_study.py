@@ -23,7 +23,10 @@ nothing gives on the same states.
 ``python -m digiq.diagnostics.critic_study --root . --out FILE`` runs
 :data:`SETTINGS` on a pipeline root after its critic inputs are built
 (``dvc repro critic_inputs``); it reads only the offline data of train
-tasks, never a validation or test list.
+tasks, never a validation or test list. With ``--stage-critics`` the
+``released`` setting reads stage 06's ``digiq`` critics instead of fitting
+the same critics again (about a quarter of an hour each on two cores), on a
+root whose critic stage is up to date.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
 from digiq.env.actions import ActionType
 from digiq.io import atomic_write_text
-from digiq.models.critic import Critic, TextStart
+from digiq.models.checkpoint import read_meta
+from digiq.models.critic import Critic, TextStart, load_critics
 from digiq.paths import Paths
 
-__all__ = ["SETTINGS", "strata", "critic_q", "study", "main"]
+__all__ = ["SETTINGS", "strata", "critic_q", "stage_critics", "study", "main"]
 
 #: Named settings, each the critic's keys it changes from the params' critic (the released ones by default).
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -101,12 +105,30 @@ def critic_q(critic: Critic, feats: Mapping[str, np.ndarray], rows: np.ndarray) 
     return q.cpu().numpy()
 
 
+def stage_critics(paths: Paths, cfg: CriticConfig, s: int, task_sets: Sequence[str]) -> dict[str, Critic]:
+    """Stage 06's ``digiq`` critics of seed index ``s``, one per task set, refused (naming the checkpoint) where
+    one was not fit as ``cfg`` with seed ``cfg.seed + s`` would fit it (its TD steps, gamma, split or seed)."""
+    critics = load_critics(paths, s, "digiq", task_sets)
+    want = {"seed": cfg.seed + s, "steps": cfg.steps, "gamma": cfg.gamma, "holdout": cfg.holdout,
+            "split_seed": cfg.seed}  # fmt: skip
+    for ts in task_sets:
+        meta = read_meta(paths.critic(s, "digiq", ts))
+        wrong = {k: (meta.get(k), v) for k, v in want.items() if meta.get(k) != v}
+        if wrong or meta.get("row") != "digiq":
+            raise ValueError(
+                f"critic checkpoint {paths.critic(s, 'digiq', ts)} was not fit under the params' "
+                f"critic (checkpoint, params): {wrong}; rerun the critic stage (dvc repro critic)"
+            )
+    return critics
+
+
 def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, Any]], seeds: int,
-          env: EnvConfig, collect_seed: int) -> dict[str, Any]:  # fmt: skip
+          env: EnvConfig, collect_seed: int, from_stage: bool = False) -> dict[str, Any]:  # fmt: skip
     """Per setting: the critics' expert-pick rates on every stratum (means over seeds), and their passes.
 
     ``base`` is the critic the settings change (``settings[name]`` its changed keys); every setting reads the
-    inputs ``base`` reads, so only the training differs.
+    inputs ``base`` reads, so only the training differs. ``from_stage``: a setting that changes nothing reads
+    stage 06's critics (:func:`stage_critics`) instead of fitting them again.
     """
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     cands = read_candidates(paths).to_pandas()
@@ -129,11 +151,14 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
         per_seed: list[dict[str, Any]] = []
         for s in range(seeds):
             q = np.zeros(valid.shape, np.float32)
+            stage = stage_critics(paths, cfg, s, data_task_sets(task_sets)) if from_stage and not changes else {}
             for ts in data_task_sets(task_sets):
                 mine = np.flatnonzero(task_sets == ts)
-                fit = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()},
-                                 steps.iloc[mine].reset_index(drop=True), cfg.seed + s, encoder=encoder)  # fmt: skip
-                q[mine] = critic_q(fit["critic"], feats, mine)
+                if ts not in stage:
+                    stage[ts] = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()},
+                                           steps.iloc[mine].reset_index(drop=True), cfg.seed + s,
+                                           encoder=encoder)["critic"]  # fmt: skip
+                q[mine] = critic_q(stage[ts], feats, mine)
             per_seed.append({stratum: expert_pick_report(right[m], valid[m], distinct[m], kinds[m], {"critic": q[m]},
                                                          task_sets[m]) for stratum, m in masks.items()})  # fmt: skip
         # Each critic's TD samples over its task set's training transitions: how often it saw each.
@@ -164,11 +189,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, required=True, help="write the results here as JSON")
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--seeds", type=int, default=3, help="critics per setting and task set")
+    ap.add_argument(
+        "--stage-critics",
+        action="store_true",
+        help="the released setting reads stage 06's digiq critics instead of fitting them again",
+    )
     args = ap.parse_args(argv)
     paths = Paths(args.root)
     configured = load_settings(paths.root / "params.yaml")
     result = study(paths, configured.critic, {n: SETTINGS[n] for n in args.settings}, args.seeds, configured.env,
-                   configured.collect.seed)  # fmt: skip
+                   configured.collect.seed, from_stage=args.stage_critics)  # fmt: skip
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     for name, entry in result["settings"].items():
         rates = entry["strata"]["heldout"].get("hit_rate", {})

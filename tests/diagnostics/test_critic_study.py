@@ -1,13 +1,18 @@
 """The critic study: named settings fit on the same data, judged on the same strata."""
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from digiq.algos.digiq import fit_critic
 from digiq.config import CriticConfig, load_settings
+from digiq.data.features import critic_inputs
+from digiq.data.trajectories import TrajectoryStore
 from digiq.diagnostics.critic_study import SETTINGS, main, strata, study
+from digiq.models.critic import TextStart
 from digiq.paths import Paths
 
 
@@ -58,3 +63,24 @@ def test_the_command_line_writes_the_study(values_root, tmp_path, monkeypatch, c
     assert json.loads(out.read_text()) == result and "released" in capsys.readouterr().out
     assert set(result["settings"]) == {"released", "frozen_text"}
     assert result["settings"]["frozen_text"]["changes"]["text_encoder"] == "frozen"
+
+
+def test_the_released_setting_can_read_the_stage_s_critics_and_refuses_one_fit_otherwise(values_root, tmp_path):
+    """Stage 06's critic saved as the stage saves it reads as the same critic the study would fit; a checkpoint fit
+    under other settings is refused, naming it."""
+    root = tmp_path / "root"
+    shutil.copytree(values_root, root)
+    paths = Paths(root)
+    settings = load_settings(root / "params.yaml")
+    cfg = settings.critic.but(steps=3, hidden=16, batch_size=8)
+    feats = critic_inputs(paths, text=cfg.text_features, towers=cfg.towers, targets=cfg.tap_targets,
+                          typed=cfg.typed_match, entries=cfg.list_entries)  # fmt: skip
+    steps = TrajectoryStore(paths.offline).read().to_pandas()
+    fit = fit_critic(cfg, feats, steps, cfg.seed, encoder=TextStart.of(paths) if cfg.towers else None)
+    where = paths.critic(0, "digiq", "general")
+    fit["critic"].save(where, stage="critic", row="digiq", task_set="general", seed=cfg.seed, steps=cfg.steps,
+                       gamma=cfg.gamma, holdout=cfg.holdout, split_seed=cfg.seed)  # fmt: skip
+    args = (paths, cfg, {"released": {}}, 1, settings.env, settings.collect.seed)
+    assert study(*args, from_stage=True) == study(*args)
+    with pytest.raises(ValueError, match=str(where)):
+        study(paths, cfg.but(steps=4), {"released": {}}, 1, settings.env, settings.collect.seed, from_stage=True)
