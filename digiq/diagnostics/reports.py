@@ -172,7 +172,8 @@ def expert_pick_report(right: np.ndarray, valid: np.ndarray, distinct: np.ndarra
 
 
 def pick_margin(right: np.ndarray, valid: np.ndarray, distinct: np.ndarray, scores: Sequence[np.ndarray],
-                episodes: np.ndarray, groups: np.ndarray) -> dict[str, dict[str, Any]]:  # fmt: skip
+                episodes: np.ndarray, groups: np.ndarray,
+                against: Sequence[np.ndarray] | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """How far a critic's top valid pick is above the uninformed level, with a 95% interval, per group and over all.
 
     ``scores`` holds one (S, N) array per seed (that seed's critic), the
@@ -184,12 +185,20 @@ def pick_margin(right: np.ndarray, valid: np.ndarray, distinct: np.ndarray, scor
     episodes, and seeds (:func:`digiq.stats.cluster_bootstrap`): it says
     whether the critic's lead over a ranking that knows nothing is more than
     the luck of which episodes were held out and how each seed's fit went.
-    Returns ``{group: cluster_bootstrap(...)}`` with ``all`` first, in points.
+    With ``against`` (another critic's (S, N) per seed, seed for seed), each
+    state adds its pick's hit minus that critic's instead: two critics
+    compared on the same states, paired. Returns ``{group:
+    cluster_bootstrap(...)}`` with ``all`` first, in points.
     """
     ok, hit, informative = _expert_hits(right, valid)
-    uninformed = _levels(hit, ok, np.asarray(distinct, bool))["uninformed"]
     rows = np.arange(len(hit))
-    margins = np.stack([hit[rows, _top_valid(np.asarray(s), ok)] - uninformed for s in scores])  # (seeds, S)
+    picked = np.stack([hit[rows, _top_valid(np.asarray(s), ok)] for s in scores]).astype(float)  # (seeds, S)
+    if against is None:
+        margins = picked - _levels(hit, ok, np.asarray(distinct, bool))["uninformed"]
+    elif len(against) != len(scores):
+        raise ValueError(f"pick_margin: {len(scores)} seeds' scores against {len(against)} seeds' of the other critic")
+    else:
+        margins = picked - np.stack([hit[rows, _top_valid(np.asarray(s), ok)] for s in against])
     groups, episodes = np.asarray(groups), np.asarray(episodes)
     out: dict[str, dict[str, Any]] = {}
     for group in ["all", *sorted(set(groups[informative].tolist()))]:

@@ -424,6 +424,13 @@ def run_diagnostics(cfg: DiagnosticsConfig, paths: Paths, *, seeds: int, env: En
                                   episodes[mine], typing[mine])
                   for ts in ["all", *in_data] if (mine := held & ((task_sets == ts) | (ts == "all"))).any()}
             for row, per_seed in by_row.items()}  # fmt: skip
+        # Digi-Q's critic against each other critic row's on the same states and seeds (the frozen-text variant's:
+        # what training the text towers changes), paired, where the expert types and elsewhere.
+        metrics["critic_pick_lead"] = {
+            row: {ts: pick_margin(right[mine], valid[mine], distinct[mine], [q[mine] for q in critic_q],
+                                  episodes[mine], typing[mine], against=[q[mine] for q in per_seed])
+                  for ts in ["all", *in_data] if (mine := held & ((task_sets == ts) | (ts == "all"))).any()}
+            for row, per_seed in by_row.items() if row != "digiq"}  # fmt: skip
         with timed(parts, "typed_text"):
             metrics["typed_text"] = typed_text_check(paths, critic_rows, seeds, cfg.seed, right, kinds,
                                                      cands.action_list.tolist(), np.flatnonzero(held), episodes,

@@ -1,6 +1,7 @@
 """The diagnostics' reports: the expert's share of each policy's rows, kept rows by group, the critic's margin."""
 
 import numpy as np
+import pytest
 
 from digiq.data.picks import Picks
 from digiq.diagnostics.reports import expert_share, keep_by_group, mean_over_seeds, pick_margin
@@ -72,3 +73,19 @@ def test_a_share_s_mean_over_seeds_skips_the_seeds_without_rows_there():
     ]
     assert mean_over_seeds(per_seed) == {"general": 0.375, "webshop": 0.1}
     assert mean_over_seeds([{"general": None}]) == {"general": None}
+
+
+def test_pick_margin_against_another_critic_is_the_paired_difference_of_their_hits():
+    right = np.array([[True, False, False], [False, True, False], [False, False, True]])
+    valid, distinct = np.ones((3, 3), bool), np.ones((3, 3), bool)
+    first = np.array([[9.0, 0, 0], [0, 9.0, 0], [9.0, 0, 0]])  # right at states 0 and 1
+    second = np.array([[9.0, 0, 0], [9.0, 0, 0], [0, 0, 9.0]])  # right at states 0 and 2
+    episodes, groups = np.array([1, 2, 3]), np.array(["typing", "other", "other"])
+    m = pick_margin(right, valid, distinct, [first], episodes, groups, against=[second])
+    assert m["all"]["diff"] == 0.0 and m["other"]["diff"] == 0.0 and m["typing"]["diff"] == 0.0
+    m = pick_margin(right, valid, distinct, [first, first], episodes, groups, against=[second, first])
+    assert m["all"]["diff"] == pytest.approx(0.0) and m["other"]["diff"] == 0.0
+    both = pick_margin(right, valid, distinct, [first], episodes, np.array(["x", "x", "y"]), against=[second])
+    assert both["x"]["diff"] == 50.0 and both["y"]["diff"] == -100.0  # state 1 won, state 2 lost
+    with pytest.raises(ValueError, match="seeds"):
+        pick_margin(right, valid, distinct, [first, first], episodes, groups, against=[second])

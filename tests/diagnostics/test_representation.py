@@ -189,6 +189,11 @@ def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_
     right = np.zeros((S, 3), bool)
     right[:, 1] = True
     write_stored(paths, EXPERT_MATRIX, steps, {"right": right, "kinds": np.full(S, "STORED_KIND")})
+    # A second critic row whose stored pick (column 0) is never right: Digi-Q's leads it at every state.
+    for folder in (paths.critics / "seed0" / "digiq").iterdir():
+        shutil.copytree(folder, paths.critics / "seed0" / "digiq_frozen_text" / folder.name)
+    write_stored(paths, critic_scores_name("digiq_frozen_text", 0), steps,
+                 {"q": np.tile(np.float32([1.0, 0.0, 0.0]), (S, 1)), "v": np.zeros(S, np.float32)})  # fmt: skip
 
     def computed_again(*args, **kwargs):
         raise AssertionError("computed again what stage 07 stored")
@@ -202,6 +207,9 @@ def test_the_diagnostics_stage_judges_the_scores_and_the_expert_matrix_stage_07_
         assert m[part]["informative_states"] > 0 and m[part]["hit_rate"]["critic_digiq"] == 1.0, part
     assert {kind for by_kind in m["expert_support_by_kind"].values() for kind in by_kind} == {"STORED_KIND"}
     assert m["rows_expert_share"]["digiq"]["general"] == 0.0  # the data's own actions: never the stored tap
+    lead = m["critic_pick_lead"]["digiq_frozen_text"]
+    assert lead["all"]["all"]["diff"] == 100.0 and set(lead["all"]) == {"all", "other"}  # paired, state by state
+    assert "digiq" not in m["critic_pick_lead"]
 
     write_stored(paths, critic_scores_name("digiq", 0), steps.iloc[1:], {"q": np.zeros((S - 1, 3), np.float32),
                                                                           "v": np.zeros(S - 1, np.float32)})  # fmt: skip
