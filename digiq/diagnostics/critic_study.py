@@ -26,14 +26,18 @@ nothing gives on the same states.
 tasks, never a validation or test list. With ``--stage-critics`` the
 ``released`` setting reads stage 06's ``digiq`` critics instead of fitting
 the same critics again (about a quarter of an hour each on two cores), on a
-root whose critic stage is up to date.
+root whose critic stage is up to date. Each fit critic's Q is kept in
+``FILE.parts/`` as it ends, so the same command after an interruption fits
+only the critics still missing (delete the folder after the data change).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +53,12 @@ from digiq.data.trajectories import TrajectoryStore, data_task_sets, heldout_row
 from digiq.diagnostics.ground_truth import expert_matrix
 from digiq.diagnostics.reports import action_kinds, distinct_decisions, expert_pick_report
 from digiq.env.actions import ActionType
-from digiq.io import atomic_write_text
+from digiq.io import atomic_path, atomic_write_text
 from digiq.models.checkpoint import read_meta
 from digiq.models.critic import Critic, TextStart, load_critics
 from digiq.paths import Paths
 
-__all__ = ["SETTINGS", "strata", "critic_q", "stage_critics", "study", "main"]
+__all__ = ["SETTINGS", "strata", "critic_q", "stage_critics", "kept_q", "study", "main"]
 
 #: Named settings, each the critic's keys it changes from the params' critic (the released ones by default).
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -122,13 +126,32 @@ def stage_critics(paths: Paths, cfg: CriticConfig, s: int, task_sets: Sequence[s
     return critics
 
 
+def kept_q(parts: Path | None, cfg: CriticConfig, seed: int, feats: Mapping[str, np.ndarray], rows: np.ndarray,
+           fit: Callable[[], Critic]) -> np.ndarray:  # fmt: skip
+    """:func:`critic_q` of ``rows`` by the critic ``fit`` returns, kept in ``parts`` (one file per critic, named by
+    its settings, seed and rows) so a study stopped part-way fits again only the critics it had not finished."""
+    if parts is None:
+        return critic_q(fit(), feats, rows)
+    key = json.dumps({"critic": cfg.model_dump(mode="json"), "seed": seed, "rows": rows.tolist()}, sort_keys=True)
+    where = parts / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npy"
+    if where.exists():
+        return np.load(where)
+    q = critic_q(fit(), feats, rows)
+    parts.mkdir(parents=True, exist_ok=True)
+    with atomic_path(where) as tmp, open(tmp, "wb") as f:
+        np.save(f, q)
+    return q
+
+
 def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, Any]], seeds: int,
-          env: EnvConfig, collect_seed: int, from_stage: bool = False) -> dict[str, Any]:  # fmt: skip
+          env: EnvConfig, collect_seed: int, from_stage: bool = False, parts: Path | None = None
+          ) -> dict[str, Any]:  # fmt: skip
     """Per setting: the critics' expert-pick rates on every stratum (means over seeds), and their passes.
 
     ``base`` is the critic the settings change (``settings[name]`` its changed keys); every setting reads the
     inputs ``base`` reads, so only the training differs. ``from_stage``: a setting that changes nothing reads
-    stage 06's critics (:func:`stage_critics`) instead of fitting them again.
+    stage 06's critics (:func:`stage_critics`) instead of fitting them again. ``parts``: a folder that keeps
+    each fit critic's Q (:func:`kept_q`), so a rerun after an interruption resumes.
     """
     steps = TrajectoryStore(paths.offline).read().to_pandas()
     cands = read_candidates(paths).to_pandas()
@@ -154,11 +177,12 @@ def study(paths: Paths, base: CriticConfig, settings: Mapping[str, Mapping[str, 
             stage = stage_critics(paths, cfg, s, data_task_sets(task_sets)) if from_stage and not changes else {}
             for ts in data_task_sets(task_sets):
                 mine = np.flatnonzero(task_sets == ts)
-                if ts not in stage:
-                    stage[ts] = fit_critic(cfg, {k: np.asarray(v)[mine] for k, v in feats.items()},
-                                           steps.iloc[mine].reset_index(drop=True), cfg.seed + s,
-                                           encoder=encoder)["critic"]  # fmt: skip
-                q[mine] = critic_q(stage[ts], feats, mine)
+                if ts in stage:
+                    q[mine] = critic_q(stage[ts], feats, mine)
+                    continue
+                fit = partial(fit_critic, cfg, {k: np.asarray(v)[mine] for k, v in feats.items()},
+                              steps.iloc[mine].reset_index(drop=True), cfg.seed + s, encoder=encoder)  # fmt: skip
+                q[mine] = kept_q(parts, cfg, cfg.seed + s, feats, mine, lambda fit=fit: fit()["critic"])
             per_seed.append({stratum: expert_pick_report(right[m], valid[m], distinct[m], kinds[m], {"critic": q[m]},
                                                          task_sets[m]) for stratum, m in masks.items()})  # fmt: skip
         # Each critic's TD samples over its task set's training transitions: how often it saw each.
@@ -198,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     paths = Paths(args.root)
     configured = load_settings(paths.root / "params.yaml")
     result = study(paths, configured.critic, {n: SETTINGS[n] for n in args.settings}, args.seeds, configured.env,
-                   configured.collect.seed, from_stage=args.stage_critics)  # fmt: skip
+                   configured.collect.seed, from_stage=args.stage_critics,
+                   parts=args.out.with_name(args.out.name + ".parts"))  # fmt: skip
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     for name, entry in result["settings"].items():
         rates = entry["strata"]["heldout"].get("hit_rate", {})

@@ -11,6 +11,7 @@ from digiq.algos.digiq import fit_critic
 from digiq.config import CriticConfig, load_settings
 from digiq.data.features import critic_inputs
 from digiq.data.trajectories import TrajectoryStore
+from digiq.diagnostics import critic_study
 from digiq.diagnostics.critic_study import SETTINGS, main, strata, study
 from digiq.models.critic import TextStart
 from digiq.paths import Paths
@@ -84,3 +85,19 @@ def test_the_released_setting_can_read_the_stage_s_critics_and_refuses_one_fit_o
     assert study(*args, from_stage=True) == study(*args)
     with pytest.raises(ValueError, match=str(where)):
         study(paths, cfg.but(steps=4), {"released": {}}, 1, settings.env, settings.collect.seed, from_stage=True)
+
+
+def test_a_rerun_reads_the_critics_already_fit_instead_of_fitting_them_again(values_root, tmp_path, monkeypatch):
+    monkeypatch.setitem(SETTINGS, "frozen_text", {"steps": 3, "hidden": 16, "batch_size": 8, "text_encoder": "frozen"})
+    out = tmp_path / "study.json"
+    first = main(["--root", str(values_root), "--out", str(out), "--settings", "frozen_text", "--seeds", "2"])
+    assert len(list((tmp_path / "study.json.parts").glob("*.npy"))) == 2  # one per seed (one task set)
+
+    def fit_again(*args, **kwargs):
+        raise AssertionError("fit a critic the first run kept")
+
+    monkeypatch.setattr(critic_study, "fit_critic", fit_again)
+    assert main(["--root", str(values_root), "--out", str(out), "--settings", "frozen_text", "--seeds", "2"]) == first
+    monkeypatch.setitem(SETTINGS, "frozen_text", {"steps": 4, "hidden": 16, "batch_size": 8, "text_encoder": "frozen"})
+    with pytest.raises(AssertionError, match="fit a critic"):  # another setting is another critic
+        main(["--root", str(values_root), "--out", str(out), "--settings", "frozen_text", "--seeds", "1"])
