@@ -31,7 +31,9 @@ Digi-Q's clamp bites).
 
 ``python -m digiq.actor_study --root . --out-dir DIR [--settings ...]
 [--updates 40] [--task-sets webshop]`` never reads a test list. ``DIR``
-gets the policies, each evaluation's JSON and ``study.json``.
+gets the policies, each evaluation's JSON and ``study.json``; the same
+command on the same ``DIR`` after an interruption plays only what is
+missing.
 """
 
 from __future__ import annotations
@@ -172,7 +174,9 @@ def _picks(name: str, seed: int, by_key: Mapping[tuple[str, int], pd.DataFrame],
 def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Sequence[int], task_sets: Sequence[str],
           out_dir: Path, workers: int) -> dict[str, Any]:  # fmt: skip
     """Fit every (setting, budget) per seed and task set, play it on the validation lists, compare each setting
-    with ``released``; the row report of Digi-Q's picks first. ``study.json`` is rewritten as each evaluation ends."""
+    with ``released``; the row report of Digi-Q's picks first. ``study.json`` is rewritten as each evaluation ends,
+    and a (setting, budget) whose evaluation ``out_dir`` already holds is read, not fit again: a study stopped
+    part-way resumes where it stopped (an empty ``out_dir`` starts afresh)."""
     seeds, actor = settings.experiment.seeds, settings.actor
     require("actor study", paths.picks)
     steps = TrajectoryStore(paths.offline).read().to_pandas()
@@ -192,19 +196,23 @@ def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Seque
     outcomes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
     for updates in budgets:
         for name in names:
-            cfg = actor.but(updates=updates, **ACTOR_CHANGES.get(name, {}))
-            trained = trained_states(cfg, settings.critic, steps)
-            where = paths.writing("actors", out_dir / f"{name}_{updates}")
-            jobs = []
-            for s in range(seeds):
-                picked = _picks(name, s, by_key, lists)
-                for ts in task_sets:
-                    rows, pool = fit_inputs(steps, cands, picked, "best_of_n", ts, trained)
-                    jobs.append(ActorFitJob(where, "digiq", s, ts, actor.seed + s, rows, pool, cfg))
-            map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
-            report = evaluate(["--policy", *(str(where.actors / f"seed{s}" / "digiq") for s in range(seeds)),
-                               "--tasks", str(val_tasks), "--params", str(paths.root / "params.yaml"),
-                               "--workers", str(workers), "--out", str(out_dir / f"{name}_{updates}.json")])  # fmt: skip
+            evaluation = out_dir / f"{name}_{updates}.json"
+            if evaluation.exists():  # played by an earlier call of the study on this folder
+                report = json.loads(evaluation.read_text())
+            else:
+                cfg = actor.but(updates=updates, **ACTOR_CHANGES.get(name, {}))
+                trained = trained_states(cfg, settings.critic, steps)
+                where = paths.writing("actors", out_dir / f"{name}_{updates}")
+                jobs = []
+                for s in range(seeds):
+                    picked = _picks(name, s, by_key, lists)
+                    for ts in task_sets:
+                        rows, pool = fit_inputs(steps, cands, picked, "best_of_n", ts, trained)
+                        jobs.append(ActorFitJob(where, "digiq", s, ts, actor.seed + s, rows, pool, cfg))
+                map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
+                report = evaluate(["--policy", *(str(where.actors / f"seed{s}" / "digiq") for s in range(seeds)),
+                                   "--tasks", str(val_tasks), "--params", str(paths.root / "params.yaml"),
+                                   "--workers", str(workers), "--out", str(evaluation)])  # fmt: skip
             outcomes[(name, updates)] = {ts: np.array([[c == "1" for c in seed] for seed in report["outcomes"][ts]])
                                          for ts in task_sets if ts in report["outcomes"]}  # fmt: skip
             out["settings"].setdefault(name, {})[str(updates)] = {

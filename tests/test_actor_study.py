@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from digiq import actor_study
 from digiq.actor_study import beyond_clamp, main, on_kept, row_report, typing_taken
 from digiq.config import load_params
 from digiq.data import TrajectoryStore
@@ -54,7 +55,8 @@ def test_the_row_report_crosses_picked_and_expert_kinds_and_reads_the_typed_goal
 
 
 @pytest.mark.slow
-def test_the_study_refits_digiq_per_setting_and_compares_each_with_the_released_loss(values_root, tmp_path):
+def test_the_study_refits_digiq_per_setting_and_compares_each_with_the_released_loss(values_root, tmp_path,
+                                                                                      monkeypatch):  # fmt: skip
     root = tmp_path / "root"
     shutil.copytree(values_root, root)
     torch.manual_seed(1)
@@ -85,6 +87,15 @@ def test_the_study_refits_digiq_per_setting_and_compares_each_with_the_released_
     assert compared["n_tasks"] == 2 and compared["seeds"] == 1 and len(compared["ci95"]) == 2
     rows = result["rows"]["general"]
     assert rows["rows_per_seed"] > 0 and 0 <= rows["rows_with_a_token_below_clamp"] <= 1
+
+    # Called again on the same folder, the study reads the evaluations it wrote instead of fitting again.
+    def fit_again(*args, **kwargs):
+        raise AssertionError("fit again what the folder's evaluations hold")
+
+    monkeypatch.setattr(actor_study, "map_jobs", fit_again)
+    again = main(["--root", str(root), "--out-dir", str(out), "--settings", "no_clamp", "perfect_on_kept",
+                  "--updates", "1"])  # fmt: skip
+    assert json.loads(json.dumps(again)) == json.loads(json.dumps(result))
 
 
 def test_rows_beyond_the_clamp_are_those_whose_lowest_or_highest_token_probability_lies_past_it(values_root):
