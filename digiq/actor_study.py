@@ -30,7 +30,10 @@ base policy gives a probability below 0.001 or above 0.99 (where released
 Digi-Q's clamp bites).
 
 ``python -m digiq.actor_study --root . --out-dir DIR [--settings ...]
-[--updates 40] [--task-sets webshop]`` never reads a test list. ``DIR``
+[--updates 40] [--task-sets webshop] [--row filtered_bc]`` never reads a
+test list (``--row filtered_bc``: the actor's settings refit Filtered BC's
+picks instead, to see whether a knob every row shares helps more than
+Digi-Q). ``DIR``
 gets the policies, each evaluation's JSON and ``study.json``; the same
 command on the same ``DIR`` after an interruption plays only what is
 missing.
@@ -64,7 +67,17 @@ from digiq.stages.actor import ActorFitJob, fit_actor_job, fit_inputs, trained_s
 from digiq.stats import paired_bootstrap
 from digiq.workers import map_jobs
 
-__all__ = ["ACTOR_CHANGES", "SETTINGS", "typing_taken", "on_kept", "beyond_clamp", "row_report", "study", "main"]
+__all__ = [
+    "ACTOR_CHANGES",
+    "SETTINGS",
+    "ROW_KINDS",
+    "typing_taken",
+    "on_kept",
+    "beyond_clamp",
+    "row_report",
+    "study",
+    "main",
+]
 
 #: The actor knobs each setting changes (the rest of :data:`SETTINGS` change the rows instead).
 ACTOR_CHANGES: dict[str, dict[str, Any]] = {
@@ -76,6 +89,8 @@ ACTOR_CHANGES: dict[str, dict[str, Any]] = {
     "before": {"token_loss": "mean", "token_clamp": False, "dropout": True, "draws": "all"},
 }
 SETTINGS = (*ACTOR_CHANGES, "typing_taken", "perfect_on_kept")
+#: The stage-07 rows whose picks the actor's settings can refit, and the kind of fit each is.
+ROW_KINDS = {"digiq": "best_of_n", "filtered_bc": "filtered_bc"}
 
 
 def _kind(action: str) -> str:
@@ -152,9 +167,10 @@ def _mean(values: Any) -> float:
     return round(float(np.mean(list(values))), 4)
 
 
-def _picks(name: str, seed: int, by_key: Mapping[tuple[str, int], pd.DataFrame], lists: Sequence[Sequence[str]]
-           ) -> Picks:  # fmt: skip
-    """Seed ``seed``'s rows of setting ``name``: Digi-Q's picks of stage 07, or as the setting changes them."""
+def _picks(name: str, seed: int, by_key: Mapping[tuple[str, int], pd.DataFrame], lists: Sequence[Sequence[str]],
+           row: str = "digiq") -> Picks:  # fmt: skip
+    """Seed ``seed``'s rows of setting ``name``: ``row``'s picks of stage 07, or Digi-Q's as the setting changes
+    them."""
 
     def of(policy: str) -> Picks:  # none where the policy kept no row on this seed
         rows = by_key.get((policy, seed))
@@ -168,15 +184,16 @@ def _picks(name: str, seed: int, by_key: Mapping[tuple[str, int], pd.DataFrame],
         return typing_taken(of("digiq"), lists)
     if name == "perfect_on_kept":
         return on_kept(of(PERFECT_CRITIC_ROW), of("digiq").states)
-    return of("digiq")
+    return of(row)
 
 
 def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Sequence[int], task_sets: Sequence[str],
-          out_dir: Path, workers: int) -> dict[str, Any]:  # fmt: skip
+          out_dir: Path, workers: int, row: str = "digiq") -> dict[str, Any]:  # fmt: skip
     """Fit every (setting, budget) per seed and task set, play it on the validation lists, compare each setting
     with ``released``; the row report of Digi-Q's picks first. ``study.json`` is rewritten as each evaluation ends,
     and a (setting, budget) whose evaluation ``out_dir`` already holds is read, not fit again: a study stopped
-    part-way resumes where it stopped (an empty ``out_dir`` starts afresh)."""
+    part-way resumes where it stopped (an empty ``out_dir`` starts afresh). ``row``: the stage-07 row whose picks
+    the actor's settings refit (``digiq`` or ``filtered_bc``; the row settings change Digi-Q's picks)."""
     seeds, actor = settings.experiment.seeds, settings.actor
     require("actor study", paths.picks)
     steps = TrajectoryStore(paths.offline).read().to_pandas()
@@ -205,12 +222,12 @@ def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Seque
                 where = paths.writing("actors", out_dir / f"{name}_{updates}")
                 jobs = []
                 for s in range(seeds):
-                    picked = _picks(name, s, by_key, lists)
+                    picked = _picks(name, s, by_key, lists, row)
                     for ts in task_sets:
-                        rows, pool = fit_inputs(steps, cands, picked, "best_of_n", ts, trained)
-                        jobs.append(ActorFitJob(where, "digiq", s, ts, actor.seed + s, rows, pool, cfg))
+                        rows, pool = fit_inputs(steps, cands, picked, ROW_KINDS[row], ts, trained)
+                        jobs.append(ActorFitJob(where, row, s, ts, actor.seed + s, rows, pool, cfg))
                 map_jobs(fit_actor_job, jobs, ComputeConfig(workers=workers))
-                report = evaluate(["--policy", *(str(where.actors / f"seed{s}" / "digiq") for s in range(seeds)),
+                report = evaluate(["--policy", *(str(where.actors / f"seed{s}" / row) for s in range(seeds)),
                                    "--tasks", str(val_tasks), "--params", str(paths.root / "params.yaml"),
                                    "--workers", str(workers), "--out", str(evaluation)])  # fmt: skip
             outcomes[(name, updates)] = {ts: np.array([[c == "1" for c in seed] for seed in report["outcomes"][ts]])
@@ -236,6 +253,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--updates", type=int, nargs="+", default=None,
                     help="actor budgets (optimizer steps); default: the params' actor.updates")  # fmt: skip
     ap.add_argument("--task-sets", nargs="+", default=None, help="default: every task set the data hold")
+    ap.add_argument(
+        "--row",
+        choices=list(ROW_KINDS),
+        default="digiq",
+        help="the stage-07 row whose picks the actor's settings refit (the row settings: digiq only)",
+    )
     args = ap.parse_args(argv)
     paths = Paths(args.root)
     settings = load_settings(paths.root / "params.yaml")
@@ -247,8 +270,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unknown := sorted(set(task_sets) - set(held)):
         ap.error(f"--task-sets: {unknown} not in the offline data ({held})")
     names = ["released", *(n for n in args.settings if n != "released")]
+    if args.row != "digiq" and (rows_changed := [n for n in names if n not in ACTOR_CHANGES]):
+        ap.error(f"--settings: {rows_changed} change Digi-Q's picks; with --row {args.row} only the actor's settings")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    result = study(paths, settings, names, budgets, task_sets, args.out_dir, settings.compute.workers)
+    result = study(paths, settings, names, budgets, task_sets, args.out_dir, settings.compute.workers, args.row)
     for name, by_budget in result["settings"].items():
         for updates, by_ts in by_budget.items():
             rates = "  ".join(f"{ts} {v['success_rate']:.3f}" for ts, v in by_ts.items())

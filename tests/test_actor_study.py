@@ -96,6 +96,16 @@ def test_the_study_refits_digiq_per_setting_and_compares_each_with_the_released_
     again = main(["--root", str(root), "--out-dir", str(out), "--settings", "no_clamp", "perfect_on_kept",
                   "--updates", "1"])  # fmt: skip
     assert json.loads(json.dumps(again)) == json.loads(json.dumps(result))
+    monkeypatch.undo()
+
+    # The actor's settings refit Filtered BC's picks too; the row settings are Digi-Q's only.
+    fbc = main(["--root", str(root), "--out-dir", str(tmp_path / "fbc"), "--row", "filtered_bc", "--settings",
+                "no_clamp", "--updates", "1"])  # fmt: skip
+    assert (tmp_path / "fbc" / "no_clamp_1" / "seed0" / "filtered_bc" / "general" / "config.json").exists()
+    assert set(fbc["against_released"]) == {"no_clamp"}
+    with pytest.raises(SystemExit):
+        main(["--root", str(root), "--out-dir", str(tmp_path / "x"), "--row", "filtered_bc", "--settings",
+              "typing_taken"])  # fmt: skip
 
 
 def test_rows_beyond_the_clamp_are_those_whose_lowest_or_highest_token_probability_lies_past_it(values_root):
