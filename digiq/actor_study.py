@@ -201,13 +201,12 @@ def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Seque
     lists = cands.action_list.tolist()
     stored = read_stored(paths, EXPERT_MATRIX, steps, ("right", "kinds"), "actor")
     by_key = dict(iter(read_picks(paths).groupby(["policy", "seed"], sort=True)))
-    base = AutoUIPolicy.load(paths.base_policy)
-    store = TrajectoryStore(paths.offline)
-    screens = load_screens(base, store, steps.image_path.tolist())
-    out: dict[str, Any] = {"seeds": seeds, "task_sets": list(task_sets),
-                           "rows": row_report([_picks("digiq", s, by_key, lists) for s in range(seeds)], steps, cands,
-                                              stored["right"], stored["kinds"], base, screens),
-                           "settings": {}, "against_released": {}}  # fmt: skip
+    out: dict[str, Any] = {"seeds": seeds, "task_sets": list(task_sets), "settings": {}, "against_released": {}}
+    if row == "digiq":  # what Digi-Q's rows are, beside the fits of its picks
+        base = AutoUIPolicy.load(paths.base_policy)
+        screens = load_screens(base, TrajectoryStore(paths.offline), steps.image_path.tolist())
+        out["rows"] = row_report([_picks("digiq", s, by_key, lists) for s in range(seeds)], steps, cands,
+                                 stored["right"], stored["kinds"], base, screens)  # fmt: skip
     val_tasks = out_dir / "val_tasks.txt"
     atomic_write_text(val_tasks, "".join(paths.task_list(ts, "val").read_text() for ts in task_sets))
     outcomes: dict[tuple[str, int], dict[str, np.ndarray]] = {}
