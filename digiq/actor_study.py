@@ -33,10 +33,9 @@ Digi-Q's clamp bites).
 [--updates 40] [--task-sets webshop] [--row filtered_bc]`` never reads a
 test list (``--row filtered_bc``: the actor's settings refit Filtered BC's
 picks instead, to see whether a knob every row shares helps more than
-Digi-Q). ``DIR``
-gets the policies, each evaluation's JSON and ``study.json``; the same
-command on the same ``DIR`` after an interruption plays only what is
-missing.
+Digi-Q). ``DIR`` gets the policies, each evaluation's JSON and
+``study.json``; the same command on the same ``DIR`` after an interruption
+plays only what is missing.
 """
 
 from __future__ import annotations
@@ -190,7 +189,7 @@ def _picks(name: str, seed: int, by_key: Mapping[tuple[str, int], pd.DataFrame],
 def study(paths: Paths, settings: Settings, names: Sequence[str], budgets: Sequence[int], task_sets: Sequence[str],
           out_dir: Path, workers: int, row: str = "digiq") -> dict[str, Any]:  # fmt: skip
     """Fit every (setting, budget) per seed and task set, play it on the validation lists, compare each setting
-    with ``released``; the row report of Digi-Q's picks first. ``study.json`` is rewritten as each evaluation ends,
+    with ``released``; with ``row`` digiq, the row report of Digi-Q's picks first. ``study.json`` is rewritten as each evaluation ends,
     and a (setting, budget) whose evaluation ``out_dir`` already holds is read, not fit again: a study stopped
     part-way resumes where it stopped (an empty ``out_dir`` starts afresh). ``row``: the stage-07 row whose picks
     the actor's settings refit (``digiq`` or ``filtered_bc``; the row settings change Digi-Q's picks)."""

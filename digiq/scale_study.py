@@ -20,10 +20,11 @@ more data moves the critic's picks; and for each row, how many rows it
 imitates per task set and what share of them the expert would take.
 
 ``python -m digiq.scale_study --root . --out-dir DIR
-[--fractions 0.25 0.5 1] [--updates 40] [--critic before] [--stage-critics]`` runs on a
-pipeline root whose critic stage has run (``--stage-critics``: on the whole data under the
-released critic, that stage's critics are read instead of fit again); it reads the offline data of train tasks and plays
-the validation lists, never a test list. ``DIR`` gets the policies, each
+[--fractions 0.25 0.5 1] [--updates 40] [--critic before] [--stage-critics]`` runs
+on a pipeline root whose critic stage has run (``--stage-critics``: on the whole
+data under the released critic, that stage's critics are read instead of fit
+again); it reads the offline data of train tasks and plays the validation
+lists, never a test list. ``DIR`` gets the policies, each
 evaluation's JSON (``<fraction>_<updates>_<row>.json``) and ``study.json``.
 """
 
@@ -145,9 +146,9 @@ def study(paths: Paths, settings: Settings, fractions: Sequence[float], budgets:
                        action_kinds(cands.action_list[held].tolist()))  # fmt: skip
         picks: dict[tuple[str, int], Picks] = {}
         critic_rates: list[dict[str, Any]] = []
+        whole_released = from_stage and fraction == 1 and not SETTINGS[critic_setting]
         for s in range(seeds):
             q = np.zeros(valid.shape, np.float32)
-            whole_released = from_stage and fraction == 1 and not SETTINGS[critic_setting]
             critics = stage_critics(paths, critic_cfg, s, task_sets) if whole_released else {}
             for ts in task_sets:
                 mine = np.flatnonzero(of_set == ts)
